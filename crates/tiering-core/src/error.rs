@@ -1,0 +1,115 @@
+//! Error types of tiers and of the manager.
+
+use std::sync::Arc;
+
+use crate::arena::ArenaError;
+use crate::job::JobId;
+use crate::key::OffloadKey;
+use crate::request::RequestId;
+
+/// An error reported by a tier. Contract violations leave the tier unchanged.
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// The key is not resident in the tier.
+    #[error("key {0} is not in the tier")]
+    NotFound(OffloadKey),
+    /// The key is resident but a write is still in flight.
+    #[error("key {0} is not ready for reading (a write is in flight)")]
+    NotReady(OffloadKey),
+    /// A load or read was completed for a key that holds no pin.
+    #[error("key {0} is not pinned (complete without a matching prepare)")]
+    NotPinned(OffloadKey),
+    /// An arena grant failed.
+    #[error(transparent)]
+    Arena(#[from] ArenaError),
+    /// An I/O error.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// Invalid configuration or construction input.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// Anything else, described.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Why the control-plane thread stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlPlaneFailure {
+    /// What failed, with the tier and the error or panic message.
+    pub message: String,
+}
+
+/// An error returned by the manager.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ManagerError {
+    /// A sweep of the control-plane thread failed; the thread stopped. Returned by every
+    /// scheduler-side call after the failure (but not by `shutdown`).
+    #[error("the control-plane thread stopped: {}", .0.message)]
+    ControlPlane(Arc<ControlPlaneFailure>),
+    /// The engine named a request that `on_new_request` never announced (or that was finalized).
+    #[error("unknown request {0}")]
+    UnknownRequest(RequestId),
+    /// `complete_store` for a request with no store pending.
+    #[error("request {0} has no pending store to complete")]
+    NoPendingStore(RequestId),
+    /// The primary tier refused an engine call (a contract violation); nothing changed.
+    #[error("primary tier: {0}")]
+    Primary(Arc<TierError>),
+    /// A tier reported a job the manager does not know.
+    #[error("tier {tier} reported unknown {job}")]
+    UnknownJob {
+        /// The reporting tier.
+        tier: String,
+        /// The job id.
+        job: JobId,
+    },
+    /// A tier reported a job that belongs to another tier.
+    #[error("tier {reported_by} reported {job}, which belongs to tier {owner}")]
+    WrongTier {
+        /// The job id.
+        job: JobId,
+        /// The reporting tier.
+        reported_by: String,
+        /// The tier the job was submitted to.
+        owner: String,
+    },
+    /// A partial result named keys that are not in the job.
+    #[error("tier {tier} reported {job} as partial with keys outside the job")]
+    InvalidPartialResult {
+        /// The reporting tier.
+        tier: String,
+        /// The job id.
+        job: JobId,
+    },
+    /// A secondary tier failed.
+    #[error("tier {tier}: {source}")]
+    Tier {
+        /// The tier's name.
+        tier: String,
+        /// The tier's error.
+        source: Arc<TierError>,
+    },
+    /// `reset_cache` found jobs still registered after every tier drained.
+    #[error("reset_cache: {0} jobs still outstanding after draining every tier")]
+    ResetLeftJobs(usize),
+    /// `reset_cache` or `shutdown` was called in the middle of a step.
+    #[error("{0} must not be called in the middle of a step (before on_schedule_end)")]
+    MidStep(&'static str),
+    /// The manager was shut down.
+    #[error("the manager has been shut down")]
+    ShutDown,
+}
+
+impl ManagerError {
+    pub(crate) fn primary(e: TierError) -> Self {
+        Self::Primary(Arc::new(e))
+    }
+
+    pub(crate) fn tier(tier: &str, e: TierError) -> Self {
+        Self::Tier {
+            tier: tier.to_owned(),
+            source: Arc::new(e),
+        }
+    }
+}

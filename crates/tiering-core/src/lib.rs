@@ -1,0 +1,48 @@
+//! # tiering-core
+//!
+//! The contracts of kvtier and its orchestrator.
+//!
+//! An inference engine evicts KV blocks from the device; kvtier keeps them, in units of
+//! fixed-size *chunks* named by [`OffloadKey`], in a CPU [`PrimaryTier`] and cascades them to
+//! [`SecondaryTier`]s (disk, peers, third-party stores). A later request that shares a prefix
+//! finds them again through [`OffloadingManager::lookup`], and the manager promotes them back to
+//! the primary tier.
+//!
+//! [`TieringManager`] composes one primary and an ordered chain of secondaries. Its control
+//! plane — polling tiers for finished jobs and letting them serve inbound peer requests — runs on
+//! a dedicated thread between scheduler steps, so peers are answered while the model executes.
+//!
+//! Crate map:
+//! - [`key`], [`request`], [`outcome`], [`job`], [`event`], [`stats`]: the value types;
+//! - [`arena`]: the chunk memory and its row grants;
+//! - [`tier`], [`offloading`]: the traits;
+//! - [`manager`]: the orchestrator and its control-plane thread;
+//! - `testing` (feature `test-utils`): an in-memory primary and a scriptable secondary.
+
+pub mod arena;
+pub mod error;
+pub mod event;
+pub mod job;
+pub mod key;
+pub mod manager;
+pub mod offloading;
+pub mod outcome;
+pub mod request;
+pub mod stats;
+#[cfg(any(test, feature = "test-utils"))]
+pub mod testing;
+pub mod tier;
+pub mod waker;
+
+pub use arena::{ArenaError, ArenaOptions, ChunkArena, RowGrant, RowRead, RowWrite};
+pub use error::{ControlPlaneFailure, ManagerError, TierError};
+pub use event::OffloadingEvent;
+pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
+pub use key::{KeyMap, KeySet, OffloadKey};
+pub use manager::{ManagerConfig, TieringManager};
+pub use offloading::OffloadingManager;
+pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
+pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
+pub use stats::{ManagerCounters, ManagerStats, TierStats};
+pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
+pub use waker::ControlWaker;

@@ -1,0 +1,102 @@
+//! Serving peers: the serving tier is taken out of the state for the duration of its
+//! `serve_external_requests`, and calls back through a [`TierFacingParent`] that borrows the rest.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use crate::error::{ManagerError, TierError};
+use crate::job::TransferJob;
+use crate::key::OffloadKey;
+use crate::outcome::{LookupResult, OffloadPolicy};
+use crate::request::ReqContext;
+use crate::tier::ParentManager;
+
+use super::state::TieringState;
+
+/// The `ParentManager` handed to tier `origin` while it serves. It calls the `_unlocked`
+/// bodies directly: its caller already holds the lock, and `&mut TieringState` makes taking it
+/// again impossible. The origin tier is absent from `state.tiers` for the whole call.
+pub(crate) struct TierFacingParent<'a> {
+    state: &'a mut TieringState,
+    origin: usize,
+}
+
+impl ParentManager for TierFacingParent<'_> {
+    fn on_new_request(&mut self, ctx: &ReqContext) -> Result<OffloadPolicy, ManagerError> {
+        Ok(self.state.on_new_request_unlocked(ctx, Some(self.origin)))
+    }
+
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupResult, ManagerError> {
+        self.state.lookup_unlocked(key, ctx, false)
+    }
+
+    fn create_store_job(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<TransferJob, ManagerError> {
+        let job = self.state.create_store_job_unlocked(keys, ctx, self.origin)?;
+        self.state.counters.peer_store_jobs += 1;
+        Ok(job)
+    }
+
+    fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), ManagerError> {
+        self.state.on_request_finished_unlocked(ctx)
+    }
+}
+
+/// Renders a panic payload for an error message.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_owned()
+    }
+}
+
+impl TieringState {
+    /// Lets tier `idx` serve its inbound peer requests. A panic inside the tier is caught and
+    /// returned as an error; the tier is put back either way.
+    pub(crate) fn serve_tier(&mut self, idx: usize) -> Result<(), ManagerError> {
+        let Some(mut tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.take()) else {
+            return Ok(());
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            let mut parent = TierFacingParent {
+                state: &mut *self,
+                origin: idx,
+            };
+            tier.serve_external_requests(&mut parent)
+        }));
+        self.tiers[idx].tier = Some(tier);
+        let name = &self.tiers[idx].info.name;
+        match outcome {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(ManagerError::tier(name, e)),
+            Err(payload) => Err(ManagerError::tier(
+                name,
+                TierError::Other(format!(
+                    "panicked while serving peers: {}",
+                    panic_message(&*payload)
+                )),
+            )),
+        }
+    }
+
+    /// Serves every tier in chain order; stops at the first failure.
+    pub(crate) fn serve_all(&mut self) -> Result<(), ManagerError> {
+        for idx in 0..self.tiers.len() {
+            self.serve_tier(idx)?;
+        }
+        Ok(())
+    }
+
+    /// One control-plane sweep: poll every tier first (so a fetch that just arrived is bound
+    /// before the requests it unblocks are served), then serve.
+    pub(crate) fn sweep(&mut self) -> Result<(), ManagerError> {
+        self.counters.sweeps += 1;
+        self.process_finished_jobs()?;
+        self.serve_all()
+    }
+}

@@ -1,0 +1,79 @@
+//! Statistics reported by tiers and by the manager. Counters are cumulative since construction
+//! (or the last `reset`), so a consumer that wants rates diffs two snapshots.
+
+use std::collections::BTreeMap;
+
+/// Counters and gauges of one tier.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TierStats {
+    /// The tier's name.
+    pub name: String,
+    /// Lookups answered `Hit` (or `HitPending` for the primary tier).
+    pub hits: u64,
+    /// Lookups answered `Miss`.
+    pub misses: u64,
+    /// Chunks stored (written into the tier).
+    pub stores: u64,
+    /// Chunks loaded (read out of the tier).
+    pub loads: u64,
+    /// Chunks evicted to make room.
+    pub evictions: u64,
+    /// Jobs, or keys of jobs, that failed.
+    pub failures: u64,
+    /// Bytes written into the tier.
+    pub bytes_written: u64,
+    /// Bytes read out of the tier.
+    pub bytes_read: u64,
+    /// Chunks resident now.
+    pub resident_chunks: u64,
+    /// Chunk capacity.
+    pub capacity_chunks: u64,
+    /// Tier-specific figures (name → value).
+    pub extra: BTreeMap<String, f64>,
+}
+
+impl TierStats {
+    /// Empty stats for the named tier.
+    #[must_use]
+    pub fn named(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Counters of the orchestrator itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ManagerCounters {
+    /// Promotion jobs submitted to secondary tiers.
+    pub promotion_jobs: u64,
+    /// Keys promoted successfully.
+    pub promoted_keys: u64,
+    /// Keys whose promotion failed.
+    pub failed_promotion_keys: u64,
+    /// Promotions refused because the primary tier could not make room (answered `Miss`).
+    pub promotion_alloc_failures: u64,
+    /// Cascade (store) jobs submitted to secondary tiers, including request-level ones.
+    pub cascade_jobs: u64,
+    /// Store jobs created for peers through `ParentManager::create_store_job`.
+    pub peer_store_jobs: u64,
+    /// Control-plane sweeps run (off the scheduler thread or at step end).
+    pub sweeps: u64,
+    /// Job results processed.
+    pub results_processed: u64,
+}
+
+/// A snapshot of the manager: its own counters, the primary tier, then each secondary in chain
+/// order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ManagerStats {
+    /// Orchestrator counters.
+    pub manager: ManagerCounters,
+    /// The primary tier.
+    pub primary: TierStats,
+    /// The secondary tiers, in chain order.
+    pub secondaries: Vec<TierStats>,
+    /// Primary↔secondary jobs in flight.
+    pub jobs_in_flight: u64,
+}

@@ -1,0 +1,571 @@
+//! A scriptable secondary tier for tests: an in-memory store that records every call (with the
+//! calling thread), completes jobs immediately or on command, answers scripted lookups, serves
+//! scripted peer requests through the `ParentManager`, and fails on demand.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::error::TierError;
+use crate::job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
+use crate::key::{KeyMap, KeySet, OffloadKey};
+use crate::outcome::{LookupResult, OffloadPolicy};
+use crate::request::{Locality, Medium, ReqContext, RequestId, TierInfo};
+use crate::stats::TierStats;
+use crate::tier::{ParentManager, SecondaryTier};
+use crate::waker::ControlWaker;
+
+static SEQUENCE: AtomicU64 = AtomicU64::new(0);
+
+/// A global, monotonically increasing sequence number shared by every scripted tier, so tests
+/// can order tier calls against their own marks.
+pub fn next_sequence() -> u64 {
+    SEQUENCE.fetch_add(1, Ordering::SeqCst)
+}
+
+/// When a scripted tier finishes the jobs submitted to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// Copies at submission and reports at the next poll.
+    Immediate,
+    /// Holds jobs until the test calls [`ScriptedTierHandle::complete`].
+    Manual,
+}
+
+/// One recorded call.
+#[derive(Clone, Debug)]
+pub struct Call {
+    /// The method (`"lookup"`, `"poll"`, `"serve"`, `"submit_store"`, …).
+    pub op: &'static str,
+    /// The calling thread.
+    pub thread: ThreadId,
+    /// Global order (see [`next_sequence`]).
+    pub seq: u64,
+    /// The request concerned, if any.
+    pub req: Option<RequestId>,
+}
+
+/// A scripted inbound peer request.
+#[derive(Clone, Debug)]
+pub struct PeerRequest {
+    /// The remote request's context (use a `RequestId::Remote` id).
+    pub ctx: ReqContext,
+    /// The keys the peer asks about.
+    pub keys: Vec<OffloadKey>,
+    /// Whether to fetch the keys that are primary hits (through `create_store_job`).
+    pub fetch: bool,
+}
+
+/// What serving one peer request produced.
+#[derive(Clone, Debug)]
+pub struct ServedPeer {
+    /// The remote request.
+    pub req: RequestId,
+    /// The manager's verdicts, parallel to the request's keys.
+    pub lookups: Vec<LookupResult>,
+    /// Keys fetched, with their bytes.
+    pub fetched: Vec<(OffloadKey, Vec<u8>)>,
+    /// The serving thread.
+    pub thread: ThreadId,
+    /// An error from the parent, if any.
+    pub error: Option<String>,
+}
+
+struct Inner {
+    info: TierInfo,
+    data: KeyMap<Vec<u8>>,
+    lookup_override: KeyMap<LookupResult>,
+    policy: OffloadPolicy,
+    completion: Completion,
+    held: Vec<TransferJob>,
+    finished: Vec<JobResult>,
+    inbound: VecDeque<PeerRequest>,
+    served: Vec<ServedPeer>,
+    calls: Vec<Call>,
+    serve_error: Option<String>,
+    serve_panic: bool,
+    fail_load_keys: KeySet,
+    fail_stores: bool,
+    report_unknown: Vec<JobResult>,
+    finished_requests: Vec<RequestId>,
+    shutdown_error: Option<String>,
+    waker: Option<ControlWaker>,
+    stats: TierStats,
+}
+
+type SharedInner = Arc<(Mutex<Inner>, Condvar)>;
+
+/// The tier half: hand it to the manager.
+pub struct ScriptedTier {
+    shared: SharedInner,
+}
+
+/// The test's half: script the tier and read what happened.
+#[derive(Clone)]
+pub struct ScriptedTierHandle {
+    shared: SharedInner,
+}
+
+impl ScriptedTier {
+    /// A tier named `name` (medium `Storage`, locality `Local`), completing immediately.
+    #[must_use]
+    pub fn new(name: &str) -> (Self, ScriptedTierHandle) {
+        Self::with_info(TierInfo::new(name, Some(Medium::Storage), Some(Locality::Local)))
+    }
+
+    /// A tier with the given description.
+    #[must_use]
+    pub fn with_info(info: TierInfo) -> (Self, ScriptedTierHandle) {
+        let inner = Inner {
+            stats: TierStats::named(&info.name),
+            info,
+            data: KeyMap::default(),
+            lookup_override: KeyMap::default(),
+            policy: OffloadPolicy::ChunkLevel,
+            completion: Completion::Immediate,
+            held: Vec::new(),
+            finished: Vec::new(),
+            inbound: VecDeque::new(),
+            served: Vec::new(),
+            calls: Vec::new(),
+            serve_error: None,
+            serve_panic: false,
+            fail_load_keys: KeySet::default(),
+            fail_stores: false,
+            report_unknown: Vec::new(),
+            finished_requests: Vec::new(),
+            shutdown_error: None,
+            waker: None,
+        };
+        let shared = Arc::new((Mutex::new(inner), Condvar::new()));
+        (
+            Self {
+                shared: Arc::clone(&shared),
+            },
+            ScriptedTierHandle { shared },
+        )
+    }
+
+    fn record(&self, inner: &mut Inner, op: &'static str, req: Option<&RequestId>) {
+        inner.calls.push(Call {
+            op,
+            thread: std::thread::current().id(),
+            seq: next_sequence(),
+            req: req.cloned(),
+        });
+        self.shared.1.notify_all();
+    }
+}
+
+fn run_job(inner: &mut Inner, mut job: TransferJob) -> JobResult {
+    let start = Instant::now();
+    match job.kind {
+        JobKind::Store => {
+            if inner.fail_stores {
+                return JobResult::failed(job.id, start.elapsed());
+            }
+            let mut bytes = 0;
+            for (i, key) in job.keys.iter().enumerate() {
+                if let Some(row) = job.rows.row(i) {
+                    bytes += row.len() as u64;
+                    inner.data.insert(*key, row.to_vec());
+                }
+            }
+            inner.stats.stores += job.keys.len() as u64;
+            JobResult::ok(job.id, bytes, start.elapsed())
+        }
+        JobKind::Promotion => {
+            let mut ok = Vec::with_capacity(job.keys.len());
+            let mut bytes = 0;
+            for (i, key) in job.keys.iter().enumerate() {
+                let src = inner
+                    .data
+                    .get(key)
+                    .filter(|_| !inner.fail_load_keys.contains(key));
+                let done = match (src, job.rows.row_mut(i)) {
+                    (Some(src), Some(dst)) if src.len() == dst.len() => {
+                        dst.copy_from_slice(src);
+                        bytes += src.len() as u64;
+                        true
+                    }
+                    _ => false,
+                };
+                ok.push(done);
+            }
+            inner.stats.loads += ok.iter().filter(|&&b| b).count() as u64;
+            JobResult::from_key_outcomes(job.id, &job.keys, &ok, bytes, start.elapsed())
+        }
+    }
+}
+
+impl SecondaryTier for ScriptedTier {
+    fn info(&self) -> TierInfo {
+        self.shared.0.lock().info.clone()
+    }
+
+    fn set_waker(&mut self, waker: ControlWaker) {
+        self.shared.0.lock().waker = Some(waker);
+    }
+
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "lookup", Some(ctx.id()));
+        if let Some(r) = inner.lookup_override.get(key) {
+            return *r;
+        }
+        if inner.data.contains_key(key) {
+            inner.stats.hits += 1;
+            LookupResult::Hit
+        } else {
+            inner.stats.misses += 1;
+            LookupResult::Miss
+        }
+    }
+
+    fn submit_store(&mut self, job: TransferJob) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "submit_store", Some(job.req.id()));
+        if inner.completion == Completion::Manual {
+            inner.held.push(job);
+        } else {
+            let r = run_job(&mut inner, job);
+            inner.finished.push(r);
+        }
+    }
+
+    fn submit_load(&mut self, job: TransferJob) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "submit_load", Some(job.req.id()));
+        if inner.completion == Completion::Manual {
+            inner.held.push(job);
+        } else {
+            let r = run_job(&mut inner, job);
+            inner.finished.push(r);
+        }
+    }
+
+    fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "poll", None);
+        out.append(&mut inner.finished);
+        out.append(&mut inner.report_unknown);
+    }
+
+    fn has_pending_work(&self) -> bool {
+        let inner = self.shared.0.lock();
+        !inner.held.is_empty() || !inner.finished.is_empty() || !inner.inbound.is_empty()
+    }
+
+    fn touch(&mut self, _keys: &[OffloadKey], ctx: &ReqContext) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "touch", Some(ctx.id()));
+    }
+
+    fn on_new_request(&mut self, ctx: &ReqContext) -> OffloadPolicy {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "on_new_request", Some(ctx.id()));
+        inner.policy
+    }
+
+    fn on_request_finished(&mut self, ctx: &ReqContext) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "on_request_finished", Some(ctx.id()));
+        inner.finished_requests.push(ctx.id().clone());
+    }
+
+    fn serve_external_requests(&mut self, parent: &mut dyn ParentManager) -> Result<(), TierError> {
+        let (requests, fail, panic) = {
+            let mut inner = self.shared.0.lock();
+            self.record(&mut inner, "serve", None);
+            let reqs: Vec<PeerRequest> = inner.inbound.drain(..).collect();
+            (reqs, inner.serve_error.clone(), inner.serve_panic)
+        };
+        if panic {
+            panic!("scripted panic while serving");
+        }
+        if let Some(message) = fail {
+            return Err(TierError::Other(message));
+        }
+        for req in requests {
+            let served = serve_one(parent, &req);
+            let mut inner = self.shared.0.lock();
+            if let Some(r) = served.1 {
+                inner.finished.push(r);
+            }
+            inner.served.push(served.0);
+            self.shared.1.notify_all();
+        }
+        Ok(())
+    }
+
+    fn drain_jobs(&mut self) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "drain", None);
+        // Held jobs have not started: cancel them, reporting each as failed.
+        let held: Vec<TransferJob> = inner.held.drain(..).collect();
+        for job in held {
+            inner.finished.push(JobResult::failed(job.id, Duration::ZERO));
+        }
+    }
+
+    fn stats(&self) -> TierStats {
+        let inner = self.shared.0.lock();
+        let mut s = inner.stats.clone();
+        s.name.clone_from(&inner.info.name);
+        s.resident_chunks = inner.data.len() as u64;
+        s
+    }
+
+    fn shutdown(&mut self) -> Result<(), TierError> {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "shutdown", None);
+        match inner.shutdown_error.clone() {
+            Some(m) => Err(TierError::Other(m)),
+            None => Ok(()),
+        }
+    }
+}
+
+fn serve_one(parent: &mut dyn ParentManager, req: &PeerRequest) -> (ServedPeer, Option<JobResult>) {
+    let mut served = ServedPeer {
+        req: req.ctx.id().clone(),
+        lookups: Vec::new(),
+        fetched: Vec::new(),
+        thread: std::thread::current().id(),
+        error: None,
+    };
+    let mut result = None;
+    let outcome = (|| -> Result<(), crate::error::ManagerError> {
+        parent.on_new_request(&req.ctx)?;
+        for key in &req.keys {
+            served.lookups.push(parent.lookup(key, &req.ctx)?);
+        }
+        let hits: Vec<OffloadKey> = req
+            .keys
+            .iter()
+            .zip(&served.lookups)
+            .filter(|&(_, r)| *r == LookupResult::Hit)
+            .map(|(k, _)| *k)
+            .collect();
+        if req.fetch && !hits.is_empty() {
+            let job = parent.create_store_job(&hits, &req.ctx)?;
+            for (i, key) in job.keys.iter().enumerate() {
+                if let Some(row) = job.rows.row(i) {
+                    served.fetched.push((*key, row.to_vec()));
+                }
+            }
+            result = Some(JobResult::ok(job.id, 0, Duration::ZERO));
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        served.error = Some(e.to_string());
+    }
+    // Mandatory, even when nothing was found or something failed.
+    if let Err(e) = parent.on_request_finished(&req.ctx) {
+        served.error.get_or_insert(e.to_string());
+    }
+    (served, result)
+}
+
+impl ScriptedTierHandle {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.shared.0.lock()
+    }
+
+    /// Stores `bytes` under `key` as if a cascade had landed.
+    pub fn insert(&self, key: OffloadKey, bytes: Vec<u8>) {
+        self.lock().data.insert(key, bytes);
+    }
+
+    /// The bytes stored under `key`.
+    #[must_use]
+    pub fn get(&self, key: &OffloadKey) -> Option<Vec<u8>> {
+        self.lock().data.get(key).cloned()
+    }
+
+    /// Whether `key` is stored.
+    #[must_use]
+    pub fn contains(&self, key: &OffloadKey) -> bool {
+        self.lock().data.contains_key(key)
+    }
+
+    /// Forces the lookup verdict for `key`.
+    pub fn set_lookup(&self, key: OffloadKey, verdict: LookupResult) {
+        self.lock().lookup_override.insert(key, verdict);
+    }
+
+    /// The policy `on_new_request` answers.
+    pub fn set_policy(&self, policy: OffloadPolicy) {
+        self.lock().policy = policy;
+    }
+
+    /// Immediate or manual completion.
+    pub fn set_completion(&self, completion: Completion) {
+        self.lock().completion = completion;
+    }
+
+    /// Makes loads of `key` fail.
+    pub fn fail_loads_of(&self, key: OffloadKey) {
+        self.lock().fail_load_keys.insert(key);
+    }
+
+    /// Makes every store fail.
+    pub fn set_fail_stores(&self, fail: bool) {
+        self.lock().fail_stores = fail;
+    }
+
+    /// Makes the next serve return this error.
+    pub fn fail_next_serve(&self, message: &str) {
+        self.lock().serve_error = Some(message.to_owned());
+    }
+
+    /// Makes the next serve panic.
+    pub fn panic_next_serve(&self) {
+        self.lock().serve_panic = true;
+    }
+
+    /// Makes `shutdown` fail.
+    pub fn fail_shutdown(&self, message: &str) {
+        self.lock().shutdown_error = Some(message.to_owned());
+    }
+
+    /// Makes the next poll report a result for a job this tier never received.
+    pub fn report_bogus_job(&self, id: JobId) {
+        self.lock()
+            .report_unknown
+            .push(JobResult::ok(id, 0, Duration::ZERO));
+    }
+
+    /// Queues an inbound peer request and wakes the control plane.
+    pub fn push_peer_request(&self, req: PeerRequest) {
+        let waker = {
+            let mut inner = self.lock();
+            inner.inbound.push_back(req);
+            inner.waker.clone()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Queues an inbound peer request without waking anyone.
+    pub fn push_peer_request_quietly(&self, req: PeerRequest) {
+        self.lock().inbound.push_back(req);
+    }
+
+    /// Ids of the jobs held (manual completion), in submission order.
+    #[must_use]
+    pub fn held_jobs(&self) -> Vec<(JobId, JobKind, Vec<OffloadKey>)> {
+        self.lock()
+            .held
+            .iter()
+            .map(|j| (j.id, j.kind, j.keys.clone()))
+            .collect()
+    }
+
+    /// Finishes a held job: runs its copy (for `Ok`/`Partial`) and queues `outcome` for the next
+    /// poll. Returns false if no such job is held.
+    pub fn complete(&self, id: JobId, outcome: JobOutcome) -> bool {
+        let waker = {
+            let mut inner = self.lock();
+            let Some(pos) = inner.held.iter().position(|j| j.id == id) else {
+                return false;
+            };
+            let job = inner.held.remove(pos);
+            let mut result = match outcome {
+                JobOutcome::Failed => JobResult::failed(job.id, Duration::ZERO),
+                _ => run_job(&mut inner, job),
+            };
+            if let JobOutcome::Partial(keys) = outcome {
+                result.outcome = JobOutcome::Partial(keys);
+            }
+            inner.finished.push(result);
+            inner.waker.clone()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+
+    /// Completes every held job successfully.
+    pub fn complete_all(&self) {
+        for (id, _, _) in self.held_jobs() {
+            self.complete(id, JobOutcome::Ok);
+        }
+    }
+
+    /// Every recorded call.
+    #[must_use]
+    pub fn calls(&self) -> Vec<Call> {
+        self.lock().calls.clone()
+    }
+
+    /// Recorded calls of one kind.
+    #[must_use]
+    pub fn calls_of(&self, op: &str) -> Vec<Call> {
+        self.lock().calls.iter().filter(|c| c.op == op).cloned().collect()
+    }
+
+    /// Number of recorded calls of one kind.
+    #[must_use]
+    pub fn count(&self, op: &str) -> usize {
+        self.lock().calls.iter().filter(|c| c.op == op).count()
+    }
+
+    /// Clears the call log.
+    pub fn clear_calls(&self) {
+        self.lock().calls.clear();
+    }
+
+    /// Peer requests served so far.
+    #[must_use]
+    pub fn served(&self) -> Vec<ServedPeer> {
+        self.lock().served.clone()
+    }
+
+    /// Requests this tier was told have finished.
+    #[must_use]
+    pub fn finished_requests(&self) -> Vec<RequestId> {
+        self.lock().finished_requests.clone()
+    }
+
+    /// Waits until `pred` holds for the recorded state or `timeout` passes; returns whether it
+    /// held. Used to wait for the control thread without sleeping blindly.
+    pub fn wait_until(&self, timeout: Duration, mut pred: impl FnMut(&ScriptedTierView<'_>) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut inner = self.shared.0.lock();
+        loop {
+            if pred(&ScriptedTierView { inner: &inner }) {
+                return true;
+            }
+            if self.shared.1.wait_until(&mut inner, deadline).timed_out() {
+                return pred(&ScriptedTierView { inner: &inner });
+            }
+        }
+    }
+}
+
+/// A read-only view of a scripted tier's record, for [`ScriptedTierHandle::wait_until`].
+pub struct ScriptedTierView<'a> {
+    inner: &'a Inner,
+}
+
+impl ScriptedTierView<'_> {
+    /// Number of recorded calls of one kind.
+    #[must_use]
+    pub fn count(&self, op: &str) -> usize {
+        self.inner.calls.iter().filter(|c| c.op == op).count()
+    }
+
+    /// Number of peer requests served.
+    #[must_use]
+    pub fn served(&self) -> usize {
+        self.inner.served.len()
+    }
+}

@@ -1,0 +1,5 @@
+//! The `kvtier` command line.
+
+fn main() {
+    println!("kvtier: the simulator is not built yet");
+}
