@@ -1,7 +1,7 @@
 //! Chunk keys: the chained prefix hash of a chunk's last block plus the KV-group index.
 
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
+use std::hash::{BuildHasher, Hash, Hasher};
 
 /// Length in bytes of the prefix hash carried by an [`OffloadKey`].
 pub const KEY_HASH_BYTES: usize = 32;
@@ -11,7 +11,7 @@ pub const KEY_BYTES: usize = KEY_HASH_BYTES + 4;
 
 /// Names one offloaded chunk: the chained prefix hash of the chunk's last block and the
 /// KV-cache group index. Equal keys mean equal content, so tiers only compare keys for equality.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct OffloadKey {
     hash: [u8; KEY_HASH_BYTES],
     group: u32,
@@ -89,6 +89,13 @@ impl OffloadKey {
     }
 }
 
+impl Hash for OffloadKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // One word is enough: equal keys have equal digests, and the digest is well mixed.
+        state.write_u64(self.digest());
+    }
+}
+
 const fn splitmix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
     x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -116,8 +123,9 @@ impl fmt::Display for OffloadKey {
     }
 }
 
-/// A hasher for maps keyed by [`OffloadKey`]: it uses [`OffloadKey::digest`] instead of running
-/// SipHash over 36 bytes. Other key types fall back to FNV-1a over their bytes.
+/// A hasher for maps keyed by [`OffloadKey`]: the key hashes itself as one pre-mixed word
+/// ([`OffloadKey::digest`]), which this hasher passes through instead of running SipHash over it.
+/// Other writes fall back to FNV-1a so the hasher stays correct for any key type.
 #[derive(Default, Clone, Copy)]
 pub struct KeyHasher {
     state: u64,
@@ -129,13 +137,6 @@ impl Hasher for KeyHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // The derived `Hash` of `OffloadKey` writes the 32 hash bytes then the u32 group.
-        if bytes.len() == KEY_HASH_BYTES {
-            let a = u64::from_le_bytes(bytes[0..8].try_into().unwrap_or_default());
-            let b = u64::from_le_bytes(bytes[24..32].try_into().unwrap_or_default());
-            self.state ^= a ^ b.rotate_left(29);
-            return;
-        }
         let mut h = self.state ^ 0xcbf2_9ce4_8422_2325;
         for &byte in bytes {
             h ^= u64::from(byte);
@@ -144,16 +145,12 @@ impl Hasher for KeyHasher {
         self.state = h;
     }
 
-    fn write_u32(&mut self, n: u32) {
-        self.state = splitmix64(self.state ^ u64::from(n).rotate_left(47));
-    }
-
     fn write_u64(&mut self, n: u64) {
-        self.state = splitmix64(self.state ^ n);
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        self.write_u64(n as u64);
+        self.state = if self.state == 0 {
+            n
+        } else {
+            splitmix64(self.state ^ n)
+        };
     }
 }
 

@@ -307,3 +307,30 @@ fn waker_wakes_the_thread_without_waiting_for_the_idle_timeout() {
     assert!(r.tiers[0].wait_until(PATIENCE, |v| v.served() == 2));
     r.m.shutdown().unwrap();
 }
+
+#[test]
+fn shutdown_gives_up_on_a_control_thread_stuck_in_a_tier() {
+    let config = ManagerConfig {
+        join_timeout: Duration::from_millis(20),
+        shutdown_lock_timeout: Duration::from_millis(20),
+        ..ManagerConfig::default()
+    };
+    let mut r = rig(8, &["wedged"], config);
+    first_step(&mut r);
+    r.tiers[0].set_serve_delay(Duration::from_millis(400));
+    let before = r.tiers[0].count("serve");
+    // A serve recorded after the delay was set reads it in the same critical section, so the
+    // thread is now inside a 400 ms serve: shutdown must not hang on it.
+    assert!(r.tiers[0].wait_until(PATIENCE, |v| v.count("serve") > before));
+    let err = r.m.shutdown().unwrap_err();
+    assert!(matches!(err, ManagerError::ShutdownTimedOut(_)), "{err}");
+    assert_eq!(
+        r.tiers[0].count("shutdown"),
+        0,
+        "tiers are left alive while a sweep may use them"
+    );
+    // Once the serve returns, the thread sees the stop flag and a retried shutdown completes.
+    r.tiers[0].set_serve_delay(Duration::ZERO);
+    assert!(eventually(|| r.m.shutdown().is_ok()));
+    assert_eq!(r.tiers[0].count("shutdown"), 1);
+}

@@ -44,6 +44,9 @@ pub struct ManagerConfig {
     pub starvation_warning: Duration,
     /// How long `shutdown` waits for the control thread to exit.
     pub join_timeout: Duration,
+    /// How long `shutdown` waits for the lock after that (a control thread stuck in a tier
+    /// still holds it).
+    pub shutdown_lock_timeout: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -54,6 +57,7 @@ impl Default for ManagerConfig {
             lock_timeout: Duration::from_secs(1),
             starvation_warning: Duration::from_secs(10),
             join_timeout: Duration::from_secs(2),
+            shutdown_lock_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -350,7 +354,12 @@ impl OffloadingManager for TieringManager {
         }
         self.stop_control_thread();
         // A stored control-thread failure must not mask the teardown: no failure check here.
-        let mut guard = self.shared.state.lock();
+        // A control thread stuck inside a tier call still holds the lock; waiting for it forever
+        // would turn a wedged tier into a hung engine, so give up with an error instead (the
+        // tiers and the arena then stay alive, which is the safe side).
+        let Some(mut guard) = self.shared.state.try_lock_for(self.config.shutdown_lock_timeout) else {
+            return Err(ManagerError::ShutdownTimedOut(self.config.shutdown_lock_timeout));
+        };
         let result = guard.shutdown_tiers();
         MutexGuard::unlock_fair(guard);
         self.shut_down = true;

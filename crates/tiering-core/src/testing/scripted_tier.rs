@@ -88,6 +88,7 @@ struct Inner {
     calls: Vec<Call>,
     serve_error: Option<String>,
     serve_panic: bool,
+    serve_delay: Duration,
     fail_load_keys: KeySet,
     fail_stores: bool,
     report_unknown: Vec<JobResult>,
@@ -134,6 +135,7 @@ impl ScriptedTier {
             calls: Vec::new(),
             serve_error: None,
             serve_panic: false,
+            serve_delay: Duration::ZERO,
             fail_load_keys: KeySet::default(),
             fail_stores: false,
             report_unknown: Vec::new(),
@@ -278,12 +280,20 @@ impl SecondaryTier for ScriptedTier {
     }
 
     fn serve_external_requests(&mut self, parent: &mut dyn ParentManager) -> Result<(), TierError> {
-        let (requests, fail, panic) = {
+        let (requests, fail, panic, delay) = {
             let mut inner = self.shared.0.lock();
             self.record(&mut inner, "serve", None);
             let reqs: Vec<PeerRequest> = inner.inbound.drain(..).collect();
-            (reqs, inner.serve_error.clone(), inner.serve_panic)
+            (
+                reqs,
+                inner.serve_error.clone(),
+                inner.serve_panic,
+                inner.serve_delay,
+            )
         };
+        if !delay.is_zero() {
+            std::thread::sleep(delay);
+        }
         if panic {
             panic!("scripted panic while serving");
         }
@@ -427,6 +437,11 @@ impl ScriptedTierHandle {
     /// Makes the next serve panic.
     pub fn panic_next_serve(&self) {
         self.lock().serve_panic = true;
+    }
+
+    /// Makes every serve block for `delay` (a wedged transport).
+    pub fn set_serve_delay(&self, delay: Duration) {
+        self.lock().serve_delay = delay;
     }
 
     /// Makes `shutdown` fail.
