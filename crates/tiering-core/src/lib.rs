@@ -46,3 +46,6 @@ pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo,
 pub use stats::{ManagerCounters, ManagerStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
 pub use waker::ControlWaker;
+pub mod config;
+pub mod registry;
+pub use registry::{PrimaryContext, Registry, SecondaryContext, TierRegistration};

@@ -1,0 +1,93 @@
+//! Tier chain files and the helpers tier factories use to read their options.
+
+mod units;
+
+pub use units::{ByteSize, HumanDuration, UnitError};
+
+use serde::de::DeserializeOwned;
+
+use crate::error::TierError;
+
+/// Deserialises a tier's options table into `T` (declare `T` with
+/// `#[serde(deny_unknown_fields)]`). The error is a [`TierError::Config`] whose message names
+/// the offending key in backquotes (serde names unknown and missing keys itself; for a bad value
+/// the key is found by its value and prefixed), which the chain builder uses to point at the
+/// key's line.
+///
+/// # Errors
+/// An unknown key, a missing key, or a value of the wrong type or format.
+pub fn parse_options<T: DeserializeOwned>(options: &toml::Table) -> Result<T, TierError> {
+    options.clone().try_into().map_err(|e: toml::de::Error| {
+        let message = e.message().trim().to_owned();
+        TierError::Config(name_key_in_message(options, message))
+    })
+}
+
+/// The backquoted words of an error message.
+pub(crate) fn quoted_words(message: &str) -> impl Iterator<Item = &str> {
+    message.split('`').skip(1).step_by(2)
+}
+
+/// Prefixes `message` with the key it is about when the message only quotes the key's value.
+fn name_key_in_message(options: &toml::Table, message: String) -> String {
+    if quoted_words(&message).any(|w| options.contains_key(w)) {
+        return message;
+    }
+    let culprit = quoted_words(&message).find_map(|word| {
+        options.iter().find_map(|(key, value)| {
+            let rendered = match value {
+                toml::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (rendered == word).then_some(key)
+        })
+    });
+    match culprit {
+        Some(key) => format!("`{key}`: {message}"),
+        None => message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Opts {
+        capacity: ByteSize,
+        #[serde(default)]
+        eviction: Option<String>,
+        #[serde(default)]
+        wait: Option<HumanDuration>,
+    }
+
+    fn table(s: &str) -> toml::Table {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn errors_name_the_offending_key() {
+        let err = |s: &str| match parse_options::<Opts>(&table(s)) {
+            Err(TierError::Config(m)) => m,
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let m = err("capacity = \"1GiB\"\ncapasity = 3");
+        assert!(m.contains("unknown field `capasity`"), "{m}");
+        assert!(err("eviction = \"x\"").contains("missing field `capacity`"));
+        let m = err("capacity = \"1 gigs\"");
+        assert!(m.starts_with("`capacity`: invalid size `1 gigs`"), "{m}");
+        let m = err("capacity = true");
+        assert!(m.starts_with("`capacity`: invalid type"), "{m}");
+        let m = err("capacity = 1\nwait = \"3\"");
+        assert!(m.starts_with("`wait`: invalid duration `3`"), "{m}");
+    }
+
+    #[test]
+    fn valid_options_parse() {
+        let o: Opts = parse_options(&table("capacity = \"2GiB\"\nwait = \"1ms\"")).unwrap();
+        assert_eq!(o.capacity, ByteSize(2 << 30));
+        assert_eq!(o.wait, Some(HumanDuration(std::time::Duration::from_millis(1))));
+    }
+}
