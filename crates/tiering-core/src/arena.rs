@@ -101,12 +101,14 @@ impl ArenaOptions {
 
 /// The primary tier's chunk memory. See the module docs for the access protocol.
 pub struct ChunkArena {
-    map: MmapRaw,
+    /// `None` for a view made by [`ChunkArena::from_raw_parts`]: the memory belongs to another
+    /// arena.
+    map: Option<MmapRaw>,
     base: NonNull<u8>,
     num_chunks: usize,
     chunk_bytes: usize,
     row_stride: usize,
-    row_locks: Box<[AtomicU32]>,
+    row_locks: RowLocks,
     shared_path: Option<PathBuf>,
     huge_pages: bool,
 }
@@ -117,6 +119,42 @@ pub struct ChunkArena {
 unsafe impl Send for ChunkArena {}
 // SAFETY: see `Send` above; `&ChunkArena` exposes row memory only through locked grants.
 unsafe impl Sync for ChunkArena {}
+
+/// The addresses and geometry of an arena, as [`ChunkArena::raw_parts`] returns them. Plain
+/// data with a C layout, so it can cross a C ABI.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct ArenaRawParts {
+    /// Start of row 0.
+    pub base: *mut u8,
+    /// Number of rows.
+    pub num_chunks: usize,
+    /// Payload bytes per row.
+    pub chunk_bytes: usize,
+    /// Bytes between consecutive rows.
+    pub row_stride: usize,
+    /// The `num_chunks` row-lock words.
+    pub row_locks: *const AtomicU32,
+}
+
+/// The per-row lock words: owned by a mapped arena, borrowed by a view.
+enum RowLocks {
+    Owned(Box<[AtomicU32]>),
+    Borrowed { ptr: NonNull<AtomicU32>, len: usize },
+}
+
+impl Deref for RowLocks {
+    type Target = [AtomicU32];
+
+    fn deref(&self) -> &[AtomicU32] {
+        match self {
+            Self::Owned(b) => b,
+            // SAFETY: `from_raw_parts`'s contract keeps the owning arena — and with it these
+            // `len` initialised lock words — alive for as long as the view exists.
+            Self::Borrowed { ptr, len } => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), *len) },
+        }
+    }
+}
 
 /// The system page size.
 #[must_use]
@@ -205,9 +243,9 @@ impl ChunkArena {
             path: options.shared_memory.clone(),
             source: std::io::Error::other("mapping returned a null pointer"),
         })?;
-        let row_locks = (0..num_chunks).map(|_| AtomicU32::new(0)).collect();
+        let row_locks = RowLocks::Owned((0..num_chunks).map(|_| AtomicU32::new(0)).collect());
         Ok(Arc::new(Self {
-            map,
+            map: Some(map),
             base,
             num_chunks,
             chunk_bytes,
@@ -259,7 +297,9 @@ impl ChunkArena {
     /// Total mapped bytes.
     #[must_use]
     pub fn mapped_bytes(&self) -> usize {
-        self.map.len()
+        self.map
+            .as_ref()
+            .map_or(self.num_chunks * self.row_stride, MmapRaw::len)
     }
 
     /// The shared-memory file backing the arena, if any.
@@ -272,6 +312,71 @@ impl ChunkArena {
     #[must_use]
     pub fn uses_huge_pages(&self) -> bool {
         self.huge_pages
+    }
+
+    /// The arena's addresses and geometry, for handing rows across a C ABI (see
+    /// [`ChunkArena::from_raw_parts`]).
+    #[must_use]
+    pub fn raw_parts(&self) -> ArenaRawParts {
+        ArenaRawParts {
+            base: self.base.as_ptr(),
+            num_chunks: self.num_chunks,
+            chunk_bytes: self.chunk_bytes,
+            row_stride: self.row_stride,
+            row_locks: self.row_locks.as_ptr(),
+        }
+    }
+
+    /// A view of another arena's rows that shares its row locks: grants made from the view and
+    /// from the original exclude each other exactly as grants of one arena do. Dropping the view
+    /// unmaps nothing. This is how a tier loaded from a shared library (which links its own copy
+    /// of this crate) sees the host's arena.
+    ///
+    /// # Errors
+    /// Null pointers or a geometry that `ChunkArena::new` would refuse.
+    ///
+    /// # Safety
+    /// `parts` must come from [`ChunkArena::raw_parts`] of an arena in this process that stays
+    /// alive (is neither dropped nor unmapped) for as long as the view or any grant made from it
+    /// exists.
+    pub unsafe fn from_raw_parts(parts: ArenaRawParts) -> Result<Arc<Self>, ArenaError> {
+        let invalid = ArenaError::InvalidGeometry {
+            num_chunks: parts.num_chunks,
+            chunk_bytes: parts.chunk_bytes,
+        };
+        let (Some(base), Some(locks)) = (
+            NonNull::new(parts.base),
+            NonNull::new(parts.row_locks.cast_mut()),
+        ) else {
+            return Err(invalid);
+        };
+        if parts.num_chunks == 0
+            || parts.chunk_bytes == 0
+            || parts.row_stride < parts.chunk_bytes
+            || u32::try_from(parts.num_chunks).is_err()
+            || parts.num_chunks.checked_mul(parts.row_stride).is_none()
+        {
+            return Err(invalid);
+        }
+        Ok(Arc::new(Self {
+            map: None,
+            base,
+            num_chunks: parts.num_chunks,
+            chunk_bytes: parts.chunk_bytes,
+            row_stride: parts.row_stride,
+            row_locks: RowLocks::Borrowed {
+                ptr: locks,
+                len: parts.num_chunks,
+            },
+            shared_path: None,
+            huge_pages: false,
+        }))
+    }
+
+    /// Whether this arena is a view made by [`ChunkArena::from_raw_parts`].
+    #[must_use]
+    pub fn is_view(&self) -> bool {
+        self.map.is_none()
     }
 
     fn lock_index(&self, chunk: ChunkId) -> Result<usize, ArenaError> {
@@ -408,6 +513,34 @@ impl RowRead {
     pub fn chunk(&self) -> ChunkId {
         self.chunk
     }
+
+    /// Gives the grant up **without** releasing the row lock, so the grant can be handed across
+    /// a C ABI and adopted with [`RowRead::from_raw`] (usually on a view of the same arena).
+    #[must_use]
+    pub fn into_raw(self) -> ChunkId {
+        let chunk = self.chunk;
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: `this` is never used or dropped again, so moving the `Arc` out of it drops
+        // the arena reference exactly once while skipping `Drop for RowRead`, which would
+        // release the row lock.
+        drop(unsafe { std::ptr::read(&raw const this.arena) });
+        chunk
+    }
+
+    /// Adopts a read grant given up by [`RowRead::into_raw`] on `arena` or on an arena sharing
+    /// its row locks (a view).
+    ///
+    /// # Safety
+    /// The row's lock must hold a reader count that no live grant owns: one taken by a grant
+    /// that was given up with `into_raw` and not adopted since.
+    #[must_use]
+    pub unsafe fn from_raw(arena: &Arc<ChunkArena>, chunk: ChunkId) -> Self {
+        debug_assert!((chunk as usize) < arena.num_chunks);
+        Self {
+            arena: Arc::clone(arena),
+            chunk,
+        }
+    }
 }
 
 impl Deref for RowRead {
@@ -444,6 +577,31 @@ impl RowWrite {
     #[must_use]
     pub fn chunk(&self) -> ChunkId {
         self.chunk
+    }
+
+    /// Gives the grant up **without** releasing the row lock (see [`RowRead::into_raw`]).
+    #[must_use]
+    pub fn into_raw(self) -> ChunkId {
+        let chunk = self.chunk;
+        let this = std::mem::ManuallyDrop::new(self);
+        // SAFETY: as in `RowRead::into_raw`: the `Arc` is moved out once and `this` is never
+        // dropped, so the writer lock stays held.
+        drop(unsafe { std::ptr::read(&raw const this.arena) });
+        chunk
+    }
+
+    /// Adopts a write grant given up by [`RowWrite::into_raw`] (see [`RowRead::from_raw`]).
+    ///
+    /// # Safety
+    /// The row's lock must be the writer lock of a grant given up with `into_raw` and not
+    /// adopted since.
+    #[must_use]
+    pub unsafe fn from_raw(arena: &Arc<ChunkArena>, chunk: ChunkId) -> Self {
+        debug_assert!((chunk as usize) < arena.num_chunks);
+        Self {
+            arena: Arc::clone(arena),
+            chunk,
+        }
     }
 }
 
@@ -584,6 +742,63 @@ mod tests {
         assert_eq!(a.granted_rows(), 0);
         let g = RowGrant::Read(a.read_rows(&[2, 2]).unwrap());
         assert_eq!(g.len(), 2);
+    }
+
+    #[test]
+    fn a_view_shares_memory_and_row_locks() {
+        let a = ChunkArena::new(3, 100).unwrap();
+        // SAFETY: `a` outlives the view and every grant made from it in this test.
+        let v = unsafe { ChunkArena::from_raw_parts(a.raw_parts()) }.unwrap();
+        assert!(v.is_view() && !a.is_view());
+        assert_eq!((v.num_chunks(), v.chunk_bytes(), v.row_stride()), (3, 100, a.row_stride()));
+        assert_eq!(v.mapped_bytes(), a.mapped_bytes());
+        let mut w = a.write_row(1).unwrap();
+        w.fill(5);
+        assert!(matches!(v.read_row(1), Err(ArenaError::RowBusy { .. })));
+        drop(w);
+        assert!(v.read_row(1).unwrap().iter().all(|&b| b == 5));
+        v.write_row(2).unwrap().fill(9);
+        assert!(a.read_row(2).unwrap().iter().all(|&b| b == 9));
+        drop(v);
+        assert_eq!(a.granted_rows(), 0);
+    }
+
+    #[test]
+    fn grants_given_up_raw_are_adopted_with_their_lock() {
+        let a = ChunkArena::new(2, 64).unwrap();
+        // SAFETY: `a` outlives the view and every grant made from it in this test.
+        let v = unsafe { ChunkArena::from_raw_parts(a.raw_parts()) }.unwrap();
+        let strong = Arc::strong_count(&a);
+        let chunk = a.write_row(0).unwrap().into_raw();
+        assert_eq!(Arc::strong_count(&a), strong, "into_raw drops its arena reference");
+        assert!(a.is_row_granted(0), "the lock stays held while in transit");
+        // SAFETY: the writer lock of row 0 was given up by `into_raw` above.
+        let mut w = unsafe { RowWrite::from_raw(&v, chunk) };
+        w.fill(3);
+        drop(w);
+        assert_eq!(a.granted_rows(), 0, "dropping the adopted grant releases the shared lock");
+        let r = a.read_row(0).unwrap().into_raw();
+        let r2 = a.read_row(0).unwrap();
+        // SAFETY: one reader count of row 0 was given up by `into_raw` above.
+        let adopted = unsafe { RowRead::from_raw(&v, r) };
+        assert!(adopted.iter().all(|&b| b == 3));
+        drop(adopted);
+        assert!(matches!(a.write_row(0), Err(ArenaError::RowBusy { .. })), "r2 still reads");
+        drop(r2);
+        assert!(a.write_row(0).is_ok());
+    }
+
+    #[test]
+    fn views_refuse_null_or_bad_parts() {
+        let a = ChunkArena::new(2, 64).unwrap();
+        let mut parts = a.raw_parts();
+        parts.base = std::ptr::null_mut();
+        // SAFETY: refused before any use of the pointers.
+        assert!(unsafe { ChunkArena::from_raw_parts(parts) }.is_err());
+        let mut parts = a.raw_parts();
+        parts.row_stride = 10;
+        // SAFETY: as above.
+        assert!(unsafe { ChunkArena::from_raw_parts(parts) }.is_err());
     }
 
     #[test]
