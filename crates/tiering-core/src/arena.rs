@@ -344,10 +344,8 @@ impl ChunkArena {
             num_chunks: parts.num_chunks,
             chunk_bytes: parts.chunk_bytes,
         };
-        let (Some(base), Some(locks)) = (
-            NonNull::new(parts.base),
-            NonNull::new(parts.row_locks.cast_mut()),
-        ) else {
+        let (Some(base), Some(locks)) = (NonNull::new(parts.base), NonNull::new(parts.row_locks.cast_mut()))
+        else {
             return Err(invalid);
         };
         if parts.num_chunks == 0
@@ -750,7 +748,10 @@ mod tests {
         // SAFETY: `a` outlives the view and every grant made from it in this test.
         let v = unsafe { ChunkArena::from_raw_parts(a.raw_parts()) }.unwrap();
         assert!(v.is_view() && !a.is_view());
-        assert_eq!((v.num_chunks(), v.chunk_bytes(), v.row_stride()), (3, 100, a.row_stride()));
+        assert_eq!(
+            (v.num_chunks(), v.chunk_bytes(), v.row_stride()),
+            (3, 100, a.row_stride())
+        );
         assert_eq!(v.mapped_bytes(), a.mapped_bytes());
         let mut w = a.write_row(1).unwrap();
         w.fill(5);
@@ -770,20 +771,31 @@ mod tests {
         let v = unsafe { ChunkArena::from_raw_parts(a.raw_parts()) }.unwrap();
         let strong = Arc::strong_count(&a);
         let chunk = a.write_row(0).unwrap().into_raw();
-        assert_eq!(Arc::strong_count(&a), strong, "into_raw drops its arena reference");
+        assert_eq!(
+            Arc::strong_count(&a),
+            strong,
+            "into_raw drops its arena reference"
+        );
         assert!(a.is_row_granted(0), "the lock stays held while in transit");
         // SAFETY: the writer lock of row 0 was given up by `into_raw` above.
         let mut w = unsafe { RowWrite::from_raw(&v, chunk) };
         w.fill(3);
         drop(w);
-        assert_eq!(a.granted_rows(), 0, "dropping the adopted grant releases the shared lock");
+        assert_eq!(
+            a.granted_rows(),
+            0,
+            "dropping the adopted grant releases the shared lock"
+        );
         let r = a.read_row(0).unwrap().into_raw();
         let r2 = a.read_row(0).unwrap();
         // SAFETY: one reader count of row 0 was given up by `into_raw` above.
         let adopted = unsafe { RowRead::from_raw(&v, r) };
         assert!(adopted.iter().all(|&b| b == 3));
         drop(adopted);
-        assert!(matches!(a.write_row(0), Err(ArenaError::RowBusy { .. })), "r2 still reads");
+        assert!(
+            matches!(a.write_row(0), Err(ArenaError::RowBusy { .. })),
+            "r2 still reads"
+        );
         drop(r2);
         assert!(a.write_row(0).is_ok());
     }

@@ -49,3 +49,4 @@ pub use waker::ControlWaker;
 pub mod config;
 pub mod registry;
 pub use registry::{PrimaryContext, Registry, SecondaryContext, TierRegistration};
+pub use arena::ArenaRawParts;
