@@ -18,6 +18,7 @@ fn peer_request(id: &str, keys: &[u64], fetch: bool) -> PeerRequest {
         ctx: ReqContext::new(RequestId::remote("10.0.0.2:5555", id)),
         keys: keys.iter().map(|&n| key(n)).collect(),
         fetch,
+        wait_for_pending: false,
     }
 }
 

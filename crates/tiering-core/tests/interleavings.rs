@@ -135,6 +135,7 @@ fn run(ops: &[Op], threaded: bool) -> Result<(), TestCaseError> {
                     ctx: ReqContext::new(RequestId::remote("peer:9", format!("p{peer_seq}"))),
                     keys: keys.iter().map(|&n| key(n)).collect(),
                     fetch: *fetch,
+                    wait_for_pending: false,
                 });
             }
             Op::TierComplete { idx, outcome } => {

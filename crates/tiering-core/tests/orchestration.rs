@@ -386,6 +386,7 @@ fn a_peer_request_never_reaches_its_origin_tier() {
         ctx: peer_ctx,
         keys: vec![k, key(5)],
         fetch: false,
+        wait_for_pending: false,
     });
     end_step(&mut r.m);
     let served = r.tiers[0].served();
@@ -421,6 +422,7 @@ fn peer_store_jobs_pin_until_the_origin_reports_them() {
         ctx: ReqContext::new(RequestId::remote("peer:1", "r1")),
         keys: vec![key(1)],
         fetch: true,
+        wait_for_pending: false,
     });
     end_step(&mut r.m);
     assert_eq!(r.tiers[0].served()[0].fetched, vec![(key(1), bytes_for(&key(1)))]);

@@ -7,6 +7,8 @@
 //! sweep can run in between. Read-mostly hooks lock only for their own duration.
 
 mod control;
+mod lifecycle;
+mod offstep;
 mod parent;
 mod state;
 
@@ -28,6 +30,7 @@ use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
 use control::{ControlThread, Shared};
+pub use offstep::StoreCompletionSender;
 pub use state::TieringState;
 
 /// Construction options of a [`TieringManager`].
@@ -44,6 +47,10 @@ pub struct ManagerConfig {
     pub starvation_warning: Duration,
     /// How long `shutdown` waits for the control thread to exit.
     pub join_timeout: Duration,
+    /// Off-step mode: store completions reported through a [`StoreCompletionSender`] are applied
+    /// by the control thread between steps, and promotions started while serving a peer are
+    /// submitted within the same sweep.
+    pub off_step: bool,
     /// How long `shutdown` waits for the lock after that (a control thread stuck in a tier
     /// still holds it).
     pub shutdown_lock_timeout: Duration,
@@ -58,6 +65,7 @@ impl Default for ManagerConfig {
             starvation_warning: Duration::from_secs(10),
             join_timeout: Duration::from_secs(2),
             shutdown_lock_timeout: Duration::from_secs(10),
+            off_step: false,
         }
     }
 }
@@ -108,7 +116,8 @@ impl TieringManager {
             tier.set_waker(waker.clone());
         }
         let thread_enabled = config.control_plane_thread && !secondaries.is_empty();
-        let state = TieringState::new(primary, secondaries);
+        let mut state = TieringState::new(primary, secondaries);
+        state.off_step = config.off_step;
         Self {
             shared: Arc::new(Shared {
                 state: Arc::new(Mutex::new(state)),
@@ -129,6 +138,17 @@ impl TieringManager {
     #[must_use]
     pub fn waker(&self) -> &ControlWaker {
         &self.shared.waker
+    }
+
+    /// A handle the engine's device-copy worker uses to report finished device→primary stores
+    /// without waiting for a step (see [`StoreCompletionSender`]). Creating one switches the
+    /// manager to expect every store to be reported twice (worker and engine).
+    pub fn store_completion_sender(&mut self) -> StoreCompletionSender {
+        let queue = self.inspect(|s| {
+            s.ledger.dual_reporting = true;
+            Arc::clone(&s.completion_queue)
+        });
+        StoreCompletionSender::new(queue, self.shared.waker.clone())
     }
 
     /// Whether the control-plane thread is running.
@@ -289,7 +309,8 @@ impl OffloadingManager for TieringManager {
         ctx: &ReqContext,
         success: bool,
     ) -> Result<(), ManagerError> {
-        self.enter_step()?.complete_store_unlocked(keys, ctx, success)
+        self.enter_step()?
+            .complete_store_from(keys, ctx, success, offstep::CompletionSource::Engine)
     }
 
     fn on_new_request(&mut self, ctx: &ReqContext) -> Result<OffloadPolicy, ManagerError> {

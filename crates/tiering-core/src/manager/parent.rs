@@ -92,11 +92,18 @@ impl TieringState {
         Ok(())
     }
 
-    /// One control-plane sweep: poll every tier first (so a fetch that just arrived is bound
-    /// before the requests it unblocks are served), then serve.
+    /// One control-plane sweep: apply stores the device worker finished, poll every tier (so a
+    /// fetch that just arrived is bound before the requests it unblocks are served), serve, and
+    /// in off-step mode submit the promotions serving reserved.
     pub(crate) fn sweep(&mut self) -> Result<(), ManagerError> {
         self.counters.sweeps += 1;
+        self.apply_queued_completions();
         self.process_finished_jobs()?;
-        self.serve_all()
+        self.serve_all()?;
+        if self.off_step {
+            // Promotions a peer's lookup started go out now, not at the next step end.
+            self.flush_promotions()?;
+        }
+        Ok(())
     }
 }

@@ -58,6 +58,9 @@ pub struct PeerRequest {
     pub keys: Vec<OffloadKey>,
     /// Whether to fetch the keys that are primary hits (through `create_store_job`).
     pub fetch: bool,
+    /// Whether to keep the request queued (asking again at the next serve) while any key is
+    /// `HitPending`, as a peer tier parks a fetch until the producer's store lands.
+    pub wait_for_pending: bool,
 }
 
 /// What serving one peer request produced.
@@ -301,6 +304,10 @@ impl SecondaryTier for ScriptedTier {
             return Err(TierError::Other(message));
         }
         for req in requests {
+            if req.wait_for_pending && pending_somewhere(parent, &req) {
+                self.shared.0.lock().inbound.push_back(req);
+                continue;
+            }
             let served = serve_one(parent, &req);
             let mut inner = self.shared.0.lock();
             if let Some(r) = served.1 {
@@ -338,6 +345,21 @@ impl SecondaryTier for ScriptedTier {
             None => Ok(()),
         }
     }
+}
+
+/// Asks the manager about the request's keys (as a throw-away remote request) and says whether
+/// any is still being written.
+fn pending_somewhere(parent: &mut dyn ParentManager, req: &PeerRequest) -> bool {
+    let probe = ReqContext::new(RequestId::remote("probe", req.ctx.id().to_string()));
+    if parent.on_new_request(&probe).is_err() {
+        return false;
+    }
+    let pending = req
+        .keys
+        .iter()
+        .any(|k| matches!(parent.lookup(k, &probe), Ok(LookupResult::HitPending)));
+    let _ = parent.on_request_finished(&probe);
+    pending
 }
 
 fn serve_one(parent: &mut dyn ParentManager, req: &PeerRequest) -> (ServedPeer, Option<JobResult>) {
