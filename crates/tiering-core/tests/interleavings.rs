@@ -214,3 +214,14 @@ proptest! {
         run(&ops, false)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// The long soak of the threaded property (run with `--run-ignored only`).
+    #[test]
+    #[ignore = "soak: 2000 cases of up to 300 operations"]
+    fn interleavings_soak(ops in prop::collection::vec(op(), 1..300)) {
+        run(&ops, true)?;
+    }
+}
