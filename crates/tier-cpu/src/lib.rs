@@ -1,4 +1,53 @@
-//! The CPU primary tier of kvtier: ref-counted chunk slots over the `ChunkArena`, eviction
-//! policies (vLLM-0.33-exact LRU and ARC, plus S3-FIFO), events and stats.
+//! # tier-cpu
 //!
-//! Not implemented yet; tracked by the tier-cpu issue.
+//! The CPU primary tier of kvtier: [`CpuTier`] implements [`tiering_core::PrimaryTier`] over a
+//! [`tiering_core::ChunkArena`] it owns. Every chunk the engine offloads lands here first; lookups,
+//! pins and unpins are O(1) (one probe of a hash map keyed by the already-random key bytes).
+//!
+//! ## Semantics
+//! The tier reproduces the released vLLM 0.33.0 `CPUOffloadingManager`:
+//! - ref counts: −1 write in flight (`lookup` → `HitPending`, not evictable), 0 ready and
+//!   evictable, n > 0 pinned by n readers (a key loaded twice is pinned twice);
+//! - `prepare_store` skips resident keys (ready or in flight), never evicts a key of its own
+//!   offer, fails fast with `None` and no change when too few chunks are evictable, and queues
+//!   the removal event at prepare time, so removals always precede the stores that reuse the
+//!   space;
+//! - rows never used before are handed out first in ascending order, then freed rows
+//!   last-in-first-out (evicted rows are freed in eviction order);
+//! - `complete_store(true)` readies the listed in-flight keys (one store event, call order);
+//!   `complete_store(false)` frees them and queues a metadata-only removal event, from which
+//!   [`PrimaryTier::take_events`](tiering_core::PrimaryTier::take_events) drops keys that are
+//!   resident again; absent and already-ready keys are ignored either way;
+//! - request-scoped recency: each [`tiering_core::ReqContext`] carries a record of the keys the
+//!   request observed (store offers that were new or ready, and loads; not cascade reads through
+//!   `prepare_read`), and the policy commits it in prefix order when the request finishes;
+//!   positions come from [`tiering_core::ReqContext::key_position`].
+//!
+//! Eviction policies ([`policy`]): `lru` and `arc` reproduce 0.33.0 exactly; `s3fifo` is a
+//! scan-resistant alternative.
+//!
+//! ## Deliberate deviations from vLLM 0.33.0
+//! 1. **A key repeated within one `prepare_store` is stored once.** Upstream allocates a chunk per
+//!    occurrence and leaks all but the last for good.
+//! 2. **Contract violations return a [`tiering_core::TierError`] and change nothing.** Upstream
+//!    asserts in the middle of a batch (`prepare_load` of an absent or in-flight key,
+//!    `complete_load` of an unpinned key), leaving the earlier keys of the batch pinned or
+//!    unpinned. Here every key is checked before anything is mutated. Likewise a key first
+//!    observed by a request after it finished is not recorded (upstream asserts).
+//!
+//! ## Construction
+//! [`CpuTier::from_options`] takes a [`CpuTierOptions`] table (capacity as a size or a chunk
+//! count, eviction policy, optional shared-memory file, events, pre-faulting, huge pages) and
+//! rejects a zero capacity, a capacity beyond the machine's memory, and unknown policy names with
+//! a [`CpuTierError`].
+
+mod access;
+mod ops;
+mod options;
+pub mod policy;
+mod slots;
+mod tier;
+
+pub use options::{Capacity, CpuTierError, CpuTierOptions, memory_limit_bytes};
+pub use policy::{EvictionPolicy, PolicyKind, PolicySnapshot, UnknownPolicy};
+pub use tier::CpuTier;

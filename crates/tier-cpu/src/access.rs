@@ -1,0 +1,167 @@
+//! Request-scoped access recording, as vLLM 0.33.0 does it.
+//!
+//! Each request's context carries a record of the keys it observed: store-offer keys that were
+//! new or ready (keys still being written by someone else are not recorded), and loaded keys.
+//! Policies see first observations as they happen and the whole record, in prefix order, once the
+//! request finishes. The record belongs to one tier instance and one cache generation; a stale
+//! record (another tier, or from before a reset) is replaced by a fresh one.
+
+use std::collections::BTreeMap;
+
+use tiering_core::{KeySet, OffloadKey, ReqContext};
+
+/// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
+#[derive(Default)]
+pub(crate) struct RequestAccess {
+    owner: u64,
+    generation: u64,
+    /// Keys per KV-cache group, in first-observed order.
+    groups: BTreeMap<u32, Vec<OffloadKey>>,
+    seen: KeySet,
+    pub(crate) inserted: KeySet,
+    pub(crate) reused: KeySet,
+    store_misses: KeySet,
+    pub(crate) finished: bool,
+}
+
+impl RequestAccess {
+    fn fresh(owner: u64, generation: u64) -> Self {
+        Self {
+            owner,
+            generation,
+            ..Self::default()
+        }
+    }
+
+    /// Whether the record was made by tier `owner` in cache generation `generation`.
+    pub(crate) fn belongs_to(&self, owner: u64, generation: u64) -> bool {
+        self.owner == owner && self.generation == generation
+    }
+
+    /// Runs `f` on the context's record for this tier and generation, replacing a stale one.
+    pub(crate) fn with<R>(
+        ctx: &ReqContext,
+        owner: u64,
+        generation: u64,
+        f: impl FnOnce(&mut RequestAccess) -> R,
+    ) -> R {
+        ctx.with_state(
+            || Self::fresh(owner, generation),
+            |rec| {
+                if !rec.belongs_to(owner, generation) {
+                    *rec = Self::fresh(owner, generation);
+                }
+                f(rec)
+            },
+        )
+    }
+
+    /// Keeps the keys not yet seen as store misses by this request, and remembers them.
+    pub(crate) fn new_store_misses(&mut self, keys: &[OffloadKey], out: &mut Vec<OffloadKey>) {
+        for k in keys {
+            if self.store_misses.insert(*k) {
+                out.push(*k);
+            }
+        }
+    }
+
+    /// Records `keys` (in order) and returns through `new` those observed for the first time.
+    /// `reused` keys count as reuses unless this request inserted them itself. After the request
+    /// finished, new keys are not recorded (vLLM asserts here; see the crate docs).
+    pub(crate) fn record<'k>(
+        &mut self,
+        keys: impl Iterator<Item = &'k OffloadKey>,
+        reused: &[OffloadKey],
+        new: &mut Vec<OffloadKey>,
+    ) {
+        for k in keys {
+            if self.seen.contains(k) {
+                continue;
+            }
+            if self.finished {
+                tracing::debug!(key = %k, "key observed after its request finished; not recorded");
+                continue;
+            }
+            self.seen.insert(*k);
+            self.groups.entry(k.group()).or_default().push(*k);
+            new.push(*k);
+        }
+        for k in reused {
+            if !self.inserted.contains(k) {
+                self.reused.insert(*k);
+            }
+        }
+    }
+
+    /// Marks the record finished and returns the observed keys head first: groups in ascending
+    /// index, each sorted by position when every key of the group has one, then the whole list
+    /// sorted by position (stably) when every key has one. `None` if already finished.
+    pub(crate) fn finish(&mut self, ctx: &ReqContext) -> Option<Vec<OffloadKey>> {
+        if self.finished {
+            return None;
+        }
+        self.finished = true;
+        let mut all: Vec<(OffloadKey, Option<u64>)> = Vec::with_capacity(self.seen.len());
+        for keys in self.groups.values() {
+            let start = all.len();
+            all.extend(keys.iter().map(|k| (*k, ctx.key_position(k))));
+            let group = &mut all[start..];
+            if group.iter().all(|(_, p)| p.is_some()) {
+                group.sort_by_key(|(_, p)| *p);
+            }
+        }
+        if all.iter().all(|(_, p)| p.is_some()) {
+            all.sort_by_key(|(_, p)| *p);
+        }
+        Some(all.into_iter().map(|(k, _)| k).collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn k(n: u64, group: u32) -> OffloadKey {
+        OffloadKey::from_u64(n).with_group(group)
+    }
+
+    #[test]
+    fn finish_orders_by_group_then_by_position_when_complete() {
+        let ctx = ReqContext::local("r");
+        let mut rec = RequestAccess::fresh(1, 0);
+        let mut new = Vec::new();
+        let keys = [k(3, 1), k(1, 0), k(2, 0), k(4, 1)];
+        rec.record(keys.iter(), &[], &mut new);
+        assert_eq!(new, keys.to_vec());
+        // No positions: group 0 first, first-seen order within groups.
+        let mut no_pos = RequestAccess::fresh(1, 0);
+        no_pos.record(keys.iter(), &[], &mut Vec::new());
+        assert_eq!(
+            no_pos.finish(&ctx),
+            Some(vec![k(1, 0), k(2, 0), k(3, 1), k(4, 1)])
+        );
+        assert_eq!(no_pos.finish(&ctx), None, "finishing twice does nothing");
+        // Every key positioned: one global order by position, groups interleaved.
+        for (key, pos) in [(k(1, 0), 20), (k(2, 0), 10), (k(3, 1), 15), (k(4, 1), 5)] {
+            ctx.set_key_position(key, pos);
+        }
+        assert_eq!(rec.finish(&ctx), Some(vec![k(4, 1), k(2, 0), k(3, 1), k(1, 0)]));
+    }
+
+    #[test]
+    fn reuse_excludes_own_insertions_and_late_keys_are_ignored() {
+        let mut rec = RequestAccess::fresh(1, 0);
+        rec.inserted.insert(k(1, 0));
+        let mut new = Vec::new();
+        rec.record([k(1, 0), k(2, 0)].iter(), &[k(1, 0), k(2, 0)], &mut new);
+        assert!(rec.reused.contains(&k(2, 0)) && !rec.reused.contains(&k(1, 0)));
+        rec.finish(&ReqContext::local("r"));
+        new.clear();
+        rec.record([k(9, 0)].iter(), &[], &mut new);
+        assert!(new.is_empty());
+        let mut misses = Vec::new();
+        rec.new_store_misses(&[k(5, 0), k(5, 0), k(6, 0)], &mut misses);
+        rec.new_store_misses(&[k(6, 0)], &mut misses);
+        assert_eq!(misses, vec![k(5, 0), k(6, 0)]);
+    }
+}

@@ -1,0 +1,408 @@
+//! The `PrimaryTier` operations of [`CpuTier`], in the order and with the hooks of vLLM 0.33.0's
+//! `CPUOffloadingManager` (see the crate docs for the two deliberate deviations).
+
+use std::sync::Arc;
+
+use tiering_core::{
+    ChunkArena, ChunkId, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
+};
+
+use crate::access::RequestAccess;
+use crate::policy::{FinishedKey, KeyRef, Protected};
+use crate::slots::WRITING;
+use crate::tier::CpuTier;
+
+/// Batches up to this size check duplicates by scanning instead of hashing.
+const SMALL_BATCH: usize = 32;
+
+/// Whether `keys[i]` also appears in `keys[..i]`, for batches of at most [`SMALL_BATCH`].
+fn seen_before(keys: &[OffloadKey], i: usize) -> bool {
+    keys[..i].contains(&keys[i])
+}
+
+impl CpuTier {
+    fn push_event(&mut self, event: impl FnOnce() -> OffloadingEvent) {
+        if let Some(events) = self.events.as_mut() {
+            events.push(event());
+        }
+    }
+
+    /// Resolves keys to their resident rows into `buf_refs`.
+    fn resolve_into(&self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+        out.clear();
+        out.extend(keys.iter().map(|k| KeyRef {
+            key: *k,
+            chunk: self.table.get(k).map(|e| e.chunk),
+        }));
+    }
+
+    /// Records a request's observation of `keys` and tells the policy about first observations.
+    fn record_access(&mut self, keys: &[OffloadKey], reused: &[OffloadKey], ctx: &ReqContext) {
+        let mut new = std::mem::take(&mut self.buf_keys2);
+        new.clear();
+        RequestAccess::with(ctx, self.id, self.generation, |rec| {
+            rec.record(keys.iter(), reused, &mut new);
+        });
+        if !new.is_empty() {
+            let mut refs = std::mem::take(&mut self.buf_refs);
+            self.resolve_into(&new, &mut refs);
+            self.policy.on_request_access(&refs, self.table.view(), ctx);
+            self.buf_refs = refs;
+        }
+        self.buf_keys2 = new;
+    }
+
+    /// Checks that every key can take one more reader; changes nothing.
+    fn check_pinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        let headroom = i32::MAX - i32::try_from(keys.len()).unwrap_or(i32::MAX);
+        for k in keys {
+            match self.table.get(k) {
+                None => return Err(TierError::NotFound(*k)),
+                Some(e) if e.ref_cnt < 0 => return Err(TierError::NotReady(*k)),
+                Some(e) if e.ref_cnt > headroom => {
+                    return Err(TierError::Other(format!("key {k} has too many readers")));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Pins every key (all or nothing); records the access when `record` (engine loads only).
+    fn pin(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        record: bool,
+    ) -> Result<Vec<ChunkId>, TierError> {
+        self.check_pinnable(keys)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some((chunk, edge)) = self.table.pin(k) {
+                if edge {
+                    self.policy.mark_non_evictable(chunk);
+                }
+                out.push(chunk);
+            }
+        }
+        if record {
+            self.counters.loads += keys.len() as u64;
+            self.record_access(keys, keys, ctx);
+        } else {
+            self.counters.reads += keys.len() as u64;
+        }
+        Ok(out)
+    }
+
+    /// Checks that every key holds as many readers as it appears in `keys`; changes nothing.
+    fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        let mut big: Option<tiering_core::KeyMap<i32>> = None;
+        if keys.len() > SMALL_BATCH {
+            big = Some(tiering_core::KeyMap::default());
+        }
+        for (i, k) in keys.iter().enumerate() {
+            let Some(e) = self.table.get(k) else {
+                return Err(TierError::NotFound(*k));
+            };
+            let needed = match big.as_mut() {
+                Some(m) => {
+                    let n = m.entry(*k).or_insert(0);
+                    *n += 1;
+                    *n
+                }
+                None => 1 + keys[..i].iter().filter(|x| *x == k).count() as i32,
+            };
+            if e.ref_cnt < needed {
+                return Err(TierError::NotPinned(*k));
+            }
+        }
+        Ok(())
+    }
+
+    /// Releases one pin per key (all or nothing).
+    fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.check_unpinnable(keys)?;
+        for k in keys {
+            if let Some((chunk, true)) = self.table.unpin(k) {
+                self.policy.mark_evictable(chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits a store offer into new keys (deduplicated, offer order), ready resident keys, and
+    /// the keys the request observes (everything but keys another write has in flight).
+    fn partition_offer(
+        &self,
+        keys: &[OffloadKey],
+        to_store: &mut Vec<OffloadKey>,
+        ready: &mut Vec<OffloadKey>,
+        observed: &mut Vec<OffloadKey>,
+    ) {
+        let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
+        for (i, k) in keys.iter().enumerate() {
+            match self.table.get(k) {
+                None => {
+                    // Deviation: a key repeated in one offer is stored once.
+                    let repeat = match offered.as_mut() {
+                        Some(set) => !set.insert(*k),
+                        None => seen_before(keys, i),
+                    };
+                    if !repeat {
+                        to_store.push(*k);
+                    }
+                    observed.push(*k);
+                }
+                Some(e) if e.ref_cnt != WRITING => {
+                    ready.push(*k);
+                    observed.push(*k);
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Marks the offer's resident, evictable keys as protected; returns how many there were.
+    fn protect_offer(&mut self, keys: &[OffloadKey]) -> usize {
+        let mut n = 0;
+        for k in keys {
+            if let Some(e) = self.table.get(k)
+                && e.ref_cnt == 0
+            {
+                let (word, bit) = (e.chunk as usize / 64, 1u64 << (e.chunk % 64));
+                if self.protect[word] & bit == 0 {
+                    self.protect[word] |= bit;
+                    n += 1;
+                }
+            }
+        }
+        n
+    }
+
+    fn unprotect_offer(&mut self, keys: &[OffloadKey]) {
+        for k in keys {
+            if let Some(e) = self.table.get(k) {
+                self.protect[e.chunk as usize / 64] &= !(1u64 << (e.chunk % 64));
+            }
+        }
+    }
+
+    /// Frees `need` rows by eviction, or returns `None` with nothing evicted.
+    fn make_room(&mut self, need: usize, offer: &[OffloadKey]) -> Option<Vec<OffloadKey>> {
+        if need > self.table.num_evictable {
+            return None;
+        }
+        let protected_evictable = self.protect_offer(offer);
+        let mut victims = std::mem::take(&mut self.buf_chunks);
+        victims.clear();
+        let ok = need <= self.table.num_evictable - protected_evictable
+            && self.policy.evict(
+                need,
+                self.table.view(),
+                Protected::new(&self.protect),
+                &mut victims,
+            );
+        self.unprotect_offer(offer);
+        if !ok || victims.len() != need {
+            self.buf_chunks = victims;
+            return None;
+        }
+        let evicted: Vec<OffloadKey> = victims.iter().map(|&c| self.table.release(c)).collect();
+        self.buf_chunks = victims;
+        self.counters.evictions += evicted.len() as u64;
+        Some(evicted)
+    }
+}
+
+impl PrimaryTier for CpuTier {
+    fn info(&self) -> TierInfo {
+        Self::tier_info()
+    }
+
+    fn arena(&self) -> &Arc<ChunkArena> {
+        &self.arena
+    }
+
+    #[inline]
+    fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
+        match self.table.get(key) {
+            None => {
+                self.counters.misses += 1;
+                LookupResult::Miss
+            }
+            Some(e) => {
+                self.counters.hits += 1;
+                if e.ref_cnt == WRITING {
+                    LookupResult::HitPending
+                } else {
+                    LookupResult::Hit
+                }
+            }
+        }
+    }
+
+    fn prepare_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, TierError> {
+        self.pin(keys, ctx, true)
+    }
+
+    fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        let mut refs = std::mem::take(&mut self.buf_refs);
+        self.resolve_into(keys, &mut refs);
+        self.policy.touch(&refs, self.table.view(), ctx);
+        self.buf_refs = refs;
+    }
+
+    fn complete_load(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) -> Result<(), TierError> {
+        self.unpin(keys)
+    }
+
+    fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
+        let mut to_store = Vec::with_capacity(keys.len());
+        let mut ready = Vec::new();
+        let mut observed = std::mem::take(&mut self.buf_keys);
+        observed.clear();
+        self.partition_offer(keys, &mut to_store, &mut ready, &mut observed);
+
+        // ARC learns from ghost hits before insertion drops the ghosts; once per key per request.
+        let mut misses = Vec::new();
+        RequestAccess::with(ctx, self.id, self.generation, |rec| {
+            rec.new_store_misses(&to_store, &mut misses);
+        });
+        if !misses.is_empty() {
+            self.policy.on_store_miss(&misses, ctx);
+        }
+        // Recorded before any early return, as upstream does.
+        self.record_access(&observed, &ready, ctx);
+        self.buf_keys = observed;
+
+        if to_store.is_empty() {
+            return Some(PrepareStoreOutput::default());
+        }
+        self.counters.alloc_batches += 1;
+        self.counters.alloc_chunks += to_store.len() as u64;
+
+        let need = to_store.len().saturating_sub(self.table.num_free());
+        let evicted = if need > 0 {
+            self.make_room(need, keys)?
+        } else {
+            Vec::new()
+        };
+        if !evicted.is_empty() {
+            let ev = evicted.clone();
+            self.push_event(|| OffloadingEvent::removed(ev, Some(Medium::Cpu), Some(Locality::Local)));
+        }
+
+        let mut chunk_ids = Vec::with_capacity(to_store.len());
+        if !self.table.allocate(to_store.len(), &mut chunk_ids) {
+            // Unreachable: eviction freed exactly the shortfall.
+            tracing::error!(
+                wanted = to_store.len(),
+                "cpu tier allocation failed after eviction"
+            );
+            return None;
+        }
+        for (k, &chunk) in to_store.iter().zip(&chunk_ids) {
+            self.table.insert_writing(*k, chunk);
+            self.policy.insert(chunk, k, self.table.view(), ctx);
+        }
+        RequestAccess::with(ctx, self.id, self.generation, |rec| {
+            rec.inserted.extend(to_store.iter().copied());
+        });
+        Some(PrepareStoreOutput {
+            keys_to_store: to_store,
+            chunk_ids,
+            evicted,
+        })
+    }
+
+    fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
+        let mut done = Vec::new();
+        for k in keys {
+            if success {
+                if let Some(chunk) = self.table.mark_written(k) {
+                    self.policy.mark_evictable(chunk);
+                    done.push(*k);
+                }
+            } else if let Some(e) = self.table.get(k)
+                && e.ref_cnt == WRITING
+            {
+                self.policy.remove(e.chunk, self.table.view());
+                self.table.release(e.chunk);
+                done.push(*k);
+            }
+        }
+        if done.is_empty() {
+            return;
+        }
+        if success {
+            self.counters.stores += done.len() as u64;
+            self.push_event(|| OffloadingEvent::stored(done, Some(Medium::Cpu), Some(Locality::Local)));
+        } else {
+            self.counters.failures += done.len() as u64;
+            self.push_event(|| {
+                OffloadingEvent::removed(done, Some(Medium::Cpu), Some(Locality::Local)).metadata_only()
+            });
+        }
+    }
+
+    fn prepare_read(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, TierError> {
+        self.pin(keys, ctx, false)
+    }
+
+    fn on_request_finished(&mut self, ctx: &ReqContext) {
+        let table = &self.table;
+        let finished: Option<Vec<FinishedKey>> = ctx.with_state(RequestAccess::default, |rec| {
+            if !rec.belongs_to(self.id, self.generation) {
+                return None;
+            }
+            let order = rec.finish(ctx)?;
+            Some(
+                order
+                    .iter()
+                    .filter_map(|k| {
+                        let e = table.get(k)?;
+                        let reused = rec.reused.contains(k);
+                        Some(FinishedKey {
+                            key: *k,
+                            chunk: e.chunk,
+                            insertion_only: !reused && rec.inserted.contains(k),
+                            reused,
+                        })
+                    })
+                    .collect(),
+            )
+        });
+        if let Some(keys) = finished {
+            self.policy.on_request_finished(&keys, self.table.view(), ctx);
+        }
+    }
+
+    fn take_events(&mut self) -> Vec<OffloadingEvent> {
+        let Some(events) = self.events.as_mut() else {
+            return Vec::new();
+        };
+        let mut out = std::mem::take(events);
+        // A failed store's cleanup names keys a retry may have stored again since; drop those.
+        out.retain_mut(|ev| {
+            if ev.metadata_only {
+                ev.keys.retain(|k| self.table.get(k).is_none());
+                !ev.keys.is_empty()
+            } else {
+                true
+            }
+        });
+        out
+    }
+
+    fn stats(&self) -> TierStats {
+        self.stats_snapshot()
+    }
+
+    fn reset(&mut self) {
+        self.policy.clear();
+        self.table.clear();
+        self.generation += 1;
+        tracing::debug!(generation = self.generation, "cpu tier reset");
+    }
+}

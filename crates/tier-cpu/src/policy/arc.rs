@@ -1,0 +1,231 @@
+//! vLLM 0.33.0's ARC: resident lists T1 (seen once) and T2 (reused), ghost lists B1 and B2 of
+//! keys evicted from each, and an adaptive target size for T1.
+//!
+//! Behaviour kept from upstream on purpose (it differs from textbook ARC):
+//! - the target moves only on ghost hits seen by `touch` or by a request's first store miss of a
+//!   key, by `max(1, |other ghost| / |this ghost|)` in real arithmetic, clamped to
+//!   `[0, capacity]`;
+//! - a victim comes from T1 when the simulated `|T1| ≥ ⌊target⌋`, else from T2, else (T2 has no
+//!   candidate) from T1 after all; scans only move forward within one eviction;
+//! - each ghost list is trimmed to `capacity` on its own after every eviction;
+//! - touching a T1 chunk whose write is still in flight keeps it in T1 (at the MRU end).
+
+use tiering_core::{ChunkId, OffloadKey, ReqContext};
+
+use super::ghost::GhostList;
+use super::list::{Links, List, NIL};
+use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+
+/// vLLM 0.33.0's ARC (see the module docs).
+pub struct ArcPolicy {
+    capacity: usize,
+    target: f64,
+    links: Links,
+    t1: List,
+    t2: List,
+    in_t2: Vec<bool>,
+    b1: GhostList,
+    b2: GhostList,
+    /// Scratch for `evict`: (chunk, from T1).
+    picked: Vec<(ChunkId, bool)>,
+}
+
+impl ArcPolicy {
+    /// A policy for `capacity` chunks.
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            target: 0.0,
+            links: Links::with_nodes(capacity),
+            t1: List::new(),
+            t2: List::new(),
+            in_t2: vec![false; capacity],
+            b1: GhostList::new(),
+            b2: GhostList::new(),
+            picked: Vec::new(),
+        }
+    }
+
+    /// The adaptive T1 target.
+    #[must_use]
+    pub fn target(&self) -> f64 {
+        self.target
+    }
+
+    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) {
+        if self.b1.contains(key) {
+            let delta = (self.b2.len() as f64 / self.b1.len() as f64).max(1.0);
+            self.target = (self.target + delta).min(self.capacity as f64);
+            self.b1.move_to_back(key);
+        } else if self.b2.contains(key) {
+            let delta = (self.b1.len() as f64 / self.b2.len() as f64).max(1.0);
+            self.target = (self.target - delta).max(0.0);
+            self.b2.move_to_back(key);
+        }
+    }
+
+    fn to_t2_back(&mut self, chunk: ChunkId) {
+        if self.in_t2[chunk as usize] {
+            self.t2.move_to_back(&mut self.links, chunk);
+        } else {
+            self.t1.remove(&mut self.links, chunk);
+            self.t2.push_back(&mut self.links, chunk);
+            self.in_t2[chunk as usize] = true;
+        }
+    }
+
+    fn to_own_back(&mut self, chunk: ChunkId) {
+        if self.in_t2[chunk as usize] {
+            self.t2.move_to_back(&mut self.links, chunk);
+        } else {
+            self.t1.move_to_back(&mut self.links, chunk);
+        }
+    }
+}
+
+/// Advances `cursor` to the next evictable, unprotected node and returns it.
+fn next_candidate(links: &Links, cursor: &mut u32, slots: SlotView<'_>, protected: Protected<'_>) -> u32 {
+    while *cursor != NIL {
+        let n = *cursor;
+        *cursor = links.next(n);
+        if slots.is_evictable(n) && !protected.contains(n) {
+            return n;
+        }
+    }
+    NIL
+}
+
+impl EvictionPolicy for ArcPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Arc
+    }
+
+    fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
+        for key in keys.iter().rev() {
+            self.adapt_to_ghost_hit(key);
+        }
+    }
+
+    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, _slots: SlotView<'_>, _ctx: &ReqContext) {
+        self.t1.push_back(&mut self.links, chunk);
+        self.in_t2[chunk as usize] = false;
+        self.b1.remove(key);
+        self.b2.remove(key);
+    }
+
+    fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
+        if self.in_t2[chunk as usize] {
+            self.t2.remove(&mut self.links, chunk);
+        } else {
+            self.t1.remove(&mut self.links, chunk);
+        }
+    }
+
+    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
+        for k in keys.iter().rev() {
+            match k.chunk {
+                Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => self.to_t2_back(chunk),
+                // A store that has not completed is not a second access.
+                Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
+                None => self.adapt_to_ghost_hit(&k.key),
+            }
+        }
+    }
+
+    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        for k in keys.iter().rev() {
+            if k.insertion_only {
+                // Inserting is not a reuse: keep the list, refresh recency only.
+                self.to_own_back(k.chunk);
+            } else if k.reused {
+                self.to_t2_back(k.chunk);
+            }
+        }
+    }
+
+    fn evict(
+        &mut self,
+        n: usize,
+        slots: SlotView<'_>,
+        protected: Protected<'_>,
+        out: &mut Vec<ChunkId>,
+    ) -> bool {
+        if n == 0 {
+            return true;
+        }
+        self.picked.clear();
+        // Truncation toward zero, as Python's int() of a non-negative float.
+        let target = self.target as usize;
+        let mut virtual_t1 = self.t1.len();
+        let mut c1 = self.t1.front();
+        let mut c2 = self.t2.front();
+        for _ in 0..n {
+            let mut pick = NIL;
+            let mut from_t1 = false;
+            if virtual_t1 >= target {
+                pick = next_candidate(&self.links, &mut c1, slots, protected);
+                from_t1 = pick != NIL;
+            }
+            if pick == NIL {
+                pick = next_candidate(&self.links, &mut c2, slots, protected);
+            }
+            if pick == NIL {
+                pick = next_candidate(&self.links, &mut c1, slots, protected);
+                if pick == NIL {
+                    return false;
+                }
+                from_t1 = true;
+            }
+            if from_t1 {
+                virtual_t1 = virtual_t1.saturating_sub(1);
+            }
+            self.picked.push((pick, from_t1));
+        }
+        for i in 0..self.picked.len() {
+            let (chunk, from_t1) = self.picked[i];
+            let key = slots.key(chunk);
+            if from_t1 {
+                self.t1.remove(&mut self.links, chunk);
+                self.b1.push_back(key);
+            } else {
+                self.t2.remove(&mut self.links, chunk);
+                self.b2.push_back(key);
+            }
+            out.push(chunk);
+        }
+        self.b1.trim_to(self.capacity);
+        self.b2.trim_to(self.capacity);
+        true
+    }
+
+    fn clear(&mut self) {
+        self.target = 0.0;
+        self.t1.clear();
+        self.t2.clear();
+        self.links = Links::with_nodes(self.capacity);
+        self.b1.clear();
+        self.b2.clear();
+    }
+
+    fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {
+        let keys = |l: &List| l.iter(&self.links).map(|n| slots.key(n)).collect::<Vec<_>>();
+        PolicySnapshot {
+            lists: vec![
+                ("t1", keys(&self.t1)),
+                ("t2", keys(&self.t2)),
+                ("b1", self.b1.keys()),
+                ("b2", self.b2.keys()),
+            ],
+            target: Some(self.target),
+        }
+    }
+
+    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+        out.push(("arc_target_t1", self.target));
+        out.push(("arc_t1", self.t1.len() as f64));
+        out.push(("arc_t2", self.t2.len() as f64));
+        out.push(("arc_b1", self.b1.len() as f64));
+        out.push(("arc_b2", self.b2.len() as f64));
+    }
+}

@@ -1,0 +1,232 @@
+//! Intrusive doubly-linked lists over dense `u32` node ids.
+//!
+//! Every policy orders chunk ids (and, for LRU, a few sentinel ids) in lists whose links live in
+//! two flat arrays. A node is in at most one list of a given [`Links`] at a time, so several lists
+//! (ARC's T1 and T2, S3-FIFO's small and main queues) share one pair of arrays. Every operation
+//! is O(1) and allocation-free once the arrays are sized.
+
+/// The "no node" marker.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// The `prev`/`next` arrays shared by the lists built over them.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Links {
+    prev: Vec<u32>,
+    next: Vec<u32>,
+}
+
+impl Links {
+    /// Links for nodes `0..n`, all detached.
+    pub(crate) fn with_nodes(n: usize) -> Self {
+        Self {
+            prev: vec![NIL; n],
+            next: vec![NIL; n],
+        }
+    }
+
+    /// Makes room for node ids below `n`.
+    pub(crate) fn grow_to(&mut self, n: usize) {
+        if self.prev.len() < n {
+            self.prev.resize(n, NIL);
+            self.next.resize(n, NIL);
+        }
+    }
+
+    /// The node after `n`, or [`NIL`].
+    #[inline]
+    pub(crate) fn next(&self, n: u32) -> u32 {
+        self.next[n as usize]
+    }
+
+    /// The node before `n`, or [`NIL`].
+    #[inline]
+    pub(crate) fn prev(&self, n: u32) -> u32 {
+        self.prev[n as usize]
+    }
+}
+
+/// One list: its ends and length. The links live in a [`Links`] passed to every call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct List {
+    head: u32,
+    tail: u32,
+    len: usize,
+}
+
+impl Default for List {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl List {
+    /// An empty list.
+    pub(crate) const fn new() -> Self {
+        Self {
+            head: NIL,
+            tail: NIL,
+            len: 0,
+        }
+    }
+
+    /// The first (least recent) node, or [`NIL`].
+    #[inline]
+    pub(crate) fn front(&self) -> u32 {
+        self.head
+    }
+
+    /// Number of nodes.
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the list has no node.
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends detached node `n` at the back.
+    #[inline]
+    pub(crate) fn push_back(&mut self, links: &mut Links, n: u32) {
+        let i = n as usize;
+        links.prev[i] = self.tail;
+        links.next[i] = NIL;
+        if self.tail == NIL {
+            self.head = n;
+        } else {
+            links.next[self.tail as usize] = n;
+        }
+        self.tail = n;
+        self.len += 1;
+    }
+
+    /// Inserts detached node `n` right after `at` (a member of this list).
+    #[inline]
+    pub(crate) fn insert_after(&mut self, links: &mut Links, at: u32, n: u32) {
+        let after = links.next[at as usize];
+        links.prev[n as usize] = at;
+        links.next[n as usize] = after;
+        links.next[at as usize] = n;
+        if after == NIL {
+            self.tail = n;
+        } else {
+            links.prev[after as usize] = n;
+        }
+        self.len += 1;
+    }
+
+    /// Unlinks member `n`.
+    #[inline]
+    pub(crate) fn remove(&mut self, links: &mut Links, n: u32) {
+        let i = n as usize;
+        let (p, x) = (links.prev[i], links.next[i]);
+        if p == NIL {
+            self.head = x;
+        } else {
+            links.next[p as usize] = x;
+        }
+        if x == NIL {
+            self.tail = p;
+        } else {
+            links.prev[x as usize] = p;
+        }
+        links.prev[i] = NIL;
+        links.next[i] = NIL;
+        self.len -= 1;
+    }
+
+    /// Moves member `n` to the back.
+    #[inline]
+    pub(crate) fn move_to_back(&mut self, links: &mut Links, n: u32) {
+        if self.tail != n {
+            self.remove(links, n);
+            self.push_back(links, n);
+        }
+    }
+
+    /// Forgets every node (their links are left stale; callers reset or overwrite them).
+    pub(crate) fn clear(&mut self) {
+        *self = Self::new();
+    }
+
+    /// The members from front to back (for tests and diagnostics).
+    pub(crate) fn iter<'a>(&self, links: &'a Links) -> ListIter<'a> {
+        ListIter {
+            links,
+            cur: self.head,
+        }
+    }
+}
+
+/// Iterator over a list's members, front to back.
+pub(crate) struct ListIter<'a> {
+    links: &'a Links,
+    cur: u32,
+}
+
+impl Iterator for ListIter<'_> {
+    type Item = u32;
+
+    fn next(&mut self) -> Option<u32> {
+        if self.cur == NIL {
+            return None;
+        }
+        let n = self.cur;
+        self.cur = self.links.next(n);
+        Some(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn members(l: &List, links: &Links) -> Vec<u32> {
+        l.iter(links).collect()
+    }
+
+    #[test]
+    fn push_insert_remove_keep_both_directions_consistent() {
+        let mut links = Links::with_nodes(8);
+        let mut l = List::new();
+        for n in [1, 2, 3] {
+            l.push_back(&mut links, n);
+        }
+        l.insert_after(&mut links, 1, 5);
+        l.insert_after(&mut links, 3, 7);
+        assert_eq!(members(&l, &links), vec![1, 5, 2, 3, 7]);
+        assert_eq!((l.front(), l.len()), (1, 5));
+        l.remove(&mut links, 7);
+        l.remove(&mut links, 5);
+        assert_eq!(members(&l, &links), vec![1, 2, 3]);
+        l.remove(&mut links, 1);
+        assert_eq!(l.front(), 2);
+        l.insert_after(&mut links, 3, 1);
+        assert_eq!(links.prev(2), NIL);
+        assert_eq!(links.next(1), NIL);
+        assert_eq!(members(&l, &links), vec![2, 3, 1]);
+        l.move_to_back(&mut links, 1);
+        assert_eq!(members(&l, &links), vec![2, 3, 1]);
+    }
+
+    #[test]
+    fn two_lists_share_links_and_a_node_moves_between_them() {
+        let mut links = Links::with_nodes(4);
+        let (mut a, mut b) = (List::new(), List::new());
+        a.push_back(&mut links, 0);
+        a.push_back(&mut links, 1);
+        b.push_back(&mut links, 2);
+        a.remove(&mut links, 0);
+        b.push_back(&mut links, 0);
+        assert_eq!(members(&a, &links), vec![1]);
+        assert_eq!(members(&b, &links), vec![2, 0]);
+        links.grow_to(10);
+        b.push_back(&mut links, 9);
+        assert_eq!(members(&b, &links), vec![2, 0, 9]);
+        a.remove(&mut links, 1);
+        assert!(a.is_empty());
+        assert_eq!(a.front(), NIL);
+    }
+}

@@ -1,0 +1,390 @@
+//! vLLM 0.33.0's LRU: logical recency ranks, independent of pinning.
+//!
+//! Every resident chunk has a rank `(hi, lo)`; eviction takes the evictable chunks with the
+//! smallest `(hi, lo, key)`. A plain use gets `(counter, 0)` from a global counter. A request gets
+//! its own rank `r` from the same counter the first time it needs one, and its keys with known
+//! token positions rank `(r, −position)`, so within a request the tail goes before the head.
+//!
+//! Upstream keeps a lazily invalidated heap. Here the ranks live in one doubly-linked list kept
+//! sorted by rank, which makes every operation O(1) in the common case:
+//! - a fresh global rank is larger than every existing rank, so it is a push at the back;
+//! - a request rank is fresh when assigned, so its *sentinel* node is pushed at the back, and the
+//!   request's members sit right after their sentinel, sorted by `(lo, key)`. Prefixes arrive in
+//!   position order, so new members land at the group's front or back in O(1); anything else
+//!   walks the group.
+//! - eviction walks from the front, skipping sentinels and chunks that are pinned, in flight or
+//!   protected (normally few, since pins last one transfer).
+//!
+//! A group's sentinel is recycled once the group is empty and its request can no longer add
+//! members (finished, or its context was dropped — detected through a `Weak` token).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+
+use tiering_core::{ChunkId, OffloadKey, ReqContext};
+
+use super::list::{Links, List, NIL};
+use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+
+/// Distinguishes policy instances in request scratch state (vLLM checks the owner object).
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// The request rank an LRU policy keeps in a [`ReqContext`].
+struct RequestRank {
+    owner: u64,
+    generation: u64,
+    rank: u64,
+    /// Keeps the group's `Weak` alive while the request context lives.
+    _token: Arc<()>,
+}
+
+impl RequestRank {
+    fn unset() -> Self {
+        Self {
+            owner: 0,
+            generation: 0,
+            rank: 0,
+            _token: Arc::new(()),
+        }
+    }
+}
+
+/// The members of one request rank.
+struct Group {
+    sentinel: u32,
+    /// The last member, or the sentinel when the group is empty.
+    last: u32,
+    len: usize,
+    token: Weak<()>,
+    closed: bool,
+}
+
+impl Group {
+    fn reclaimable(&self) -> bool {
+        self.len == 0 && (self.closed || self.token.strong_count() == 0)
+    }
+}
+
+/// vLLM 0.33.0's logical-rank LRU (see the module docs).
+pub struct LruPolicy {
+    owner: u64,
+    generation: u64,
+    /// Chunk ids are `0..capacity`; sentinel ids follow.
+    capacity: u32,
+    links: Links,
+    order: List,
+    hi: Vec<u64>,
+    lo: Vec<i64>,
+    grouped: Vec<bool>,
+    next_rank: u64,
+    groups: HashMap<u64, Group>,
+    free_sentinels: Vec<u32>,
+    num_sentinels: u32,
+}
+
+impl LruPolicy {
+    /// A policy for `capacity` chunks.
+    #[must_use]
+    pub fn new(capacity: usize) -> Self {
+        let capacity = u32::try_from(capacity).unwrap_or(u32::MAX - 1);
+        let n = capacity as usize;
+        Self {
+            owner: NEXT_OWNER.fetch_add(1, Ordering::Relaxed),
+            generation: 0,
+            capacity,
+            links: Links::with_nodes(n),
+            order: List::new(),
+            hi: vec![0; n],
+            lo: vec![0; n],
+            grouped: vec![false; n],
+            next_rank: 0,
+            groups: HashMap::new(),
+            free_sentinels: Vec::new(),
+            num_sentinels: 0,
+        }
+    }
+
+    fn is_sentinel(&self, node: u32) -> bool {
+        node >= self.capacity
+    }
+
+    fn fresh_rank(&mut self) -> u64 {
+        self.next_rank += 1;
+        self.next_rank
+    }
+
+    /// The request's rank, assigning a fresh one (and its group) when the context has none for
+    /// this policy and generation. `None` only if no sentinel id is left (absurd sizes).
+    fn request_rank(&mut self, ctx: &ReqContext) -> Option<u64> {
+        let (owner, generation) = (self.owner, self.generation);
+        let known = ctx.with_state(RequestRank::unset, |s| {
+            (s.owner == owner && s.generation == generation).then_some(s.rank)
+        });
+        if let Some(rank) = known
+            && self.groups.contains_key(&rank)
+        {
+            return Some(rank);
+        }
+        let sentinel = self.alloc_sentinel()?;
+        let rank = self.fresh_rank();
+        let token = Arc::new(());
+        self.hi[sentinel as usize] = rank;
+        self.lo[sentinel as usize] = i64::MIN;
+        self.order.push_back(&mut self.links, sentinel);
+        self.groups.insert(
+            rank,
+            Group {
+                sentinel,
+                last: sentinel,
+                len: 0,
+                token: Arc::downgrade(&token),
+                closed: false,
+            },
+        );
+        ctx.set_state(RequestRank {
+            owner,
+            generation,
+            rank,
+            _token: token,
+        });
+        Some(rank)
+    }
+
+    fn alloc_sentinel(&mut self) -> Option<u32> {
+        if let Some(s) = self.free_sentinels.pop() {
+            return Some(s);
+        }
+        let id = self
+            .capacity
+            .checked_add(self.num_sentinels)
+            .filter(|&id| id != NIL)?;
+        self.num_sentinels += 1;
+        let n = id as usize + 1;
+        self.links.grow_to(n);
+        if self.hi.len() < n {
+            self.hi.resize(n, 0);
+            self.lo.resize(n, 0);
+        }
+        Some(id)
+    }
+
+    fn reclaim_group(&mut self, rank: u64) {
+        if let Some(g) = self.groups.remove(&rank) {
+            self.order.remove(&mut self.links, g.sentinel);
+            self.free_sentinels.push(g.sentinel);
+        }
+    }
+
+    /// Unlinks a resident chunk from the order (and from its group).
+    fn detach(&mut self, chunk: ChunkId) {
+        let c = chunk as usize;
+        if self.grouped[c] {
+            self.grouped[c] = false;
+            let rank = self.hi[c];
+            let prev = self.links.prev(chunk);
+            let mut reclaim = false;
+            if let Some(g) = self.groups.get_mut(&rank) {
+                g.len -= 1;
+                if g.last == chunk {
+                    g.last = prev;
+                }
+                reclaim = g.reclaimable();
+            }
+            self.order.remove(&mut self.links, chunk);
+            if reclaim {
+                self.reclaim_group(rank);
+            }
+        } else {
+            self.order.remove(&mut self.links, chunk);
+        }
+    }
+
+    /// Gives a detached chunk a fresh global rank (most recent).
+    fn place_global(&mut self, chunk: ChunkId) {
+        let rank = self.fresh_rank();
+        self.hi[chunk as usize] = rank;
+        self.lo[chunk as usize] = 0;
+        self.order.push_back(&mut self.links, chunk);
+    }
+
+    /// Places a detached chunk in request group `rank` at its `(lo, key)` position.
+    fn place_in_group(&mut self, chunk: ChunkId, rank: u64, lo: i64, slots: SlotView<'_>) {
+        let Some(g) = self.groups.get(&rank) else {
+            self.place_global(chunk);
+            return;
+        };
+        let (sentinel, last) = (g.sentinel, g.last);
+        let key = slots.key(chunk);
+        let member_key = |n: u32| (self.lo[n as usize], slots.key(n));
+        let at = if last == sentinel || member_key(last) < (lo, key) {
+            // Empty group, or the largest rank of the group: append at the group's end.
+            last
+        } else {
+            // Prefixes usually arrive head first, each key ranking below the previous one, so
+            // this walk normally stops at once, right after the sentinel.
+            let mut at = sentinel;
+            let mut cur = self.links.next(sentinel);
+            while cur != NIL && cur != last && member_key(cur) < (lo, key) {
+                at = cur;
+                cur = self.links.next(cur);
+            }
+            at
+        };
+        self.hi[chunk as usize] = rank;
+        self.lo[chunk as usize] = lo;
+        self.grouped[chunk as usize] = true;
+        self.order.insert_after(&mut self.links, at, chunk);
+        if let Some(g) = self.groups.get_mut(&rank) {
+            g.len += 1;
+            if at == g.last {
+                g.last = chunk;
+            }
+        }
+    }
+
+    fn rerank_global(&mut self, chunk: ChunkId) {
+        self.detach(chunk);
+        self.place_global(chunk);
+    }
+}
+
+fn position_rank(position: u64) -> i64 {
+    i64::try_from(position).map_or(i64::MIN + 1, |p| -p)
+}
+
+impl EvictionPolicy for LruPolicy {
+    fn kind(&self) -> PolicyKind {
+        PolicyKind::Lru
+    }
+
+    fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext) {
+        let Some(rank) = self.request_rank(ctx) else {
+            return;
+        };
+        for k in keys {
+            let Some(chunk) = k.chunk else { continue };
+            let Some(position) = ctx.key_position(&k.key) else {
+                continue;
+            };
+            let lo = position_rank(position);
+            let c = chunk as usize;
+            // Only moves forward: a key already ranked at or after this request position stays.
+            if (self.hi[c], self.lo[c]) >= (rank, lo) {
+                continue;
+            }
+            self.detach(chunk);
+            self.place_in_group(chunk, rank, lo, slots);
+        }
+    }
+
+    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, slots: SlotView<'_>, ctx: &ReqContext) {
+        self.grouped[chunk as usize] = false;
+        match ctx.key_position(key) {
+            None => self.place_global(chunk),
+            Some(position) => match self.request_rank(ctx) {
+                Some(rank) => self.place_in_group(chunk, rank, position_rank(position), slots),
+                None => self.place_global(chunk),
+            },
+        }
+    }
+
+    fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
+        self.detach(chunk);
+    }
+
+    fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        for k in keys.iter().rev() {
+            if let Some(chunk) = k.chunk {
+                self.rerank_global(chunk);
+            }
+        }
+    }
+
+    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, ctx: &ReqContext) {
+        for k in keys.iter().rev() {
+            self.rerank_global(k.chunk);
+        }
+        // The request can add no member any more; recycle its group once empty.
+        let (owner, generation) = (self.owner, self.generation);
+        let rank = ctx.with_state(RequestRank::unset, |s| {
+            (s.owner == owner && s.generation == generation).then_some(s.rank)
+        });
+        if let Some(rank) = rank
+            && let Some(g) = self.groups.get_mut(&rank)
+        {
+            g.closed = true;
+            if g.reclaimable() {
+                self.reclaim_group(rank);
+            }
+        }
+    }
+
+    fn evict(
+        &mut self,
+        n: usize,
+        slots: SlotView<'_>,
+        protected: Protected<'_>,
+        out: &mut Vec<ChunkId>,
+    ) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let start = out.len();
+        let mut dead_groups = Vec::new();
+        let mut cur = self.order.front();
+        while cur != NIL && out.len() - start < n {
+            if self.is_sentinel(cur) {
+                let rank = self.hi[cur as usize];
+                if self.groups.get(&rank).is_some_and(Group::reclaimable) {
+                    dead_groups.push(rank);
+                }
+            } else if slots.is_evictable(cur) && !protected.contains(cur) {
+                out.push(cur);
+            }
+            cur = self.links.next(cur);
+        }
+        for rank in dead_groups {
+            self.reclaim_group(rank);
+        }
+        if out.len() - start < n {
+            out.truncate(start);
+            return false;
+        }
+        for i in start..out.len() {
+            self.detach(out[i]);
+        }
+        true
+    }
+
+    fn clear(&mut self) {
+        self.generation += 1;
+        self.next_rank = 0;
+        self.order.clear();
+        self.groups.clear();
+        self.free_sentinels.clear();
+        self.num_sentinels = 0;
+        let n = self.capacity as usize;
+        self.links = Links::with_nodes(n);
+        self.hi.truncate(n);
+        self.lo.truncate(n);
+        self.grouped.iter_mut().for_each(|g| *g = false);
+    }
+
+    fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {
+        let order = self
+            .order
+            .iter(&self.links)
+            .filter(|&n| !self.is_sentinel(n))
+            .map(|n| slots.key(n))
+            .collect();
+        PolicySnapshot {
+            lists: vec![("lru", order)],
+            target: None,
+        }
+    }
+
+    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+        out.push(("lru_request_groups", self.groups.len() as f64));
+    }
+}

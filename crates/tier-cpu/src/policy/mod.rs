@@ -1,0 +1,295 @@
+//! Eviction policies: one trait, three implementations selected by name.
+//!
+//! - `lru` ([`LruPolicy`]) and `arc` ([`ArcPolicy`]) reproduce the released vLLM 0.33.0 policies
+//!   exactly (logical recency ranks with request ranks and positions; ARC's T1/T2/B1/B2 with
+//!   target adaptation).
+//! - `s3fifo` ([`S3FifoPolicy`]) is scan resistant: a small probationary FIFO, a main FIFO with
+//!   a 2-bit frequency, and a ghost queue.
+//!
+//! Policies order *chunk ids* (arena rows), not keys: the tier resolves keys once and hands the
+//! policy dense ids, so every structure is a flat array indexed by chunk id. Ref counts stay in
+//! the tier; a policy reads them through [`SlotView`] when it needs to know whether a chunk is
+//! ready or evictable.
+
+mod arc;
+mod ghost;
+pub(crate) mod list;
+mod lru;
+mod s3fifo;
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Deserialize;
+use tiering_core::{ChunkId, OffloadKey, ReqContext};
+
+pub use arc::ArcPolicy;
+pub use lru::LruPolicy;
+pub use s3fifo::S3FifoPolicy;
+
+/// The tier's per-chunk state, read-only, as policies see it.
+#[derive(Clone, Copy)]
+pub struct SlotView<'a> {
+    refs: &'a [i32],
+    keys: &'a [OffloadKey],
+}
+
+impl<'a> SlotView<'a> {
+    /// A view over parallel per-chunk arrays: ref counts (−1 = write in flight) and keys.
+    #[must_use]
+    pub fn new(refs: &'a [i32], keys: &'a [OffloadKey]) -> Self {
+        Self { refs, keys }
+    }
+
+    /// Whether the (resident) chunk is readable: its write has completed.
+    #[inline]
+    #[must_use]
+    pub fn is_ready(&self, chunk: ChunkId) -> bool {
+        self.refs[chunk as usize] >= 0
+    }
+
+    /// Whether the (resident) chunk may be evicted: ready and unpinned.
+    #[inline]
+    #[must_use]
+    pub fn is_evictable(&self, chunk: ChunkId) -> bool {
+        self.refs[chunk as usize] == 0
+    }
+
+    /// The key stored in the (resident) chunk.
+    #[inline]
+    #[must_use]
+    pub fn key(&self, chunk: ChunkId) -> OffloadKey {
+        self.keys[chunk as usize]
+    }
+}
+
+/// The chunks an eviction must not take: the resident keys of the store offer being served.
+#[derive(Clone, Copy)]
+pub struct Protected<'a> {
+    bits: &'a [u64],
+}
+
+impl<'a> Protected<'a> {
+    /// A set over a bitmap indexed by chunk id.
+    #[must_use]
+    pub fn new(bits: &'a [u64]) -> Self {
+        Self { bits }
+    }
+
+    /// Whether `chunk` is protected.
+    #[inline]
+    #[must_use]
+    pub fn contains(&self, chunk: ChunkId) -> bool {
+        let c = chunk as usize;
+        self.bits.get(c / 64).is_some_and(|w| w & (1 << (c % 64)) != 0)
+    }
+}
+
+/// A key as the tier resolved it: the chunk holding it, or `None` when it is not resident.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KeyRef {
+    /// The key.
+    pub key: OffloadKey,
+    /// Its chunk, when resident.
+    pub chunk: Option<ChunkId>,
+}
+
+/// A resident key a finishing request observed, in head-to-tail prefix order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FinishedKey {
+    /// The key.
+    pub key: OffloadKey,
+    /// Its chunk.
+    pub chunk: ChunkId,
+    /// The request inserted it and never reused it.
+    pub insertion_only: bool,
+    /// The request reused it (loaded it, or offered it while it was ready).
+    pub reused: bool,
+}
+
+/// A policy's internal orders, for tests and diagnostics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PolicySnapshot {
+    /// Named key lists, each in eviction-scan order (least recent first).
+    pub lists: Vec<(&'static str, Vec<OffloadKey>)>,
+    /// ARC's adaptive T1 target, when the policy has one.
+    pub target: Option<f64>,
+}
+
+impl PolicySnapshot {
+    /// The list named `name` (empty when absent).
+    #[must_use]
+    pub fn list(&self, name: &str) -> Vec<OffloadKey> {
+        self.lists
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, keys)| keys.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// An eviction policy of the CPU tier.
+///
+/// The tier calls the hooks in the same places vLLM 0.33.0's manager calls its `CachePolicy`;
+/// see each method. Chunk ids passed in are always resident unless stated otherwise.
+pub trait EvictionPolicy: Send {
+    /// The policy's kind.
+    fn kind(&self) -> PolicyKind;
+
+    /// Store misses that are new to this request, before any of them is inserted (ARC adapts its
+    /// target on ghost hits here). `keys` are not resident.
+    fn on_store_miss(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        let _ = (keys, ctx);
+    }
+
+    /// Keys the request observes for the first time (store offers and loads), before any
+    /// insertion of the same call.
+    fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext) {
+        let _ = (keys, slots, ctx);
+    }
+
+    /// A chunk was reserved for `key` (write in flight). `slots` already maps `chunk` to `key`.
+    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, slots: SlotView<'_>, ctx: &ReqContext);
+
+    /// A reserved chunk whose write failed is dropped (no ghost entry).
+    fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
+
+    /// A recency hint, keys in call order (the first key ends most recent).
+    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext);
+
+    /// The request finished; `keys` are the resident keys it observed, head first.
+    fn on_request_finished(&mut self, keys: &[FinishedKey], slots: SlotView<'_>, ctx: &ReqContext);
+
+    /// The chunk's ref count reached 0 (store completed or last reader done).
+    fn mark_evictable(&mut self, chunk: ChunkId) {
+        let _ = chunk;
+    }
+
+    /// The chunk's ref count left 0 (first reader).
+    fn mark_non_evictable(&mut self, chunk: ChunkId) {
+        let _ = chunk;
+    }
+
+    /// Chooses exactly `n` evictable, unprotected chunks, forgets them and appends them to
+    /// `out` in eviction order. The tier only calls this when at least `n` such chunks exist;
+    /// if the policy still cannot find them it returns `false` and no chunk stops being
+    /// resident.
+    fn evict(
+        &mut self,
+        n: usize,
+        slots: SlotView<'_>,
+        protected: Protected<'_>,
+        out: &mut Vec<ChunkId>,
+    ) -> bool;
+
+    /// Forgets everything, including ghosts and adaptive state.
+    fn clear(&mut self);
+
+    /// Internal orders, for tests and diagnostics.
+    fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot;
+
+    /// Policy-specific gauges for [`tiering_core::TierStats::extra`].
+    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+        let _ = out;
+    }
+}
+
+/// The eviction policies, by configuration name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
+pub enum PolicyKind {
+    /// vLLM 0.33.0's logical-rank LRU.
+    #[default]
+    Lru,
+    /// vLLM 0.33.0's ARC.
+    Arc,
+    /// S3-FIFO.
+    S3Fifo,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order error messages list them.
+    pub const ALL: [Self; 3] = [Self::Lru, Self::Arc, Self::S3Fifo];
+
+    /// The configuration name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Lru => "lru",
+            Self::Arc => "arc",
+            Self::S3Fifo => "s3fifo",
+        }
+    }
+
+    /// A fresh policy of this kind for a tier of `capacity` chunks.
+    #[must_use]
+    pub fn build(self, capacity: usize) -> Box<dyn EvictionPolicy> {
+        match self {
+            Self::Lru => Box::new(LruPolicy::new(capacity)),
+            Self::Arc => Box::new(ArcPolicy::new(capacity)),
+            Self::S3Fifo => Box::new(S3FifoPolicy::new(capacity)),
+        }
+    }
+}
+
+impl fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An eviction policy name that is not one of [`PolicyKind::ALL`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown eviction policy {name:?}; supported: lru, arc, s3fifo")]
+pub struct UnknownPolicy {
+    /// The name given.
+    pub name: String,
+}
+
+impl FromStr for PolicyKind {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let lower = s.trim().to_ascii_lowercase();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == lower || (*k == Self::S3Fifo && lower == "s3-fifo"))
+            .ok_or_else(|| UnknownPolicy { name: s.to_owned() })
+    }
+}
+
+impl TryFrom<String> for PolicyKind {
+    type Error = UnknownPolicy;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_names_list_the_supported_ones() {
+        for k in PolicyKind::ALL {
+            assert_eq!(k.name().parse::<PolicyKind>(), Ok(k));
+            assert_eq!(k.build(4).kind(), k);
+        }
+        assert_eq!("ARC".parse::<PolicyKind>(), Ok(PolicyKind::Arc));
+        assert_eq!("s3-fifo".parse::<PolicyKind>(), Ok(PolicyKind::S3Fifo));
+        let err = "lfu".parse::<PolicyKind>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown eviction policy \"lfu\"; supported: lru, arc, s3fifo"
+        );
+    }
+
+    #[test]
+    fn protected_bits_are_indexed_by_chunk() {
+        let bits = [0b1010u64, 1];
+        let p = Protected::new(&bits);
+        assert!(p.contains(1) && p.contains(3) && p.contains(64));
+        assert!(!p.contains(0) && !p.contains(2) && !p.contains(65) && !p.contains(1000));
+    }
+}
