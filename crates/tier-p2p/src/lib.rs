@@ -1,4 +1,43 @@
-//! The peer-to-peer secondary tier of kvtier: a ZeroMQ control plane and a TCP data plane that
-//! lets peers share offloaded chunks, served from the manager's control-plane thread.
+//! The peer-to-peer secondary tier of kvtier: peers share offloaded chunks.
 //!
-//! Not implemented yet; tracked by the tier-p2p issue.
+//! A consumer that misses locally asks a peer that holds the chunks (the peer is named by the
+//! request's transfer parameters), and the peer answers from the manager's control-plane
+//! thread, without waiting for its next scheduler step.
+//!
+//! - **Control plane** ([`wire`], `transport`): ZeroMQ, one ROUTER bound per node and one
+//!   DEALER per remote peer whose identity is this node's `host:port`; ZMTP heartbeats;
+//!   non-blocking sends with a bounded high-water mark; versioned msgpack messages
+//!   `connect, connect_ack, disconnect, lookup, lookup_resp, fetch, transfer_done, abort_fetch,
+//!   abort_ack`. All sockets live on one I/O thread owned by the tier.
+//! - **Sessions** (`session`, `client`, `server`): one per peer with a consumer and a producer
+//!   role: probes batched per step, rounds, pin-before-answer through
+//!   [`ParentManager`](tiering_core::ParentManager), per-key results, deadlines.
+//! - **Data plane** ([`dataplane`]): TCP; the producer pushes chunks (key and checksum per
+//!   chunk) straight from its pinned rows into the consumer's reserved rows, which are the only
+//!   rows the consumer accepts writes for; `transfer_done` leaves only after the consumer
+//!   acknowledged every row, and a row is released only once no write can touch it.
+//!
+//! Request parameters: `remote_kv_source = {kv_request_id, host, port}` (probe, then pull the
+//! hits), `remote_prefiller = {…}` (pull everything, no probe) and `remote_decoder =
+//! {kv_request_id}` (park this request's stored chunks for whoever fetches that id).
+
+mod client;
+mod core;
+pub mod dataplane;
+mod error;
+mod handle;
+mod notify;
+mod options;
+mod params;
+mod server;
+mod session;
+mod stats;
+mod tier;
+mod transport;
+pub mod wire;
+
+pub use error::P2pError;
+pub use handle::P2pHandle;
+pub use options::{Deadlines, Heartbeat, P2pTierOptions};
+pub use stats::P2pCounters;
+pub use tier::P2pTier;

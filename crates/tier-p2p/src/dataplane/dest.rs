@@ -1,0 +1,172 @@
+//! The consumer's whitelist of destination rows: the only rows a producer may write are the
+//! ones reserved for an outstanding fetch of that producer, for that request and round, for
+//! that key. The write grants live here while the fetch is outstanding; a receiver thread
+//! checks one out, reads the payload straight into it and checks it back in.
+//!
+//! Quiescence: a load is finished only once it is closed (no further check-outs) *and* every
+//! grant is back, so a row is never released while a receiver may still write into it.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use tiering_core::{ChunkId, OffloadKey, RowWrite};
+
+use super::frame::ChunkStatus;
+use crate::notify::Notifier;
+
+/// Names one outstanding fetch.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct DestKey {
+    pub(crate) peer: String,
+    pub(crate) req: String,
+    pub(crate) round: u64,
+}
+
+struct DestRow {
+    key: OffloadKey,
+    grant: Option<RowWrite>,
+    verified: bool,
+}
+
+struct DestLoad {
+    rows: Vec<DestRow>,
+    by_row: HashMap<ChunkId, usize>,
+    closed: bool,
+    checked_out: usize,
+    bytes: u64,
+}
+
+/// The per-key outcome of a finished load.
+pub(crate) struct Finished {
+    pub(crate) verified: Vec<bool>,
+    pub(crate) bytes: u64,
+}
+
+/// Shared by the tier and the receiver threads.
+pub(crate) struct DestTable {
+    loads: Mutex<HashMap<DestKey, DestLoad>>,
+    returned: Condvar,
+    notifier: Notifier,
+}
+
+impl DestTable {
+    pub(crate) fn new(notifier: Notifier) -> Self {
+        Self {
+            loads: Mutex::new(HashMap::new()),
+            returned: Condvar::new(),
+            notifier,
+        }
+    }
+
+    /// Whitelists the rows of one fetch (`keys`, `grants` parallel).
+    pub(crate) fn register(&self, key: DestKey, keys: &[OffloadKey], grants: Vec<RowWrite>) {
+        let by_row = grants.iter().enumerate().map(|(i, g)| (g.chunk(), i)).collect();
+        let rows = keys
+            .iter()
+            .zip(grants)
+            .map(|(k, g)| DestRow {
+                key: *k,
+                grant: Some(g),
+                verified: false,
+            })
+            .collect();
+        self.loads.lock().insert(
+            key,
+            DestLoad {
+                rows,
+                by_row,
+                closed: false,
+                checked_out: 0,
+                bytes: 0,
+            },
+        );
+    }
+
+    /// Takes the grant of `row` for writing `key`, if that row is whitelisted for it.
+    pub(crate) fn checkout(&self, dk: &DestKey, row: ChunkId, key: &OffloadKey) -> Result<RowWrite, ChunkStatus> {
+        let mut loads = self.loads.lock();
+        let Some(load) = loads.get_mut(dk) else {
+            return Err(ChunkStatus::Rejected);
+        };
+        if load.closed {
+            return Err(ChunkStatus::Rejected);
+        }
+        let Some(&i) = load.by_row.get(&row) else {
+            return Err(ChunkStatus::Rejected);
+        };
+        let slot = &mut load.rows[i];
+        if slot.key != *key || slot.verified {
+            return Err(ChunkStatus::Rejected);
+        }
+        let grant = slot.grant.take().ok_or(ChunkStatus::Rejected)?;
+        load.checked_out += 1;
+        Ok(grant)
+    }
+
+    /// Returns a grant taken by [`DestTable::checkout`], with whether its payload verified.
+    pub(crate) fn checkin(&self, dk: &DestKey, grant: RowWrite, verified: bool) {
+        let mut loads = self.loads.lock();
+        let wake = if let Some(load) = loads.get_mut(dk)
+            && let Some(&i) = load.by_row.get(&grant.chunk())
+        {
+            let len = grant.len() as u64;
+            let slot = &mut load.rows[i];
+            slot.verified = verified;
+            slot.grant = Some(grant);
+            load.checked_out -= 1;
+            if verified {
+                load.bytes += len;
+            }
+            load.closed
+        } else {
+            // Entries are removed only when nothing is checked out, so this cannot happen;
+            // dropping the grant here would still be safe (the write is over).
+            tracing::error!(?dk, "a write grant came back for an unknown fetch");
+            false
+        };
+        drop(loads);
+        self.returned.notify_all();
+        if wake {
+            self.notifier.wake();
+        }
+    }
+
+    /// Refuses every further write for the fetch.
+    pub(crate) fn close(&self, dk: &DestKey) {
+        if let Some(load) = self.loads.lock().get_mut(dk) {
+            load.closed = true;
+        }
+    }
+
+    /// Closes the fetch and, once no grant is checked out, removes it, drops its grants and
+    /// returns what verified. `None` while a receiver still writes.
+    pub(crate) fn try_finish(&self, dk: &DestKey) -> Option<Finished> {
+        let mut loads = self.loads.lock();
+        let load = loads.get_mut(dk)?;
+        load.closed = true;
+        if load.checked_out > 0 {
+            return None;
+        }
+        let load = loads.remove(dk)?;
+        drop(loads);
+        Some(Finished {
+            verified: load.rows.iter().map(|r| r.verified).collect(),
+            bytes: load.bytes,
+        })
+    }
+
+    /// Waits until no grant of any fetch is checked out, up to `timeout`; returns how many are
+    /// still out.
+    pub(crate) fn wait_idle(&self, timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        let mut loads = self.loads.lock();
+        loop {
+            let out: usize = loads.values().map(|l| l.checked_out).sum();
+            if out == 0 || Instant::now() >= deadline {
+                return out;
+            }
+            let _ = self.returned.wait_until(&mut loads, deadline);
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! The data-plane framing over one TCP connection from a producer to a consumer.
+//!
+//! The producer opens the connection and sends a `HELLO` naming itself; then, per transfer,
+//! `BEGIN`, one `CHUNK` per row (header, then exactly `len` payload bytes), and `END`. The
+//! consumer answers each transfer with one `ACK` carrying a status per chunk. Integers are
+//! little-endian.
+
+use std::io::{self, Read, Write};
+
+use tiering_core::OffloadKey;
+use tiering_core::key::KEY_BYTES;
+
+const MAGIC: u32 = u32::from_le_bytes(*b"KVPD");
+/// Data-plane framing version.
+pub const DATA_VERSION: u16 = 1;
+const TAG_BEGIN: u8 = 1;
+const TAG_CHUNK: u8 = 2;
+const TAG_END: u8 = 3;
+const TAG_ACK: u8 = 4;
+/// Longest identity or request id accepted.
+const MAX_NAME: usize = 4096;
+/// Most chunks in one transfer.
+const MAX_CHUNKS: u32 = 1 << 20;
+
+/// The checksum carried with a chunk: xxh3 of the payload seeded by the key, so a chunk copied
+/// into the row of another key fails verification too.
+#[must_use]
+pub fn checksum(key: &OffloadKey, data: &[u8]) -> u64 {
+    xxhash_rust::xxh3::xxh3_64_with_seed(data, key.digest())
+}
+
+/// The consumer's verdict on one chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ChunkStatus {
+    /// Written and verified.
+    Ok = 0,
+    /// The row is not reserved for an outstanding fetch of this peer (or the key differs, or it
+    /// was already written): nothing was written.
+    Rejected = 1,
+    /// Written, but the checksum did not match: the row's content is not trusted.
+    ChecksumMismatch = 2,
+    /// The length differs from the chunk size: nothing was written.
+    BadLength = 3,
+    /// The producer did not send it (cancelled, or not available).
+    NotSent = 4,
+    /// The connection failed before the chunk was acknowledged.
+    IoError = 5,
+}
+
+impl ChunkStatus {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Ok,
+            1 => Self::Rejected,
+            2 => Self::ChecksumMismatch,
+            3 => Self::BadLength,
+            4 => Self::NotSent,
+            _ => Self::IoError,
+        }
+    }
+}
+
+fn bad(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+fn read_u8(r: &mut impl Read) -> io::Result<u8> {
+    let mut b = [0u8; 1];
+    r.read_exact(&mut b)?;
+    Ok(b[0])
+}
+fn read_u16(r: &mut impl Read) -> io::Result<u16> {
+    let mut b = [0u8; 2];
+    r.read_exact(&mut b)?;
+    Ok(u16::from_le_bytes(b))
+}
+fn read_u32(r: &mut impl Read) -> io::Result<u32> {
+    let mut b = [0u8; 4];
+    r.read_exact(&mut b)?;
+    Ok(u32::from_le_bytes(b))
+}
+fn read_u64(r: &mut impl Read) -> io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+fn read_name(r: &mut impl Read) -> io::Result<String> {
+    let len = usize::from(read_u16(r)?);
+    if len > MAX_NAME {
+        return Err(bad("name too long"));
+    }
+    let mut b = vec![0u8; len];
+    r.read_exact(&mut b)?;
+    String::from_utf8(b).map_err(|_| bad("name is not UTF-8"))
+}
+fn put_name(buf: &mut Vec<u8>, s: &str) -> io::Result<()> {
+    let len = u16::try_from(s.len()).map_err(|_| bad("name too long"))?;
+    buf.extend_from_slice(&len.to_le_bytes());
+    buf.extend_from_slice(s.as_bytes());
+    Ok(())
+}
+
+/// The producer's greeting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The producer's identity (`host:port` of its control socket).
+    pub peer_id: String,
+    /// The producer's incarnation (as in its `connect`).
+    pub instance: u64,
+}
+
+/// Writes a `HELLO`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_hello(w: &mut impl Write, h: &Hello) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(32 + h.peer_id.len());
+    buf.extend_from_slice(&MAGIC.to_le_bytes());
+    buf.extend_from_slice(&DATA_VERSION.to_le_bytes());
+    put_name(&mut buf, &h.peer_id)?;
+    buf.extend_from_slice(&h.instance.to_le_bytes());
+    w.write_all(&buf)
+}
+
+/// Reads a `HELLO`.
+///
+/// # Errors
+/// I/O errors, a wrong magic or version.
+pub fn read_hello(r: &mut impl Read) -> io::Result<Hello> {
+    if read_u32(r)? != MAGIC {
+        return Err(bad("not a kvtier data connection"));
+    }
+    let v = read_u16(r)?;
+    if v != DATA_VERSION {
+        return Err(bad(format!("data-plane version {v}, expected {DATA_VERSION}")));
+    }
+    let peer_id = read_name(r)?;
+    let instance = read_u64(r)?;
+    Ok(Hello { peer_id, instance })
+}
+
+/// The start of one transfer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Begin {
+    /// Producer-unique transfer id.
+    pub transfer_id: u64,
+    /// The consumer's request id.
+    pub kv_request_id: String,
+    /// The fetch round.
+    pub round: u64,
+    /// Chunks announced.
+    pub count: u32,
+}
+
+/// One chunk header; `len` payload bytes follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkHeader {
+    /// Position in the transfer.
+    pub index: u32,
+    /// Destination row in the consumer's arena.
+    pub dst_row: u32,
+    /// The chunk's key.
+    pub key: OffloadKey,
+    /// [`checksum`] of the payload.
+    pub checksum: u64,
+    /// Payload length.
+    pub len: u32,
+}
+
+/// What the consumer reads next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// A transfer starts.
+    Begin(Begin),
+    /// A chunk header; the payload follows.
+    Chunk(ChunkHeader),
+    /// The transfer ends after `sent` chunks.
+    End {
+        /// Chunks actually sent.
+        sent: u32,
+    },
+}
+
+/// Writes a `BEGIN`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_begin(w: &mut impl Write, b: &Begin) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(32 + b.kv_request_id.len());
+    buf.push(TAG_BEGIN);
+    buf.extend_from_slice(&b.transfer_id.to_le_bytes());
+    buf.extend_from_slice(&b.round.to_le_bytes());
+    put_name(&mut buf, &b.kv_request_id)?;
+    buf.extend_from_slice(&b.count.to_le_bytes());
+    w.write_all(&buf)
+}
+
+/// Writes a `CHUNK` header followed by its payload.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_chunk(w: &mut impl Write, h: &ChunkHeader, payload: &[u8]) -> io::Result<()> {
+    let mut buf = [0u8; 1 + 4 + 4 + KEY_BYTES + 8 + 4];
+    buf[0] = TAG_CHUNK;
+    buf[1..5].copy_from_slice(&h.index.to_le_bytes());
+    buf[5..9].copy_from_slice(&h.dst_row.to_le_bytes());
+    buf[9..9 + KEY_BYTES].copy_from_slice(&h.key.to_bytes());
+    let o = 9 + KEY_BYTES;
+    buf[o..o + 8].copy_from_slice(&h.checksum.to_le_bytes());
+    buf[o + 8..o + 12].copy_from_slice(&h.len.to_le_bytes());
+    w.write_all(&buf)?;
+    w.write_all(payload)
+}
+
+/// Writes an `END`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_end(w: &mut impl Write, sent: u32) -> io::Result<()> {
+    let mut buf = [0u8; 5];
+    buf[0] = TAG_END;
+    buf[1..].copy_from_slice(&sent.to_le_bytes());
+    w.write_all(&buf)
+}
+
+/// Reads the next frame header (a chunk's payload is left unread).
+///
+/// # Errors
+/// I/O errors and malformed frames.
+pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
+    match read_u8(r)? {
+        TAG_BEGIN => {
+            let transfer_id = read_u64(r)?;
+            let round = read_u64(r)?;
+            let kv_request_id = read_name(r)?;
+            let count = read_u32(r)?;
+            if count > MAX_CHUNKS {
+                return Err(bad("too many chunks in one transfer"));
+            }
+            Ok(Frame::Begin(Begin {
+                transfer_id,
+                kv_request_id,
+                round,
+                count,
+            }))
+        }
+        TAG_CHUNK => {
+            let index = read_u32(r)?;
+            let dst_row = read_u32(r)?;
+            let mut kb = [0u8; KEY_BYTES];
+            r.read_exact(&mut kb)?;
+            let key = OffloadKey::from_bytes(&kb).ok_or_else(|| bad("bad key"))?;
+            let checksum = read_u64(r)?;
+            let len = read_u32(r)?;
+            Ok(Frame::Chunk(ChunkHeader {
+                index,
+                dst_row,
+                key,
+                checksum,
+                len,
+            }))
+        }
+        TAG_END => Ok(Frame::End { sent: read_u32(r)? }),
+        t => Err(bad(format!("unknown data frame tag {t}"))),
+    }
+}
+
+/// Writes an `ACK`.
+///
+/// # Errors
+/// I/O errors.
+pub fn write_ack(w: &mut impl Write, transfer_id: u64, statuses: &[ChunkStatus]) -> io::Result<()> {
+    let count = u32::try_from(statuses.len()).map_err(|_| bad("too many statuses"))?;
+    let mut buf = Vec::with_capacity(13 + statuses.len());
+    buf.push(TAG_ACK);
+    buf.extend_from_slice(&transfer_id.to_le_bytes());
+    buf.extend_from_slice(&count.to_le_bytes());
+    buf.extend(statuses.iter().map(|s| *s as u8));
+    w.write_all(&buf)
+}
+
+/// Reads an `ACK`.
+///
+/// # Errors
+/// I/O errors and malformed frames.
+pub fn read_ack(r: &mut impl Read) -> io::Result<(u64, Vec<ChunkStatus>)> {
+    if read_u8(r)? != TAG_ACK {
+        return Err(bad("expected an ACK"));
+    }
+    let id = read_u64(r)?;
+    let count = read_u32(r)?;
+    if count > MAX_CHUNKS {
+        return Err(bad("too many statuses"));
+    }
+    let mut b = vec![0u8; count as usize];
+    r.read_exact(&mut b)?;
+    Ok((id, b.into_iter().map(ChunkStatus::from_u8).collect()))
+}
+
+/// Reads and discards `len` bytes (a rejected chunk's payload).
+///
+/// # Errors
+/// I/O errors.
+pub fn skip(r: &mut impl Read, len: u64) -> io::Result<()> {
+    let copied = io::copy(&mut r.take(len), &mut io::sink())?;
+    if copied == len {
+        Ok(())
+    } else {
+        Err(io::Error::from(io::ErrorKind::UnexpectedEof))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip() {
+        let mut buf = Vec::new();
+        let h = Hello {
+            peer_id: "127.0.0.1:9".into(),
+            instance: 3,
+        };
+        write_hello(&mut buf, &h).unwrap();
+        let b = Begin {
+            transfer_id: 1,
+            kv_request_id: "req".into(),
+            round: 2,
+            count: 1,
+        };
+        write_begin(&mut buf, &b).unwrap();
+        let key = OffloadKey::from_u64(5);
+        let payload = [7u8; 16];
+        let ch = ChunkHeader {
+            index: 0,
+            dst_row: 4,
+            key,
+            checksum: checksum(&key, &payload),
+            len: 16,
+        };
+        write_chunk(&mut buf, &ch, &payload).unwrap();
+        write_end(&mut buf, 1).unwrap();
+        write_ack(&mut buf, 1, &[ChunkStatus::Ok, ChunkStatus::ChecksumMismatch]).unwrap();
+        let mut r = buf.as_slice();
+        assert_eq!(read_hello(&mut r).unwrap(), h);
+        assert_eq!(read_frame(&mut r).unwrap(), Frame::Begin(b));
+        assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch));
+        skip(&mut r, 16).unwrap();
+        assert_eq!(read_frame(&mut r).unwrap(), Frame::End { sent: 1 });
+        assert_eq!(
+            read_ack(&mut r).unwrap(),
+            (1, vec![ChunkStatus::Ok, ChunkStatus::ChecksumMismatch])
+        );
+        assert!(r.is_empty());
+    }
+
+    #[test]
+    fn checksum_depends_on_key_and_bytes() {
+        let a = OffloadKey::from_u64(1);
+        let b = OffloadKey::from_u64(2);
+        assert_ne!(checksum(&a, b"x"), checksum(&b, b"x"));
+        assert_ne!(checksum(&a, b"x"), checksum(&a, b"y"));
+    }
+
+    #[test]
+    fn garbage_is_rejected() {
+        assert!(read_hello(&mut &b"HTTP/1.1 200"[..]).is_err());
+        assert!(read_frame(&mut &[9u8, 0, 0][..]).is_err());
+        assert!(skip(&mut &[0u8; 3][..], 4).is_err());
+    }
+}

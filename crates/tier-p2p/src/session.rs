@@ -1,0 +1,332 @@
+//! One session per remote peer: the handshake and send gating, message dispatch, and the two
+//! roles (consumer and producer) over one logical control channel.
+
+use std::time::Instant;
+
+use tiering_core::ParentManager;
+
+use crate::client::ClientRole;
+use crate::core::Core;
+use crate::dataplane::frame::{ChunkStatus, Hello};
+use crate::dataplane::sender::{Registration, SenderHandle, spawn_registration};
+use crate::server::ServerRole;
+use crate::stats::P2pCounters;
+use crate::transport::IoCommand;
+use crate::wire::{Connect, Message, WIRE_VERSION, decode_keys};
+
+/// Why a session must die.
+#[derive(Debug)]
+pub(crate) enum SessionError {
+    /// The peer broke the protocol.
+    Protocol(String),
+    /// The peer is incompatible (version, chunk size, fingerprint, hash seed).
+    Handshake(String),
+    /// The peer said goodbye.
+    Closed(String),
+}
+
+/// One remote peer.
+pub(crate) struct Session {
+    pub(crate) peer: String,
+    pub(crate) generation: u64,
+    created: Instant,
+    pub(crate) peer_connect: Option<Connect>,
+    registered: bool,
+    acked: bool,
+    outbox: Vec<Message>,
+    sender: Option<SenderHandle>,
+    pub(crate) dead: Option<String>,
+    pub(crate) client: ClientRole,
+    pub(crate) server: ServerRole,
+}
+
+impl Session {
+    /// Opens the outbound connection and sends this node's `connect` at once.
+    pub(crate) fn open(core: &mut Core, peer: &str) -> Self {
+        let generation = core.generation();
+        core.transport.command(IoCommand::Connect {
+            peer: peer.to_owned(),
+            generation,
+        });
+        let hello = Message::Connect(Connect {
+            wire_version: WIRE_VERSION,
+            peer_id: core.local_id.clone(),
+            instance: core.instance,
+            data_addr: core.data_addr.clone(),
+            chunk_bytes: core.chunk_bytes,
+            num_chunks: core.num_chunks,
+            layout_fingerprint: core.opts.layout_fingerprint.clone(),
+            hash_seed: core.opts.hash_seed.clone(),
+        });
+        core.send(peer, &hello);
+        tracing::debug!(%peer, generation, "session opened");
+        Self {
+            peer: peer.to_owned(),
+            generation,
+            created: Instant::now(),
+            peer_connect: None,
+            registered: false,
+            acked: false,
+            outbox: Vec::new(),
+            sender: None,
+            dead: None,
+            client: ClientRole::default(),
+            server: ServerRole::default(),
+        }
+    }
+
+    /// Both directions are registered and acknowledged.
+    pub(crate) fn ready(&self) -> bool {
+        self.acked && self.registered && self.peer_connect.is_some()
+    }
+
+    /// Sends now once the peer acknowledged us; queues until then.
+    pub(crate) fn send(&mut self, core: &mut Core, msg: Message) {
+        if self.acked {
+            core.send(&self.peer, &msg);
+        } else {
+            self.outbox.push(msg);
+        }
+    }
+
+    pub(crate) fn send_all(&mut self, core: &mut Core, msgs: Vec<Message>) {
+        for m in msgs {
+            self.send(core, m);
+        }
+    }
+
+    pub(crate) fn dispatch(&mut self, core: &mut Core, msg: Message) -> Result<(), SessionError> {
+        if !matches!(msg, Message::Connect(_) | Message::Disconnect { .. }) && self.peer_connect.is_none() {
+            return Err(SessionError::Protocol(format!("{} before connect", msg.kind())));
+        }
+        match msg {
+            Message::Connect(c) => self.on_connect(core, c),
+            Message::ConnectAck { .. } => {
+                if !self.acked {
+                    self.acked = true;
+                    for m in std::mem::take(&mut self.outbox) {
+                        core.send(&self.peer, &m);
+                    }
+                    self.count_ready(core);
+                }
+                Ok(())
+            }
+            Message::Disconnect { reason } => Err(SessionError::Closed(reason)),
+            Message::Lookup {
+                kv_request_id,
+                keys,
+                round_seq,
+            } => {
+                let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
+                self.server.on_lookup(kv_request_id, round_seq, keys);
+                Ok(())
+            }
+            Message::LookupResp {
+                kv_request_id, keys, hits, ..
+            } => {
+                let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
+                self.client.on_lookup_resp(&kv_request_id, &keys, &hits);
+                Ok(())
+            }
+            Message::Fetch {
+                kv_request_id,
+                round_seq,
+                keys,
+                block_indexes,
+            } => {
+                let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
+                let out = self
+                    .server
+                    .on_fetch(core, self.sender.as_ref(), &kv_request_id, round_seq, &keys, &block_indexes)
+                    .map_err(|e| SessionError::Protocol(e.0))?;
+                self.send_all(core, out);
+                Ok(())
+            }
+            Message::TransferDone {
+                kv_request_id,
+                round_seq,
+                key_ok,
+                ..
+            } => {
+                self.client.on_transfer_done(&kv_request_id, round_seq, key_ok);
+                Ok(())
+            }
+            Message::AbortFetch {
+                kv_request_id,
+                round_seq,
+            } => {
+                let out = self.server.on_abort_fetch(core, &kv_request_id, round_seq);
+                self.send_all(core, out);
+                Ok(())
+            }
+            Message::AbortAck {
+                kv_request_id,
+                round_seq,
+            } => {
+                self.client.on_abort_ack(&kv_request_id, round_seq);
+                Ok(())
+            }
+        }
+    }
+
+    fn on_connect(&mut self, core: &mut Core, c: Connect) -> Result<(), SessionError> {
+        if self.peer_connect.is_some() {
+            return Err(SessionError::Protocol("duplicate connect after the handshake".into()));
+        }
+        if c.peer_id != self.peer {
+            return Err(SessionError::Protocol(format!(
+                "connect names {} but came from {}",
+                c.peer_id, self.peer
+            )));
+        }
+        let mismatch = if c.wire_version != WIRE_VERSION {
+            Some(format!("wire version {} (this node speaks {WIRE_VERSION})", c.wire_version))
+        } else if c.chunk_bytes != core.chunk_bytes {
+            Some(format!("chunk size {} bytes (this node uses {})", c.chunk_bytes, core.chunk_bytes))
+        } else if c.layout_fingerprint != core.opts.layout_fingerprint {
+            Some(format!(
+                "layout fingerprint {:?} (this node has {:?})",
+                c.layout_fingerprint, core.opts.layout_fingerprint
+            ))
+        } else if c.hash_seed != core.opts.hash_seed {
+            Some(format!(
+                "hash seed {:?} (this node has {:?}); every lookup would miss",
+                c.hash_seed, core.opts.hash_seed
+            ))
+        } else {
+            None
+        };
+        if let Some(m) = mismatch {
+            return Err(SessionError::Handshake(format!("peer {} is incompatible: {m}", self.peer)));
+        }
+        let reg = Registration {
+            peer: self.peer.clone(),
+            generation: self.generation,
+            data_addr: c.data_addr.clone(),
+            hello: Hello {
+                peer_id: core.local_id.clone(),
+                instance: core.instance,
+            },
+            connect_timeout: core.opts.deadlines.handshake(),
+            io_timeout: core.opts.deadlines.data_io(),
+            events: core.data_tx.clone(),
+            notifier: core.notifier.clone(),
+            counters: core.data_counters.clone(),
+            faults: core.faults.clone(),
+        };
+        self.peer_connect = Some(c);
+        match spawn_registration(reg) {
+            Ok(h) => core.joins.push(h),
+            Err(e) => return Err(SessionError::Protocol(format!("cannot start registration: {e}"))),
+        }
+        Ok(())
+    }
+
+    /// The data plane toward the peer is up: acknowledge its `connect`.
+    pub(crate) fn on_registered(&mut self, core: &mut Core, handle: SenderHandle) {
+        self.sender = Some(handle);
+        self.registered = true;
+        core.send(
+            &self.peer,
+            &Message::ConnectAck {
+                peer_id: core.local_id.clone(),
+            },
+        );
+        self.count_ready(core);
+    }
+
+    fn count_ready(&self, core: &Core) {
+        if self.ready() {
+            P2pCounters::bump(&core.counters.sessions_ready);
+            tracing::info!(peer = %self.peer, "p2p session ready");
+        }
+    }
+
+    /// Serves the peer's lookups.
+    pub(crate) fn serve(&mut self, core: &mut Core, parent: &mut dyn ParentManager) {
+        if self.dead.is_some() || !self.server.wants_serving() {
+            return;
+        }
+        let out = self.server.serve(core, &self.peer, parent);
+        self.send_all(core, out);
+    }
+
+    /// Flushes the step's probes.
+    pub(crate) fn flush_lookups(&mut self, core: &mut Core) {
+        if self.dead.is_some() {
+            return;
+        }
+        let out = self.client.flush();
+        self.send_all(core, out);
+    }
+
+    pub(crate) fn on_transfer_finished(&mut self, core: &mut Core, transfer_id: u64, statuses: &[ChunkStatus]) {
+        let answer = self.dead.is_none();
+        let out = self.server.on_transfer_finished(core, transfer_id, statuses, answer);
+        if answer {
+            self.send_all(core, out);
+        }
+    }
+
+    /// Timers and completions. Returns a reason when the session must die.
+    pub(crate) fn tick(&mut self, core: &mut Core, now: Instant) -> Option<String> {
+        if self.dead.is_none() && !self.ready() && now.duration_since(self.created) >= core.opts.deadlines.handshake() {
+            return Some("handshake deadline passed".into());
+        }
+        let (out, cut) = self.client.collect(core, &self.peer, now);
+        if cut {
+            core.receiver.disconnect_peer(&self.peer);
+        }
+        if self.dead.is_none() {
+            self.send_all(core, out);
+        }
+        self.server.collect(core, now);
+        None
+    }
+
+    /// Tears the session down: no more messages either way, every pin not in flight released,
+    /// every load closed (reported once its rows are quiescent). Returns the consumer requests
+    /// that must now miss.
+    pub(crate) fn kill(&mut self, core: &mut Core, reason: &str, notify_peer: bool) -> Vec<String> {
+        if self.dead.is_some() {
+            return Vec::new();
+        }
+        tracing::warn!(peer = %self.peer, %reason, "p2p session closed");
+        if notify_peer {
+            core.send(
+                &self.peer,
+                &Message::Disconnect {
+                    reason: reason.to_owned(),
+                },
+            );
+        }
+        core.transport.command(IoCommand::Close {
+            peer: self.peer.clone(),
+            generation: self.generation,
+        });
+        // Cutting both data directions is what proves quiescence: receivers check their rows
+        // back in, senders fail what they hold and release the source rows.
+        core.receiver.disconnect_peer(&self.peer);
+        if let Some(s) = self.sender.take()
+            && let Some(j) = s.close()
+        {
+            core.joins.push(j);
+        }
+        self.outbox.clear();
+        self.dead = Some(reason.to_owned());
+        P2pCounters::bump(&core.counters.sessions_lost);
+        let failed = self.client.on_session_lost(core, &self.peer);
+        self.server.on_session_lost(core);
+        failed
+    }
+
+    /// A dead session may be dropped once nothing of it touches arena rows any more.
+    pub(crate) fn quiescent(&self) -> bool {
+        self.client.loads_in_flight() == 0 && self.server.transfers_in_flight() == 0
+    }
+
+    /// Whether the session needs the engine (or the control thread) to keep going.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.ready() || self.client.has_work() || self.server.has_work()
+    }
+}

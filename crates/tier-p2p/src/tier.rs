@@ -1,0 +1,541 @@
+//! [`P2pTier`]: the `SecondaryTier` that lets peers share chunks.
+//!
+//! Every method runs under the manager lock and returns at once: socket work happens on the
+//! tier's own threads (one ZeroMQ I/O thread, the data-plane listener and connection threads),
+//! which report through channels and wake the manager's control plane. Each call first drains
+//! those channels (`pump`), so the state machines only ever run on the thread that holds the
+//! lock.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiering_core::{
+    ChunkArena, ControlWaker, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey, OffloadPolicy,
+    ParentManager, ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob,
+};
+
+use crate::core::{Core, Parked};
+use crate::dataplane::DataEvent;
+use crate::dataplane::dest::DestTable;
+use crate::dataplane::receiver::Receiver;
+use crate::error::P2pError;
+use crate::handle::P2pHandle;
+use crate::notify::Notifier;
+use crate::options::{P2pTierOptions, split_host_port};
+use crate::params::params;
+use crate::server::{Supply, release};
+use crate::session::{Session, SessionError};
+use crate::stats::P2pCounters;
+use crate::transport::{ControlTransport, IoEvent};
+use crate::wire::Message;
+
+/// The peer-to-peer secondary tier. See the crate docs.
+pub struct P2pTier {
+    core: Core,
+    sessions: HashMap<String, Session>,
+    retiring: Vec<Session>,
+    /// (peer, kv request id) of consumer requests that must miss from now on.
+    failed_reqs: HashSet<(String, String)>,
+    info: TierInfo,
+    shut_down: bool,
+}
+
+impl P2pTier {
+    /// Binds the control and data sockets and starts the I/O threads. `arena` is the primary
+    /// tier's arena: its chunk size is announced (and checked) at handshake, and its rows are
+    /// the ones fetches write into.
+    ///
+    /// # Errors
+    /// Bad options, or a socket that cannot be bound.
+    pub fn new(options: P2pTierOptions, arena: &ChunkArena) -> Result<Self, P2pError> {
+        let notifier = Notifier::default();
+        let transport = ControlTransport::start(
+            &options.bind,
+            options.advertise.as_deref(),
+            &options.heartbeat,
+            options.send_hwm,
+            notifier.clone(),
+        )?;
+        let data_bind = match &options.data_bind {
+            Some(b) => b.clone(),
+            None => {
+                let (host, _) = split_host_port(&options.bind)
+                    .ok_or_else(|| P2pError::Config(format!("bad bind address {:?}", options.bind)))?;
+                format!("{host}:0")
+            }
+        };
+        let dest = Arc::new(DestTable::new(notifier.clone()));
+        let data_counters = Arc::default();
+        let receiver = Receiver::start(
+            &data_bind,
+            Arc::clone(&dest),
+            Arc::clone(&data_counters),
+            options.deadlines.handshake(),
+        )?;
+        let info = TierInfo::new(options.name.clone(), Some(Medium::Cpu), Some(Locality::Remote));
+        let peers = options.peers.clone();
+        let core = Core::new(
+            options,
+            transport,
+            receiver,
+            dest,
+            notifier,
+            data_counters,
+            arena.chunk_bytes() as u64,
+            arena.num_chunks() as u64,
+        );
+        tracing::info!(id = %core.local_id, data = %core.data_addr, "p2p tier listening");
+        let mut tier = Self {
+            core,
+            sessions: HashMap::new(),
+            retiring: Vec::new(),
+            failed_reqs: HashSet::new(),
+            info,
+            shut_down: false,
+        };
+        for p in peers {
+            tier.session(&p);
+        }
+        Ok(tier)
+    }
+
+    /// This node's identity (`host:port` of its control socket), the address peers dial.
+    #[must_use]
+    pub fn local_id(&self) -> &str {
+        &self.core.local_id
+    }
+
+    /// A handle for watching the tier after the manager took it.
+    #[must_use]
+    pub fn handle(&self) -> P2pHandle {
+        P2pHandle {
+            local_id: self.core.local_id.clone(),
+            data_addr: self.core.data_addr.clone(),
+            counters: Arc::clone(&self.core.counters),
+            transport: Arc::clone(&self.core.transport.counters),
+            data: Arc::clone(&self.core.data_counters),
+            faults: Arc::clone(&self.core.faults),
+            last_error: Arc::clone(&self.core.last_error),
+        }
+    }
+
+    /// The live session toward `peer`, opened if needed (never toward this node itself).
+    fn session(&mut self, peer: &str) -> Option<&mut Session> {
+        if peer == self.core.local_id || self.shut_down {
+            return None;
+        }
+        if !self.sessions.contains_key(peer) {
+            let s = Session::open(&mut self.core, peer);
+            self.sessions.insert(peer.to_owned(), s);
+        }
+        self.sessions.get_mut(peer)
+    }
+
+    fn kill(&mut self, peer: &str, reason: &str, notify: bool) {
+        let Some(mut s) = self.sessions.remove(peer) else {
+            return;
+        };
+        for kv in s.kill(&mut self.core, reason, notify) {
+            self.failed_reqs.insert((peer.to_owned(), kv));
+        }
+        self.retiring.push(s);
+    }
+
+    fn on_message(&mut self, peer: &str, msg: Message) {
+        if let Err(e) = msg.validate() {
+            tracing::warn!(%peer, error = %e, "malformed message; closing the session");
+            if self.sessions.contains_key(peer) {
+                P2pCounters::bump(&self.core.counters.protocol_errors);
+                self.kill(peer, &e.to_string(), true);
+            }
+            return;
+        }
+        if let Message::Connect(c) = &msg {
+            let restarted = self
+                .sessions
+                .get(peer)
+                .and_then(|s| s.peer_connect.as_ref())
+                .is_some_and(|old| old.instance != c.instance);
+            if restarted {
+                self.kill(peer, "the peer restarted", false);
+            }
+            if !self.sessions.contains_key(peer) && self.session(peer).is_none() {
+                return;
+            }
+        }
+        let Some(s) = self.sessions.get_mut(peer) else {
+            tracing::debug!(%peer, kind = msg.kind(), "message from a peer without a session; dropped");
+            return;
+        };
+        match s.dispatch(&mut self.core, msg) {
+            Ok(()) => {}
+            Err(SessionError::Protocol(m)) => {
+                P2pCounters::bump(&self.core.counters.protocol_errors);
+                self.core.record_error(m.clone());
+                self.kill(peer, &m, true);
+            }
+            Err(SessionError::Handshake(m)) => {
+                P2pCounters::bump(&self.core.counters.handshake_failures);
+                tracing::error!(%peer, "p2p handshake refused: {m}");
+                self.core.record_error(m.clone());
+                self.kill(peer, &m, true);
+            }
+            Err(SessionError::Closed(m)) => self.kill(peer, &format!("peer disconnected: {m}"), false),
+        }
+    }
+
+    fn on_data_event(&mut self, ev: DataEvent) {
+        match ev {
+            DataEvent::Registered {
+                peer,
+                generation,
+                handle,
+            } => match self.sessions.get_mut(&peer) {
+                Some(s) if s.generation == generation && s.dead.is_none() => {
+                    s.on_registered(&mut self.core, handle);
+                }
+                // A late registration must not revive a removed or replaced peer.
+                _ => {
+                    let _ = handle.close();
+                }
+            },
+            DataEvent::RegistrationFailed {
+                peer,
+                generation,
+                reason,
+            } => {
+                if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                    self.kill(&peer, &format!("data-plane registration failed: {reason}"), true);
+                }
+            }
+            DataEvent::TransferFinished {
+                peer,
+                generation,
+                transfer_id,
+                statuses,
+            } => {
+                let live = self.sessions.get_mut(&peer).filter(|s| s.generation == generation);
+                let target = match live {
+                    Some(s) => Some(s),
+                    None => self
+                        .retiring
+                        .iter_mut()
+                        .find(|s| s.peer == peer && s.generation == generation),
+                };
+                if let Some(s) = target {
+                    s.on_transfer_finished(&mut self.core, transfer_id, &statuses);
+                }
+            }
+            DataEvent::SenderLost { peer, generation } => {
+                if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                    self.kill(&peer, "data connection lost", false);
+                }
+            }
+        }
+    }
+
+    /// Drains the I/O threads' reports and runs timers. Non-blocking.
+    fn pump(&mut self) {
+        while let Some(ev) = self.core.transport.try_event() {
+            match ev {
+                IoEvent::Message { peer, msg } => self.on_message(&peer, msg),
+                IoEvent::Dead {
+                    peer,
+                    generation,
+                    reason,
+                } => {
+                    if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                        self.kill(&peer, &reason, false);
+                    }
+                }
+            }
+        }
+        while let Ok(ev) = self.core.data_rx.try_recv() {
+            self.on_data_event(ev);
+        }
+        let now = Instant::now();
+        let mut doomed = Vec::new();
+        for s in self.sessions.values_mut() {
+            if let Some(reason) = s.tick(&mut self.core, now) {
+                doomed.push((s.peer.clone(), reason));
+            }
+        }
+        for (peer, reason) in doomed {
+            self.kill(&peer, &reason, true);
+        }
+        for s in &mut self.retiring {
+            s.client.finish_quiescent(&mut self.core, &s.peer.clone());
+        }
+        self.retiring.retain(Session::quiescent);
+        let limit = self.core.opts.deadlines.unbound_park();
+        let stale: Vec<String> = self
+            .core
+            .parked
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.since) >= limit)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for kv in stale {
+            if let Some(p) = self.core.parked.remove(&kv) {
+                tracing::warn!(%kv, "parked chunks were never fetched; releasing them");
+                release_parked(&mut self.core, p);
+            }
+        }
+    }
+
+    fn outstanding(&self) -> usize {
+        let loads: usize = self
+            .sessions
+            .values()
+            .chain(&self.retiring)
+            .map(|s| s.client.loads_in_flight())
+            .sum();
+        loads + self.core.store_jobs.len()
+    }
+
+    /// Releases every pin that no transfer is using (for drain and shutdown).
+    fn release_idle_supply(&mut self) {
+        for s in self.sessions.values_mut() {
+            s.server.on_session_lost(&mut self.core);
+        }
+        for (_, p) in std::mem::take(&mut self.core.parked) {
+            release_parked(&mut self.core, p);
+        }
+    }
+
+    fn wait_outstanding(&mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.pump();
+            if self.outstanding() == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+fn release_parked(core: &mut Core, p: Parked) {
+    let mut map: KeyMap<Supply> = KeyMap::default();
+    for (k, s) in p.items {
+        if let Some(dup) = map.insert(k, s) {
+            let mut one = KeyMap::default();
+            one.insert(k, dup);
+            release(core, one);
+        }
+    }
+    release(core, map);
+}
+
+impl SecondaryTier for P2pTier {
+    fn info(&self) -> TierInfo {
+        self.info.clone()
+    }
+
+    fn set_waker(&mut self, waker: ControlWaker) {
+        self.core.notifier.set(waker);
+    }
+
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
+        let Some(src) = params(ctx).source else {
+            return LookupResult::Miss;
+        };
+        let id = (src.peer.clone(), src.kv_request_id.clone());
+        let miss = |c: &P2pCounters| {
+            P2pCounters::bump(&c.misses);
+            LookupResult::Miss
+        };
+        if self.failed_reqs.contains(&id) {
+            return miss(&self.core.counters);
+        }
+        let deadline = self.core.opts.deadlines.lookup();
+        let Some(s) = self.sessions.get_mut(&src.peer) else {
+            return miss(&self.core.counters);
+        };
+        if src.eager {
+            P2pCounters::bump(&self.core.counters.hits);
+            return LookupResult::Hit;
+        }
+        match s.client.probe(&src.kv_request_id, key, Instant::now(), deadline) {
+            Ok(LookupResult::Hit) => {
+                P2pCounters::bump(&self.core.counters.hits);
+                LookupResult::Hit
+            }
+            Ok(LookupResult::Miss) => miss(&self.core.counters),
+            Ok(r) => r,
+            Err(_) => {
+                tracing::warn!(peer = %src.peer, kv = %src.kv_request_id, "peer lookup deadline passed; falling back to miss");
+                P2pCounters::bump(&self.core.counters.lookup_timeouts);
+                s.client.fail(&src.kv_request_id);
+                self.failed_reqs.insert(id);
+                miss(&self.core.counters)
+            }
+        }
+    }
+
+    fn submit_store(&mut self, job: TransferJob) {
+        match params(&job.req).decoder {
+            None => {
+                // A symmetric producer serves from lookups, not from cascades: nothing to keep.
+                self.core.finished.push(JobResult::ok(job.id, 0, Duration::ZERO));
+            }
+            Some(None) => {
+                tracing::warn!(job = %job.id, "remote_decoder without kv_request_id; store failed");
+                self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
+            }
+            Some(Some(kv)) => {
+                let Ok(reads) = job.rows.into_reads() else {
+                    self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
+                    return;
+                };
+                self.core.add_store_job(job.id, job.keys.clone());
+                let parked = self.core.parked.entry(kv).or_insert_with(|| Parked {
+                    since: Instant::now(),
+                    items: Vec::new(),
+                });
+                for (k, src) in job.keys.iter().zip(reads) {
+                    parked.items.push((*k, Supply { job: job.id, src }));
+                }
+            }
+        }
+    }
+
+    fn submit_load(&mut self, job: TransferJob) {
+        let Some(src) = params(&job.req).source else {
+            self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
+            return;
+        };
+        if job.keys.is_empty() {
+            self.core.finished.push(JobResult::ok(job.id, 0, Duration::ZERO));
+            return;
+        }
+        let id = (src.peer.clone(), src.kv_request_id.clone());
+        let live = !self.failed_reqs.contains(&id) && self.sessions.get(&src.peer).is_some_and(|s| s.dead.is_none());
+        if !live {
+            self.failed_reqs.insert(id);
+            self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
+            return;
+        }
+        let Some(s) = self.sessions.get_mut(&src.peer) else {
+            return;
+        };
+        match s.client.start_load(&mut self.core, &src.peer, &src.kv_request_id, job) {
+            Ok(fetch) => s.send(&mut self.core, fetch),
+            Err(result) => self.core.finished.push(result),
+        }
+    }
+
+    fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
+        self.pump();
+        out.append(&mut self.core.finished);
+    }
+
+    fn has_pending_work(&self) -> bool {
+        !self.core.finished.is_empty()
+            || !self.core.store_jobs.is_empty()
+            || !self.core.finish_ctxs.is_empty()
+            || !self.core.parked.is_empty()
+            || !self.retiring.is_empty()
+            || self.sessions.values().any(Session::has_work)
+    }
+
+    fn on_new_request(&mut self, ctx: &ReqContext) -> OffloadPolicy {
+        let p = params(ctx);
+        if let Some(src) = &p.source {
+            let _ = self.session(&src.peer);
+        }
+        if p.decoder.is_some() {
+            OffloadPolicy::RequestLevel
+        } else {
+            OffloadPolicy::ChunkLevel
+        }
+    }
+
+    fn on_request_finished(&mut self, ctx: &ReqContext) {
+        let Some(src) = params(ctx).source else {
+            return;
+        };
+        if let Some(s) = self.sessions.get_mut(&src.peer) {
+            let out = s.client.finish(&self.core, &src.kv_request_id);
+            s.send_all(&mut self.core, out);
+        }
+        self.failed_reqs.remove(&(src.peer, src.kv_request_id));
+    }
+
+    fn serve_external_requests(&mut self, parent: &mut dyn ParentManager) -> Result<(), TierError> {
+        self.pump();
+        for ctx in std::mem::take(&mut self.core.finish_ctxs) {
+            if let Err(e) = parent.on_request_finished(&ctx) {
+                tracing::error!(error = %e, "releasing a peer lookup context failed");
+            }
+        }
+        for s in self.sessions.values_mut() {
+            s.serve(&mut self.core, parent);
+        }
+        Ok(())
+    }
+
+    fn on_schedule_end(&mut self) {
+        for s in self.sessions.values_mut() {
+            s.flush_lookups(&mut self.core);
+        }
+    }
+
+    fn drain_jobs(&mut self) {
+        self.release_idle_supply();
+        let drain = self.core.drain();
+        if self.wait_outstanding(drain) {
+            return;
+        }
+        tracing::warn!("p2p transfers still running after {drain:?}; closing every session");
+        let peers: Vec<String> = self.sessions.keys().cloned().collect();
+        for p in peers {
+            self.kill(&p, "draining", true);
+        }
+        if !self.wait_outstanding(drain) {
+            tracing::error!(outstanding = self.outstanding(), "p2p jobs still outstanding after the drain");
+        }
+    }
+
+    fn stats(&self) -> TierStats {
+        crate::handle::tier_stats(&self.info.name, &self.handle(), self.sessions.len(), self.retiring.len())
+    }
+
+    fn shutdown(&mut self) -> Result<(), TierError> {
+        if self.shut_down {
+            return Ok(());
+        }
+        let peers: Vec<String> = self.sessions.keys().cloned().collect();
+        for p in peers {
+            self.kill(&p, "shutting down", true);
+        }
+        self.release_idle_supply();
+        let drain = self.core.drain();
+        let _ = self.wait_outstanding(drain);
+        self.shut_down = true;
+        self.core.transport.shutdown();
+        // Joining the receivers proves every destination row is checked back in.
+        self.core.receiver.shutdown();
+        for j in std::mem::take(&mut self.core.joins) {
+            let _ = j.join();
+        }
+        self.pump();
+        let out = self.core.dest.wait_idle(Duration::ZERO);
+        if out > 0 {
+            return Err(P2pError::NotQuiescent(out).into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for P2pTier {
+    fn drop(&mut self) {
+        if let Err(e) = self.shutdown() {
+            tracing::error!(error = %e, "p2p tier shutdown on drop failed");
+        }
+    }
+}
