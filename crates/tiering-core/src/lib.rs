@@ -50,3 +50,4 @@ pub mod config;
 pub mod registry;
 pub use registry::{PrimaryContext, Registry, SecondaryContext, TierRegistration};
 pub use arena::ArenaRawParts;
+pub mod plugin;

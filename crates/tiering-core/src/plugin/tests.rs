@@ -1,0 +1,406 @@
+//! The boundary exercised in-process: entry points linked into the test binary go through the
+//! same descriptor checks and the same C vtable as a loaded library.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::export::{self, descriptor};
+use super::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
+use super::{PluginError, PluginTier, from_entry_point};
+use crate::error::{ManagerError, TierError};
+use crate::job::TransferJob;
+use crate::key::OffloadKey;
+use crate::manager::{ManagerConfig, TieringManager};
+use crate::offloading::OffloadingManager;
+use crate::outcome::{LookupResult, ScheduleEndContext};
+use crate::registry::SecondaryContext;
+use crate::request::{ReqContext, RequestId};
+use crate::testing::{MemoryPrimary, PeerRequest, ScriptedTier, ScriptedTierHandle};
+use crate::tier::{ParentManager, PrimaryTier, SecondaryTier};
+use crate::waker::ControlWaker;
+use crate::{JobResult, OffloadPolicy, TierInfo};
+
+const CHUNK: usize = 256;
+
+static HANDLES: Mutex<Vec<(String, ScriptedTierHandle)>> = Mutex::new(Vec::new());
+
+fn handle(name: &str) -> ScriptedTierHandle {
+    HANDLES
+        .lock()
+        .iter()
+        .rev()
+        .find(|(n, _)| n == name)
+        .map(|(_, h)| h.clone())
+        .unwrap()
+}
+
+fn name_of(options: &toml::Table) -> String {
+    options
+        .get("name")
+        .and_then(toml::Value::as_str)
+        .unwrap_or("scripted")
+        .to_owned()
+}
+
+// The registered signature returns `Result`.
+#[allow(clippy::unnecessary_wraps)]
+fn scripted_factory(
+    options: &toml::Table,
+    _: &SecondaryContext,
+) -> Result<Box<dyn SecondaryTier>, TierError> {
+    let name = name_of(options);
+    let (tier, h) = ScriptedTier::new(&name);
+    HANDLES.lock().push((name, h));
+    Ok(Box::new(tier))
+}
+
+/// A scripted tier that panics in one chosen method.
+struct Panicky {
+    inner: ScriptedTier,
+    panic_on: String,
+}
+
+impl Panicky {
+    fn maybe_panic(&self, op: &str) {
+        assert!(self.panic_on != op, "deliberate panic in {op}");
+    }
+}
+
+impl SecondaryTier for Panicky {
+    fn info(&self) -> TierInfo {
+        self.inner.info()
+    }
+    fn set_waker(&mut self, waker: ControlWaker) {
+        self.inner.set_waker(waker);
+    }
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
+        self.maybe_panic("lookup");
+        self.inner.lookup(key, ctx)
+    }
+    fn submit_store(&mut self, job: TransferJob) {
+        self.maybe_panic("submit_store");
+        self.inner.submit_store(job);
+    }
+    fn submit_load(&mut self, job: TransferJob) {
+        self.inner.submit_load(job);
+    }
+    fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
+        self.inner.poll_finished(out);
+    }
+    fn on_new_request(&mut self, ctx: &ReqContext) -> OffloadPolicy {
+        self.inner.on_new_request(ctx)
+    }
+    fn serve_external_requests(&mut self, parent: &mut dyn ParentManager) -> Result<(), TierError> {
+        self.inner.serve_external_requests(parent)
+    }
+    fn drain_jobs(&mut self) {
+        self.inner.drain_jobs();
+    }
+}
+
+fn panicky_factory(
+    options: &toml::Table,
+    ctx: &SecondaryContext,
+) -> Result<Box<dyn SecondaryTier>, TierError> {
+    let panic_on = options
+        .get("panic_on")
+        .and_then(toml::Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    assert!(panic_on != "factory", "deliberate panic in the factory");
+    if panic_on == "refuse" {
+        return Err(TierError::Config("deliberately refused".into()));
+    }
+    let mut table = options.clone();
+    table.remove("panic_on");
+    let (inner, h) = ScriptedTier::new(&name_of(&table));
+    HANDLES.lock().push((name_of(&table), h));
+    let _ = ctx;
+    Ok(Box::new(Panicky { inner, panic_on }))
+}
+
+unsafe extern "C" fn create_scripted(
+    o: FfiStr,
+    c: *const FfiFactoryCtx,
+    out: *mut TierState,
+    e: ErrSink,
+) -> FfiStatus {
+    // SAFETY: forwarded verbatim from the host.
+    unsafe { export::create(scripted_factory, o, c, out, e) }
+}
+
+unsafe extern "C" fn create_panicky(
+    o: FfiStr,
+    c: *const FfiFactoryCtx,
+    out: *mut TierState,
+    e: ErrSink,
+) -> FfiStatus {
+    // SAFETY: forwarded verbatim from the host.
+    unsafe { export::create(panicky_factory, o, c, out, e) }
+}
+
+static SCRIPTED: PluginDescriptor = descriptor("scripted", create_scripted);
+static PANICKY: PluginDescriptor = descriptor("panicky", create_panicky);
+static WRONG_ABI: PluginDescriptor = PluginDescriptor {
+    abi_version: 999,
+    ..descriptor("wrong", create_scripted)
+};
+
+extern "C" fn scripted_entry() -> *const PluginDescriptor {
+    &raw const SCRIPTED
+}
+extern "C" fn panicky_entry() -> *const PluginDescriptor {
+    &raw const PANICKY
+}
+extern "C" fn wrong_abi_entry() -> *const PluginDescriptor {
+    &raw const WRONG_ABI
+}
+
+crate::export_tier!("macro-made" => scripted_factory);
+
+fn table(pairs: &[(&str, &str)]) -> toml::Table {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), toml::Value::String((*v).to_owned())))
+        .collect()
+}
+
+fn bytes_for(n: u64) -> Vec<u8> {
+    (0..CHUNK).map(|i| (n as usize * 31 + i) as u8).collect()
+}
+
+/// Stores `keys` for `ctx` through the manager, writing each chunk's bytes as the engine would.
+fn store(m: &mut TieringManager, arena: &Arc<crate::ChunkArena>, ctx: &ReqContext, keys: &[u64]) {
+    let ks: Vec<OffloadKey> = keys.iter().map(|&n| OffloadKey::from_u64(n)).collect();
+    let out = m.prepare_store(&ks, ctx).unwrap().unwrap();
+    for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+        let n = keys[ks.iter().position(|x| x == k).unwrap()];
+        arena.write_row(c).unwrap().copy_from_slice(&bytes_for(n));
+    }
+    m.complete_store(&out.keys_to_store, ctx, true).unwrap();
+}
+
+fn step(m: &mut TieringManager) -> Result<(), ManagerError> {
+    m.on_schedule_end(&ScheduleEndContext::default())
+}
+
+struct Fixture {
+    manager: TieringManager,
+    primary: MemoryPrimary,
+    arena: Arc<crate::ChunkArena>,
+    waker: ControlWaker,
+}
+
+fn fixture(entry: super::ffi::EntryFn, options: &toml::Table, with_native: Option<&str>) -> Fixture {
+    let primary = MemoryPrimary::new(16, CHUNK);
+    let arena = Arc::clone(primary.arena());
+    let waker = ControlWaker::new();
+    let lib = from_entry_point("in-process", entry).unwrap();
+    let ctx = SecondaryContext::new(Arc::clone(&arena), waker.clone());
+    let mut tiers: Vec<Box<dyn SecondaryTier>> =
+        vec![Box::new(PluginTier::create(lib, options, &ctx).unwrap())];
+    if let Some(name) = with_native {
+        tiers.push(scripted_factory(&table(&[("name", name)]), &ctx).unwrap());
+    }
+    let manager = TieringManager::with_waker(
+        Box::new(primary.clone()),
+        tiers,
+        ManagerConfig::step_driven(),
+        waker.clone(),
+    );
+    Fixture {
+        manager,
+        primary,
+        arena,
+        waker,
+    }
+}
+
+#[test]
+fn descriptors_are_checked_and_the_macro_exports_a_valid_one() {
+    let lib = from_entry_point("macro", kvtier_tier_entry).unwrap();
+    assert_eq!(lib.type_name(), "macro-made");
+    assert_eq!(lib.core_version(), super::CORE_VERSION);
+    assert!(lib.same_build_as_host());
+    assert_eq!(kvtier_tier_abi_version, super::ffi::ABI_VERSION);
+    let err = from_entry_point("wrong", wrong_abi_entry).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PluginError::AbiMismatch {
+                found: 999,
+                expected: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("version 999"), "{err}");
+}
+
+#[test]
+fn cascades_promotions_and_peer_fan_out_cross_the_boundary() {
+    let mut f = fixture(scripted_entry, &table(&[("name", "inproc-a")]), Some("native-b"));
+    let a = handle("inproc-a");
+    let b = handle("native-b");
+    let ctx = ReqContext::local("r1");
+    f.manager.on_new_request(&ctx).unwrap();
+    store(&mut f.manager, &f.arena, &ctx, &[1, 2]);
+    step(&mut f.manager).unwrap();
+    assert!(a.wait_until(Duration::from_secs(10), |v| v.count("submit_store") >= 1));
+    step(&mut f.manager).unwrap();
+    assert_eq!(
+        a.get(&OffloadKey::from_u64(1)),
+        Some(bytes_for(1)),
+        "cascade reached the library"
+    );
+    assert_eq!(b.get(&OffloadKey::from_u64(2)), Some(bytes_for(2)));
+    assert_eq!(
+        f.primary.total_pins(),
+        0,
+        "cascade pins released after the library reported"
+    );
+    assert_eq!(f.arena.granted_rows(), 0, "adopted grants were released");
+
+    // Promotion: a key only the library holds.
+    a.insert(OffloadKey::from_u64(7), bytes_for(7));
+    let k7 = OffloadKey::from_u64(7);
+    let r2 = ReqContext::local("r2");
+    f.manager.on_new_request(&r2).unwrap();
+    assert_eq!(f.manager.lookup(&k7, &r2).unwrap(), LookupResult::HitPending);
+    step(&mut f.manager).unwrap();
+    step(&mut f.manager).unwrap();
+    assert_eq!(f.manager.lookup(&k7, &r2).unwrap(), LookupResult::Hit);
+    let rows = f.manager.prepare_load(&[k7], &r2).unwrap();
+    assert_eq!(&*f.arena.read_row(rows[0]).unwrap(), bytes_for(7).as_slice());
+    f.manager.complete_load(&[k7], &r2).unwrap();
+    f.manager.on_request_finished(&r2).unwrap();
+    step(&mut f.manager).unwrap();
+
+    // A peer asks the library's tier: the primary answers one key, the native tier another
+    // (fan-out through the C-ABI ParentManager), and a fetch moves bytes through a store job.
+    b.insert(OffloadKey::from_u64(9), bytes_for(9));
+    let peer_ctx = ReqContext::new(RequestId::remote("peer:1", "p1"));
+    a.push_peer_request(PeerRequest {
+        ctx: peer_ctx,
+        keys: vec![
+            OffloadKey::from_u64(1),
+            OffloadKey::from_u64(9),
+            OffloadKey::from_u64(99),
+        ],
+        fetch: true,
+        wait_for_pending: false,
+    });
+    step(&mut f.manager).unwrap();
+    let served = a.served();
+    let p = served.last().unwrap();
+    assert_eq!(p.error, None);
+    assert_eq!(
+        p.lookups,
+        vec![LookupResult::Hit, LookupResult::HitPending, LookupResult::Miss]
+    );
+    assert_eq!(p.fetched, vec![(OffloadKey::from_u64(1), bytes_for(1))]);
+    step(&mut f.manager).unwrap();
+    step(&mut f.manager).unwrap();
+    assert_eq!(
+        f.primary.total_pins(),
+        0,
+        "the peer store job was reported and unpinned"
+    );
+    assert_eq!(f.arena.granted_rows(), 0);
+    f.manager.on_request_finished(&ctx).unwrap();
+    f.manager.shutdown().unwrap();
+}
+
+#[test]
+fn wakes_from_the_library_reach_the_host_waker() {
+    let f = fixture(scripted_entry, &table(&[("name", "inproc-wake")]), None);
+    let a = handle("inproc-wake");
+    let _ = f.waker.wait(Duration::ZERO);
+    a.push_peer_request_quietly(PeerRequest {
+        ctx: ReqContext::new(RequestId::remote("peer:2", "x")),
+        keys: Vec::new(),
+        fetch: false,
+        wait_for_pending: false,
+    });
+    // The scripted tier wakes the waker it was given: the library's own, forwarded to ours.
+    a.push_peer_request(PeerRequest {
+        ctx: ReqContext::new(RequestId::remote("peer:2", "y")),
+        keys: Vec::new(),
+        fetch: false,
+        wait_for_pending: false,
+    });
+    assert!(f.waker.wait(Duration::from_secs(30)), "the wake was forwarded");
+}
+
+#[test]
+fn a_panic_in_lookup_becomes_a_manager_error_not_an_abort() {
+    let mut f = fixture(
+        panicky_entry,
+        &table(&[("name", "inproc-p1"), ("panic_on", "lookup")]),
+        None,
+    );
+    let ctx = ReqContext::local("r");
+    f.manager.on_new_request(&ctx).unwrap();
+    assert_eq!(
+        f.manager.lookup(&OffloadKey::from_u64(5), &ctx).unwrap(),
+        LookupResult::Miss,
+        "a failed library answers Miss"
+    );
+    let err = step(&mut f.manager).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("panicked in lookup") && msg.contains("deliberate panic"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn a_panic_while_taking_a_job_still_reports_it_exactly_once() {
+    let mut f = fixture(
+        panicky_entry,
+        &table(&[("name", "inproc-p2"), ("panic_on", "submit_store")]),
+        None,
+    );
+    let ctx = ReqContext::local("r");
+    f.manager.on_new_request(&ctx).unwrap();
+    store(&mut f.manager, &f.arena, &ctx, &[3]);
+    let err = step(&mut f.manager).unwrap_err();
+    assert!(err.to_string().contains("panicked in submit_store"), "{err}");
+    // The failed job was reported (unpinning the chunk); later steps see no unknown job.
+    step(&mut f.manager).unwrap();
+    assert_eq!(f.manager.inspect(|s| s.jobs_in_flight()), 0);
+    assert_eq!(f.primary.total_pins(), 0);
+    assert_eq!(f.arena.granted_rows(), 0);
+}
+
+#[test]
+fn factory_failures_and_panics_are_errors() {
+    let primary = MemoryPrimary::new(4, CHUNK);
+    let ctx = SecondaryContext::new(Arc::clone(primary.arena()), ControlWaker::new());
+    let lib = from_entry_point("in-process", panicky_entry).unwrap();
+    let err = PluginTier::create(lib, &table(&[("panic_on", "factory")]), &ctx).unwrap_err();
+    assert!(matches!(err, PluginError::Create { .. }));
+    assert!(
+        err.to_string().contains("panicked in the tier's factory"),
+        "{err}"
+    );
+    let err = PluginTier::create(lib, &table(&[("panic_on", "refuse")]), &ctx).unwrap_err();
+    assert!(err.to_string().contains("deliberately refused"), "{err}");
+}
+
+#[test]
+fn info_and_stats_come_from_the_library() {
+    let primary = MemoryPrimary::new(4, CHUNK);
+    let ctx = SecondaryContext::new(Arc::clone(primary.arena()), ControlWaker::new());
+    let lib = from_entry_point("in-process", scripted_entry).unwrap();
+    let mut t = PluginTier::create(lib, &table(&[("name", "inproc-info")]), &ctx).unwrap();
+    assert_eq!(t.info().name, "inproc-info");
+    handle("inproc-info").insert(OffloadKey::from_u64(1), vec![0; CHUNK]);
+    assert_eq!(t.stats().resident_chunks, 1);
+    assert!(t.take_events().is_empty());
+    assert!(!t.has_pending_work());
+    t.shutdown().unwrap();
+}
