@@ -1,0 +1,167 @@
+//! Test nodes: a `TieringManager` over a `MemoryPrimary` with a p2p tier, driven like an engine.
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
+use tiering_core::testing::MemoryPrimary;
+use tiering_core::{
+    LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, RequestId,
+    ScheduleEndContext, TieringManager,
+};
+
+pub const CHUNK: usize = 4096;
+pub const ROWS: usize = 32;
+/// Generous bound for waiting on an event (never a performance assertion).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+pub struct Node {
+    pub mgr: TieringManager,
+    pub primary: MemoryPrimary,
+    pub p2p: P2pHandle,
+}
+
+pub fn opts() -> P2pTierOptions {
+    let mut o = P2pTierOptions::loopback();
+    o.hash_seed = "seed".into();
+    o.layout_fingerprint = "layout".into();
+    o
+}
+
+/// The bytes the producer stores for `key`.
+pub fn pattern(key: &OffloadKey) -> Vec<u8> {
+    let seed = key.digest();
+    (0..CHUNK).map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8)).collect()
+}
+
+pub fn keys(from: u64, n: u64) -> Vec<OffloadKey> {
+    (from..from + n).map(OffloadKey::from_u64).collect()
+}
+
+pub fn end() -> ScheduleEndContext {
+    ScheduleEndContext::default()
+}
+
+impl Node {
+    pub fn new(opts: P2pTierOptions, config: ManagerConfig) -> Self {
+        Self::with_rows(opts, config, ROWS)
+    }
+
+    pub fn with_rows(opts: P2pTierOptions, config: ManagerConfig, rows: usize) -> Self {
+        let primary = MemoryPrimary::new(rows, CHUNK);
+        let tier = P2pTier::new(opts, primary.arena()).expect("p2p tier");
+        let p2p = tier.handle();
+        let mgr = TieringManager::new(Box::new(primary.clone()), vec![Box::new(tier)], config);
+        Self { mgr, primary, p2p }
+    }
+
+    /// Stores `keys` with their pattern bytes, as an engine would after computing them.
+    pub fn store(&mut self, req: &str, keys: &[OffloadKey]) {
+        let ctx = ReqContext::local(req);
+        self.mgr.on_new_request(&ctx).unwrap();
+        let out = self.mgr.prepare_store(keys, &ctx).unwrap().expect("room to store");
+        let arena = self.primary.arena().clone();
+        for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+            arena.write_row(c).unwrap().copy_from_slice(&pattern(k));
+        }
+        self.mgr.complete_store(&out.keys_to_store, &ctx, true).unwrap();
+        self.mgr.on_request_finished(&ctx).unwrap();
+        self.mgr.on_schedule_end(&end()).unwrap();
+    }
+
+    /// A consumer request pulling from `from`.
+    pub fn pull_ctx(&self, req: &str, from: &P2pHandle) -> ReqContext {
+        let params = json!({"remote_kv_source": {
+            "kv_request_id": format!("{}-{req}", self.p2p.local_id()),
+            "host": from.host(),
+            "port": from.port(),
+        }});
+        let serde_json::Value::Object(m) = params else { unreachable!() };
+        ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
+    /// One engine step: look every key up, end the step. Returns the verdicts.
+    pub fn step(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) -> Vec<LookupResult> {
+        let r = keys.iter().map(|k| self.mgr.lookup(k, ctx).unwrap()).collect();
+        self.mgr.on_schedule_end(&end()).unwrap();
+        r
+    }
+
+    /// Steps until every key is settled (`Hit` or `Miss`), recording each key's distinct
+    /// verdicts in order. Panics after `PATIENCE`.
+    pub fn pull_until_settled(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) -> Vec<Vec<LookupResult>> {
+        let mut trace: Vec<Vec<LookupResult>> = vec![Vec::new(); keys.len()];
+        let start = Instant::now();
+        loop {
+            let r = self.step(ctx, keys);
+            for (t, v) in trace.iter_mut().zip(&r) {
+                if t.last() != Some(v) {
+                    t.push(*v);
+                }
+            }
+            if r.iter().all(|v| matches!(v, LookupResult::Hit | LookupResult::Miss)) {
+                return trace;
+            }
+            assert!(start.elapsed() < PATIENCE, "pull did not settle: {trace:?}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Loads hit keys as the engine would and returns their bytes.
+    pub fn read_hits(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) -> Vec<Vec<u8>> {
+        let chunks = self.mgr.prepare_load(keys, ctx).unwrap();
+        let arena = self.primary.arena().clone();
+        let bytes = chunks.iter().map(|&c| arena.read_row(c).unwrap().to_vec()).collect();
+        self.mgr.complete_load(keys, ctx).unwrap();
+        bytes
+    }
+
+    pub fn finish(&mut self, ctx: &ReqContext) {
+        self.mgr.on_request_finished(ctx).unwrap();
+        self.mgr.on_schedule_end(&end()).unwrap();
+    }
+
+    /// Waits (stepping when step-driven) until no job is in flight, nothing is pinned or
+    /// reserved and no arena row is granted.
+    pub fn wait_clean(&mut self) {
+        let start = Instant::now();
+        loop {
+            let jobs = self.mgr.inspect(|s| s.jobs_in_flight());
+            let arena = self.primary.arena().clone();
+            if jobs == 0
+                && self.primary.total_pins() == 0
+                && self.primary.writes_in_flight() == 0
+                && arena.granted_rows() == 0
+            {
+                self.primary.check_invariants().unwrap();
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "leak: {jobs} jobs, {} pins, {} writes, {} rows granted",
+                self.primary.total_pins(),
+                self.primary.writes_in_flight(),
+                arena.granted_rows()
+            );
+            self.mgr.on_schedule_end(&end()).unwrap();
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// Waits for `cond` (an event, not a performance bound).
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
