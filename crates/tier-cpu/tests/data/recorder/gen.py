@@ -72,7 +72,7 @@ def gen(seed, policy, n_ops=120):
             m.complete_store([K(t) for t in ks], C(r), success=bool(ok))
             ops.append(f"cstore {r} {ok} " + " ".join(ks))
         elif x < 0.65:
-            ready = [t for t in {tok() for _ in range(4)} if m.lookup(K(t), C(r)) == oracle.LookupResult.HIT]
+            ready = [t for t in dict.fromkeys(tok() for _ in range(4)) if m.lookup(K(t), C(r)) == oracle.LookupResult.HIT]
             if ready:
                 ks = rnd.sample(ready, rnd.randint(1, len(ready)))
                 rd = rnd.random() < 0.25
