@@ -1,7 +1,37 @@
-//! Tier chain files and the helpers tier factories use to read their options.
+//! Tier chain files (DESIGN §7) and the helpers tier factories use to read their options.
+//!
+//! ```toml
+//! [primary]
+//! type = "cpu"
+//! capacity = "2GiB"
+//!
+//! [[secondary]]
+//! type = "disk"
+//! path = "${tmpdir}/kvtier-${pid}"
+//! capacity = "64GiB"
+//!
+//! [[secondary]]
+//! type = "my-tier"
+//! library = "target/release/libmy_tier.so"   # dynamic; omit for a linked-in tier
+//!
+//! [control_plane]
+//! thread = true
+//! idle_wait = "1ms"
+//! ```
+//!
+//! [`ChainConfig::parse`] checks the chain's own structure; [`ChainConfig::resolve`] finds every
+//! type (loading libraries); [`ChainConfig::build`] constructs the tiers and the manager. Each
+//! tier checks its own options (with [`parse_options`]). A relative `library` path is relative to
+//! the working directory.
 
+mod builder;
+mod chain;
+mod error;
 mod units;
 
+pub use builder::{ResolvedChain, TierSource};
+pub use chain::{ChainConfig, ControlPlaneSpec, TierPosition, TierSpec};
+pub use error::{ChainError, ChainErrorKind};
 pub use units::{ByteSize, HumanDuration, UnitError};
 
 use serde::de::DeserializeOwned;
@@ -47,6 +77,9 @@ fn name_key_in_message(options: &toml::Table, message: String) -> String {
         None => message,
     }
 }
+
+#[cfg(test)]
+mod chain_tests;
 
 #[cfg(test)]
 mod tests {

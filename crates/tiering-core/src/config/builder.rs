@@ -1,0 +1,292 @@
+//! Turning a parsed chain into a running [`TieringManager`]: resolve every tier type (registry
+//! or library), then construct the primary and the secondaries in order, shutting down what was
+//! built, in reverse order, if any step fails.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+
+use super::chain::{ChainConfig, TierPosition, TierSpec};
+use super::error::{ChainError, ChainErrorKind};
+use super::quoted_words;
+use crate::error::TierError;
+use crate::manager::TieringManager;
+use crate::plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
+use crate::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
+use crate::tier::{PrimaryTier, SecondaryTier};
+use crate::waker::ControlWaker;
+
+/// Where a tier type of the chain comes from.
+#[derive(Clone, Copy, Debug)]
+pub enum TierSource {
+    /// Registered by a crate linked into this binary.
+    Linked {
+        /// The registering crate.
+        crate_name: &'static str,
+        /// Its factory.
+        factory: TierFactory,
+    },
+    /// A loaded tier library.
+    Library(&'static LoadedLibrary),
+}
+
+impl fmt::Display for TierSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Linked { crate_name, .. } => write!(f, "linked in (crate {crate_name})"),
+            Self::Library(lib) => write!(
+                f,
+                "library {} (tiering-core {}; built as `{}`)",
+                lib.path().display(),
+                lib.core_version(),
+                lib.fingerprint()
+            ),
+        }
+    }
+}
+
+/// A chain whose every tier type is known (libraries loaded and checked).
+#[derive(Debug)]
+pub struct ResolvedChain<'a> {
+    /// The chain.
+    pub config: &'a ChainConfig,
+    /// The source of each tier, primary first, in chain order.
+    pub sources: Vec<TierSource>,
+}
+
+fn locate(config: &ChainConfig, spec: &TierSpec, kind: ChainErrorKind) -> ChainError {
+    // Point at the key the message is about when it quotes one of the section's keys.
+    let message = kind.to_string();
+    let key = quoted_words(&message)
+        .find(|w| spec.key_line(w).is_some())
+        .map(str::to_owned);
+    let line = key.as_deref().and_then(|k| spec.key_line(k)).unwrap_or(spec.line);
+    let err = ChainError::file(&config.source, kind)
+        .at_line(Some(line))
+        .in_tier(&spec.describe());
+    match key {
+        Some(k) => err.with_key(&k),
+        None => err,
+    }
+}
+
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_owned()
+    }
+}
+
+impl ChainConfig {
+    /// Resolves every tier type: registered types from `registry`, `library` ones by loading
+    /// and checking the library. This is what `kvtier check` validates.
+    ///
+    /// # Errors
+    /// An unknown type (listing the registered ones), a type used in the wrong role, or a
+    /// library that cannot be loaded, is of another type, or (with `same_build`) was built
+    /// differently.
+    pub fn resolve(&self, registry: &Registry) -> Result<ResolvedChain<'_>, ChainError> {
+        let mut sources = Vec::new();
+        for spec in self.tiers() {
+            let source = if let Some(path) = &spec.library {
+                let lib = load_library(path).map_err(|e| self.library_error(spec, e))?;
+                if lib.type_name() != spec.tier_type {
+                    return Err(self.library_error(
+                        spec,
+                        PluginError::WrongType {
+                            path: path.clone(),
+                            found: lib.type_name().to_owned(),
+                            expected: spec.tier_type.clone(),
+                        },
+                    ));
+                }
+                if spec.same_build && !lib.same_build_as_host() {
+                    return Err(self.library_error(
+                        spec,
+                        PluginError::FingerprintMismatch {
+                            path: path.clone(),
+                            found: lib.fingerprint().to_owned(),
+                            expected: crate::plugin::BUILD_FINGERPRINT.to_owned(),
+                        },
+                    ));
+                }
+                TierSource::Library(lib)
+            } else {
+                let Some(reg) = registry.get(&spec.tier_type) else {
+                    let known = registry
+                        .iter()
+                        .map(|r| format!("{} ({})", r.name, r.factory.role()))
+                        .collect();
+                    return Err(ChainError::file(
+                        &self.source,
+                        ChainErrorKind::UnknownType {
+                            tier_type: spec.tier_type.clone(),
+                            known,
+                        },
+                    )
+                    .at_line(Some(spec.key_line("type").unwrap_or(spec.line)))
+                    .in_tier(&spec.position.to_string())
+                    .with_key("type"));
+                };
+                let wanted_primary = spec.position == TierPosition::Primary;
+                if matches!(reg.factory, TierFactory::Primary(_)) != wanted_primary {
+                    return Err(ChainError::file(
+                        &self.source,
+                        ChainErrorKind::WrongRole {
+                            tier_type: spec.tier_type.clone(),
+                            registered_as: reg.factory.role(),
+                        },
+                    )
+                    .at_line(Some(spec.key_line("type").unwrap_or(spec.line)))
+                    .in_tier(&spec.position.to_string())
+                    .with_key("type"));
+                }
+                TierSource::Linked {
+                    crate_name: reg.crate_name,
+                    factory: reg.factory,
+                }
+            };
+            sources.push(source);
+        }
+        Ok(ResolvedChain {
+            config: self,
+            sources,
+        })
+    }
+
+    fn library_error(&self, spec: &TierSpec, e: PluginError) -> ChainError {
+        ChainError::file(&self.source, ChainErrorKind::Plugin(e))
+            .at_line(Some(spec.key_line("library").unwrap_or(spec.line)))
+            .in_tier(&spec.describe())
+            .with_key("library")
+    }
+
+    /// Resolves the chain against `registry` and builds the manager, for chunks of
+    /// `chunk_bytes` bytes.
+    ///
+    /// # Errors
+    /// As [`ChainConfig::resolve`] and [`ResolvedChain::build`].
+    pub fn build(&self, registry: &Registry, chunk_bytes: usize) -> Result<TieringManager, ChainError> {
+        self.resolve(registry)?.build(chunk_bytes)
+    }
+}
+
+impl ResolvedChain<'_> {
+    /// Builds the tiers — primary first, then each secondary in chain order, all sharing one
+    /// [`ControlWaker`] — and the manager over them. If any tier fails to build, the tiers
+    /// already built are shut down in reverse order and dropped before the error returns.
+    ///
+    /// # Errors
+    /// A tier's factory refused its options or failed (a panic counts as a failure), or two
+    /// tiers share a name; the error points at the tier and, when the message names one of its
+    /// keys, at that key's line.
+    pub fn build(&self, chunk_bytes: usize) -> Result<TieringManager, ChainError> {
+        let config = self.config;
+        let specs: Vec<&TierSpec> = config.tiers().collect();
+        let waker = ControlWaker::new();
+        let primary_spec = specs[0];
+        let TierSource::Linked {
+            factory: TierFactory::Primary(make_primary),
+            ..
+        } = self.sources[0]
+        else {
+            return Err(locate(
+                config,
+                primary_spec,
+                ChainErrorKind::Invalid("the primary tier must be a registered primary type".into()),
+            ));
+        };
+        let pctx = PrimaryContext::new(chunk_bytes);
+        let mut primary: Box<dyn PrimaryTier> =
+            catch_unwind(AssertUnwindSafe(|| make_primary(&primary_spec.options, &pctx)))
+                .unwrap_or_else(|p| {
+                    Err(TierError::Other(format!(
+                        "the factory panicked: {}",
+                        panic_text(&*p)
+                    )))
+                })
+                .map_err(|e| locate(config, primary_spec, ChainErrorKind::Tier(e)))?;
+        let arena = Arc::clone(primary.arena());
+        let mut names: HashSet<String> = HashSet::from([primary.info().name]);
+        let mut built: Vec<Box<dyn SecondaryTier>> = Vec::new();
+        for (spec, source) in specs[1..].iter().zip(&self.sources[1..]) {
+            let ctx = SecondaryContext::new(Arc::clone(&arena), waker.clone());
+            let made: Result<Box<dyn SecondaryTier>, ChainErrorKind> = match *source {
+                TierSource::Linked {
+                    factory: TierFactory::Secondary(f),
+                    ..
+                } => catch_unwind(AssertUnwindSafe(|| f(&spec.options, &ctx)))
+                    .unwrap_or_else(|p| {
+                        Err(TierError::Other(format!(
+                            "the factory panicked: {}",
+                            panic_text(&*p)
+                        )))
+                    })
+                    .map_err(ChainErrorKind::Tier),
+                TierSource::Library(lib) => PluginTier::create(lib, &spec.options, &ctx)
+                    .map(|t| Box::new(t) as Box<dyn SecondaryTier>)
+                    .map_err(ChainErrorKind::Plugin),
+                TierSource::Linked { .. } => Err(ChainErrorKind::WrongRole {
+                    tier_type: spec.tier_type.clone(),
+                    registered_as: "primary",
+                }),
+            };
+            let made = made.and_then(|t| {
+                let name = t.info().name;
+                if names.insert(name.clone()) {
+                    Ok(t)
+                } else {
+                    let mut t = t;
+                    if let Err(e) = t.shutdown() {
+                        tracing::warn!(tier = %name, error = %e, "shutting down a refused tier failed");
+                    }
+                    Err(ChainErrorKind::DuplicateName(name))
+                }
+            });
+            match made {
+                Ok(t) => built.push(t),
+                Err(kind) => {
+                    let err = locate(config, spec, kind);
+                    tracing::error!(error = %err, "tier chain construction failed; shutting down the tiers already built");
+                    while let Some(mut t) = built.pop() {
+                        if let Err(e) = t.shutdown() {
+                            tracing::warn!(tier = %t.info().name, error = %e, "shutdown after a failed build");
+                        }
+                    }
+                    if let Err(e) = primary.shutdown() {
+                        tracing::warn!(error = %e, "primary shutdown after a failed build");
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        Ok(TieringManager::with_waker(
+            primary,
+            built,
+            config.control_plane.manager_config(),
+            waker,
+        ))
+    }
+}
+
+impl fmt::Display for ResolvedChain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "chain {}", self.config.source)?;
+        for (spec, source) in self.config.tiers().zip(&self.sources) {
+            writeln!(f, "  {} type \"{}\" — {source}", spec.position, spec.tier_type)?;
+            for (k, v) in &spec.options {
+                writeln!(f, "      {k} = {v}")?;
+            }
+        }
+        let cp = &self.config.control_plane;
+        write!(
+            f,
+            "  [control_plane] thread = {}, idle_wait = {:?}, lock_timeout = {:?}",
+            cp.thread, cp.idle_wait, cp.lock_timeout
+        )
+    }
+}

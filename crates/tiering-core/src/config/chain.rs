@@ -1,0 +1,412 @@
+//! Parsing a tier chain file: `[primary]`, ordered `[[secondary]]`, `[control_plane]`.
+//!
+//! The file is parsed with spans, so every error names the file, the line, the key and the
+//! tier's position in the chain. Tier sections keep their own keys as a plain [`toml::Table`]
+//! for the tier's factory, minus the chain-level keys `type`, `library` and `same_build`.
+//!
+//! String values may use `${tmpdir}` (the system temporary directory) and `${pid}` (this
+//! process's id), so a chain can place scratch data without naming a machine-specific path.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue, ValueDeserializer};
+
+use super::error::{ChainError, ChainErrorKind};
+use super::units::HumanDuration;
+use crate::manager::ManagerConfig;
+
+/// Where a tier sits in the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TierPosition {
+    /// The `[primary]` section.
+    Primary,
+    /// The n-th `[[secondary]]` section (0-based; lookup priority order).
+    Secondary(usize),
+}
+
+impl fmt::Display for TierPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Primary => f.write_str("[primary]"),
+            Self::Secondary(i) => write!(f, "[[secondary]] #{}", i + 1),
+        }
+    }
+}
+
+/// One tier section.
+#[derive(Clone, Debug)]
+pub struct TierSpec {
+    /// Its place in the chain.
+    pub position: TierPosition,
+    /// The `type` key.
+    pub tier_type: String,
+    /// The `library` key: load the type from this shared library instead of the registry.
+    pub library: Option<PathBuf>,
+    /// The `same_build` key: refuse a library whose build fingerprint differs from the host's.
+    pub same_build: bool,
+    /// The tier's own options (every other key).
+    pub options: toml::Table,
+    /// Line of the section header (1-based).
+    pub line: usize,
+    key_lines: BTreeMap<String, usize>,
+}
+
+impl TierSpec {
+    /// The line of `key` in this section, if present.
+    #[must_use]
+    pub fn key_line(&self, key: &str) -> Option<usize> {
+        self.key_lines.get(key).copied()
+    }
+
+    /// A short description: position and type.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        format!("{} (type \"{}\")", self.position, self.tier_type)
+    }
+}
+
+/// The `[control_plane]` section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControlPlaneSpec {
+    /// Run the control plane on its own thread (`thread`, default true).
+    pub thread: bool,
+    /// Longest wait between sweeps without a wake (`idle_wait`, default 1ms).
+    pub idle_wait: Duration,
+    /// Lock wait before re-checking the stop flag (`lock_timeout`, default 1s).
+    pub lock_timeout: Duration,
+    /// Starvation warning period (`starvation_warning`, default 10s).
+    pub starvation_warning: Duration,
+    /// Shutdown join timeout (`join_timeout`, default 2s).
+    pub join_timeout: Duration,
+}
+
+impl Default for ControlPlaneSpec {
+    fn default() -> Self {
+        let d = ManagerConfig::default();
+        Self {
+            thread: d.control_plane_thread,
+            idle_wait: d.idle_wait,
+            lock_timeout: d.lock_timeout,
+            starvation_warning: d.starvation_warning,
+            join_timeout: d.join_timeout,
+        }
+    }
+}
+
+impl ControlPlaneSpec {
+    /// The manager configuration this section describes.
+    #[must_use]
+    pub fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            control_plane_thread: self.thread,
+            idle_wait: self.idle_wait,
+            lock_timeout: self.lock_timeout,
+            starvation_warning: self.starvation_warning,
+            join_timeout: self.join_timeout,
+            ..ManagerConfig::default()
+        }
+    }
+}
+
+/// A parsed chain file.
+#[derive(Clone, Debug)]
+pub struct ChainConfig {
+    /// The file's name, as errors show it.
+    pub source: String,
+    /// The primary tier.
+    pub primary: TierSpec,
+    /// The secondary tiers, in lookup-priority order.
+    pub secondaries: Vec<TierSpec>,
+    /// The control plane.
+    pub control_plane: ControlPlaneSpec,
+}
+
+/// Byte offset → 1-based line number.
+struct Lines<'a>(&'a str);
+
+impl Lines<'_> {
+    fn of(&self, offset: usize) -> usize {
+        let end = offset.min(self.0.len());
+        self.0.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    }
+
+    fn of_span(&self, span: &Range<usize>) -> usize {
+        self.of(span.start)
+    }
+}
+
+/// Expands `${tmpdir}` and `${pid}` in every string of `value`.
+fn expand(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(s) if s.contains("${") => {
+            let tmp = std::env::temp_dir();
+            *s = s
+                .replace("${tmpdir}", &tmp.to_string_lossy())
+                .replace("${pid}", &std::process::id().to_string());
+        }
+        toml::Value::Array(a) => a.iter_mut().for_each(expand),
+        toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| expand(v)),
+        _ => {}
+    }
+}
+
+fn to_value(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
+    toml::Value::deserialize(ValueDeserializer::from(v.clone())).map_err(|e| e.message().to_owned())
+}
+
+impl ChainConfig {
+    /// Reads and parses the chain file at `path`.
+    ///
+    /// # Errors
+    /// The file cannot be read, or [`ChainConfig::parse`] fails.
+    pub fn load(path: &Path) -> Result<Self, ChainError> {
+        let source = path.display().to_string();
+        let text =
+            std::fs::read_to_string(path).map_err(|e| ChainError::file(&source, ChainErrorKind::Io(e)))?;
+        Self::parse(&source, &text)
+    }
+
+    /// Parses chain-file text; `source` names it in errors.
+    ///
+    /// # Errors
+    /// TOML syntax, a missing or repeated `[primary]`, a missing `type`, an unknown top-level or
+    /// `[control_plane]` key, or a bad value — each naming the file, line, key and tier.
+    pub fn parse(source: &str, text: &str) -> Result<Self, ChainError> {
+        let lines = Lines(text);
+        let doc = DeTable::parse(text).map_err(|e| {
+            let line = e.span().map(|s| lines.of_span(&s));
+            let message = e.message().trim().to_owned();
+            let line_text = line
+                .and_then(|l| text.lines().nth(l - 1))
+                .unwrap_or_default()
+                .trim();
+            let kind = if message.contains("duplicate key") && line_text.starts_with("[primary]") {
+                ChainErrorKind::Invalid("two [primary] sections: a chain has exactly one primary tier".into())
+            } else {
+                ChainErrorKind::Syntax(message)
+            };
+            ChainError::file(source, kind).at_line(line)
+        })?;
+        let doc = doc.into_inner();
+        let mut primary = None;
+        let mut secondaries = Vec::new();
+        let mut control_plane = ControlPlaneSpec::default();
+        for (key, value) in &doc {
+            let line = lines.of_span(&key.span());
+            let err = |kind| {
+                ChainError::file(source, kind)
+                    .at_line(Some(line))
+                    .with_key(key.get_ref())
+            };
+            match &**key.get_ref() {
+                "primary" => {
+                    let Some(t) = value.get_ref().as_table() else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`primary` must be a single [primary] table (a chain has exactly one primary tier)".into(),
+                        )));
+                    };
+                    primary = Some(Self::tier(source, &lines, TierPosition::Primary, line, t)?);
+                }
+                "secondary" => {
+                    let Some(items) = value.get_ref().as_array() else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`secondary` must be an array of tables: write each as [[secondary]]".into(),
+                        )));
+                    };
+                    for (i, item) in items.iter().enumerate() {
+                        let item_line = lines.of_span(&item.span());
+                        let Some(t) = item.get_ref().as_table() else {
+                            return Err(ChainError::file(
+                                source,
+                                ChainErrorKind::Invalid(
+                                    "each secondary tier must be a [[secondary]] table".into(),
+                                ),
+                            )
+                            .at_line(Some(item_line)));
+                        };
+                        // A table's span starts at its first key; the header is the line above.
+                        let header = t
+                            .iter()
+                            .map(|(k, _)| lines.of_span(&k.span()))
+                            .min()
+                            .map_or(item_line, |l| l.saturating_sub(1).max(1));
+                        secondaries.push(Self::tier(source, &lines, TierPosition::Secondary(i), header, t)?);
+                    }
+                }
+                "control_plane" => {
+                    let Some(t) = value.get_ref().as_table() else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`control_plane` must be a table".into(),
+                        )));
+                    };
+                    control_plane = Self::control_plane(source, &lines, t)?;
+                }
+                other => {
+                    return Err(err(ChainErrorKind::UnknownKey {
+                        key: other.to_owned(),
+                        expected: "primary, secondary, control_plane",
+                    }));
+                }
+            }
+        }
+        let primary = primary.ok_or_else(|| {
+            ChainError::file(
+                source,
+                ChainErrorKind::Invalid("no [primary] section: a chain needs a primary tier".into()),
+            )
+        })?;
+        Ok(Self {
+            source: source.to_owned(),
+            primary,
+            secondaries,
+            control_plane,
+        })
+    }
+
+    fn tier(
+        source: &str,
+        lines: &Lines<'_>,
+        position: TierPosition,
+        header_line: usize,
+        table: &DeTable<'_>,
+    ) -> Result<TierSpec, ChainError> {
+        let mut spec = TierSpec {
+            position,
+            tier_type: String::new(),
+            library: None,
+            same_build: false,
+            options: toml::Table::new(),
+            line: header_line,
+            key_lines: BTreeMap::new(),
+        };
+        let mut type_seen = false;
+        for (key, value) in table {
+            let name = key.get_ref().to_string();
+            let line = lines.of_span(&key.span());
+            spec.key_lines.insert(name.clone(), line);
+            let err = |kind| {
+                ChainError::file(source, kind)
+                    .at_line(Some(line))
+                    .in_tier(&spec.describe_partial())
+                    .with_key(&name)
+            };
+            let mut v = to_value(value).map_err(|m| err(ChainErrorKind::Invalid(m)))?;
+            expand(&mut v);
+            match name.as_str() {
+                "type" => {
+                    let toml::Value::String(t) = v else {
+                        return Err(err(ChainErrorKind::Invalid("`type` must be a string".into())));
+                    };
+                    spec.tier_type = t;
+                    type_seen = true;
+                }
+                "library" => {
+                    if position == TierPosition::Primary {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "the primary tier cannot come from a library (only secondary tiers can)".into(),
+                        )));
+                    }
+                    let toml::Value::String(p) = v else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`library` must be a path string".into(),
+                        )));
+                    };
+                    spec.library = Some(PathBuf::from(p));
+                }
+                "same_build" => {
+                    let toml::Value::Boolean(b) = v else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`same_build` must be true or false".into(),
+                        )));
+                    };
+                    spec.same_build = b;
+                }
+                _ => {
+                    spec.options.insert(name.clone(), v);
+                }
+            }
+        }
+        if !type_seen || spec.tier_type.is_empty() {
+            return Err(ChainError::file(
+                source,
+                ChainErrorKind::Invalid("missing `type`: every tier section names its tier type".into()),
+            )
+            .at_line(Some(header_line))
+            .in_tier(&position.to_string()));
+        }
+        Ok(spec)
+    }
+
+    fn control_plane(
+        source: &str,
+        lines: &Lines<'_>,
+        table: &DeTable<'_>,
+    ) -> Result<ControlPlaneSpec, ChainError> {
+        let mut spec = ControlPlaneSpec::default();
+        for (key, value) in table {
+            let name = key.get_ref().to_string();
+            let line = lines.of_span(&key.span());
+            let err = |kind| {
+                ChainError::file(source, kind)
+                    .at_line(Some(line))
+                    .in_tier("[control_plane]")
+                    .with_key(&name)
+            };
+            let v = to_value(value).map_err(|m| err(ChainErrorKind::Invalid(m)))?;
+            let duration = |v: toml::Value| -> Result<Duration, ChainError> {
+                match v {
+                    toml::Value::String(s) => s
+                        .parse::<HumanDuration>()
+                        .map(HumanDuration::get)
+                        .map_err(|e| err(ChainErrorKind::Invalid(e.to_string()))),
+                    other => Err(err(ChainErrorKind::Invalid(format!(
+                        "expected a duration like \"1ms\", found {}",
+                        other.type_str()
+                    )))),
+                }
+            };
+            match name.as_str() {
+                "thread" => {
+                    let toml::Value::Boolean(b) = v else {
+                        return Err(err(ChainErrorKind::Invalid(
+                            "`thread` must be true or false".into(),
+                        )));
+                    };
+                    spec.thread = b;
+                }
+                "idle_wait" => spec.idle_wait = duration(v)?,
+                "lock_timeout" => spec.lock_timeout = duration(v)?,
+                "starvation_warning" => spec.starvation_warning = duration(v)?,
+                "join_timeout" => spec.join_timeout = duration(v)?,
+                other => {
+                    return Err(err(ChainErrorKind::UnknownKey {
+                        key: other.to_owned(),
+                        expected: "thread, idle_wait, lock_timeout, starvation_warning, join_timeout",
+                    }));
+                }
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Every tier, primary first, in chain order.
+    pub fn tiers(&self) -> impl Iterator<Item = &TierSpec> {
+        std::iter::once(&self.primary).chain(&self.secondaries)
+    }
+}
+
+impl TierSpec {
+    fn describe_partial(&self) -> String {
+        if self.tier_type.is_empty() {
+            self.position.to_string()
+        } else {
+            self.describe()
+        }
+    }
+}

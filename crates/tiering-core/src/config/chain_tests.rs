@@ -1,0 +1,313 @@
+//! Chain files: parsing, error locations, resolution and building with test-registered tiers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use super::*;
+use crate::OffloadingManager;
+use crate::registry::{PrimaryContext, Registry, SecondaryContext};
+use crate::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
+use crate::tier::{PrimaryTier, SecondaryTier};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MemOpts {
+    chunks: usize,
+}
+
+static PRIMARIES: Mutex<Vec<MemoryPrimary>> = Mutex::new(Vec::new());
+static SCRIPTED: Mutex<Vec<(String, ScriptedTierHandle)>> = Mutex::new(Vec::new());
+
+fn mem_primary(options: &toml::Table, ctx: &PrimaryContext) -> Result<Box<dyn PrimaryTier>, TierError> {
+    let o: MemOpts = parse_options(options)?;
+    let p = MemoryPrimary::new(o.chunks, ctx.chunk_bytes);
+    PRIMARIES.lock().push(p.clone());
+    Ok(Box::new(p))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScriptOpts {
+    name: String,
+    #[serde(default)]
+    capacity: Option<ByteSize>,
+}
+
+fn scripted(options: &toml::Table, _: &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError> {
+    let o: ScriptOpts = parse_options(options)?;
+    let _ = o.capacity;
+    let (t, h) = ScriptedTier::new(&o.name);
+    SCRIPTED.lock().push((o.name, h));
+    Ok(Box::new(t))
+}
+
+fn failing(options: &toml::Table, _: &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError> {
+    assert!(!options.contains_key("panic"), "deliberate factory panic");
+    Err(TierError::Config("this tier always fails to start".into()))
+}
+
+crate::register_tier!(primary "chain-test-memory" => mem_primary);
+crate::register_tier!(secondary "chain-test-scripted" => scripted);
+crate::register_tier!(secondary "chain-test-failing" => failing);
+
+fn handle(name: &str) -> ScriptedTierHandle {
+    SCRIPTED
+        .lock()
+        .iter()
+        .rev()
+        .find(|(n, _)| n == name)
+        .map(|(_, h)| h.clone())
+        .unwrap()
+}
+
+fn parse(text: &str) -> Result<ChainConfig, ChainError> {
+    ChainConfig::parse("chain.toml", text)
+}
+
+fn build(text: &str) -> Result<crate::TieringManager, ChainError> {
+    parse(text)?.build(Registry::global().unwrap(), 128)
+}
+
+/// The build error (`TieringManager` is not `Debug`, so no `unwrap_err`).
+fn build_err(text: &str) -> ChainError {
+    match build(text) {
+        Ok(_) => panic!("the chain unexpectedly built"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn a_full_chain_parses_with_positions_lines_and_control_plane() {
+    let c = parse(
+        r#"# comment
+[primary]
+type = "chain-test-memory"
+chunks = 8
+
+[[secondary]]
+type = "chain-test-scripted"
+name = "one"
+capacity = "64GiB"
+
+[[secondary]]
+type = "chain-test-scripted"
+library = "x/liby.so"
+same_build = true
+name = "two"
+
+[control_plane]
+thread = false
+idle_wait = "250us"
+"#,
+    )
+    .unwrap();
+    assert_eq!(c.primary.position, TierPosition::Primary);
+    assert_eq!(c.primary.line, 2);
+    assert_eq!(
+        c.primary.options.get("chunks").and_then(toml::Value::as_integer),
+        Some(8)
+    );
+    assert!(!c.primary.options.contains_key("type"));
+    assert_eq!(c.secondaries.len(), 2);
+    assert_eq!(c.secondaries[0].position, TierPosition::Secondary(0));
+    assert_eq!(c.secondaries[0].line, 6);
+    assert_eq!(c.secondaries[0].key_line("capacity"), Some(9));
+    assert_eq!(
+        c.secondaries[1].library.as_deref(),
+        Some(std::path::Path::new("x/liby.so"))
+    );
+    assert!(c.secondaries[1].same_build);
+    assert!(!c.secondaries[1].options.contains_key("library"));
+    let mc = c.control_plane.manager_config();
+    assert!(!mc.control_plane_thread);
+    assert_eq!(mc.idle_wait, Duration::from_micros(250));
+    assert_eq!(
+        c.secondaries[1].describe(),
+        "[[secondary]] #2 (type \"chain-test-scripted\")"
+    );
+}
+
+#[test]
+fn placeholders_expand_in_strings() {
+    let c = parse("[primary]\ntype = \"m\"\npath = \"${tmpdir}/kv-${pid}\"\n").unwrap();
+    let path = c.primary.options["path"].as_str().unwrap().to_owned();
+    assert!(
+        path.starts_with(&*std::env::temp_dir().to_string_lossy()),
+        "{path}"
+    );
+    assert!(path.ends_with(&format!("kv-{}", std::process::id())), "{path}");
+}
+
+#[test]
+fn malformed_toml_names_file_and_line() {
+    let e = parse("[primary]\ntype = \"m\"\nchunks = = 3\n").unwrap_err();
+    assert!(matches!(*e.kind, ChainErrorKind::Syntax(_)), "{e}");
+    assert_eq!(e.line, Some(3));
+    assert!(e.to_string().starts_with("chain.toml:3: invalid TOML"), "{e}");
+}
+
+#[test]
+fn structural_errors_are_located() {
+    let e = parse("[primary]\ntype = \"a\"\n[primary]\ntype = \"b\"\n").unwrap_err();
+    assert!(e.to_string().contains("two [primary] sections"), "{e}");
+    assert_eq!(e.line, Some(3));
+
+    let e = parse("[[secondary]]\ntype = \"a\"\n").unwrap_err();
+    assert!(e.to_string().contains("no [primary] section"), "{e}");
+
+    let e = parse("[primary]\nchunks = 3\n").unwrap_err();
+    assert!(e.to_string().contains("missing `type`"), "{e}");
+    assert_eq!(e.line, Some(1));
+
+    let e = parse("[primary]\ntype = \"a\"\n\n[control_plane]\nthread = true\nidle = \"1ms\"\n").unwrap_err();
+    assert!(matches!(*e.kind, ChainErrorKind::UnknownKey { .. }), "{e}");
+    assert_eq!(e.line, Some(6));
+    assert_eq!(e.key.as_deref(), Some("idle"));
+    assert!(
+        e.to_string()
+            .starts_with("chain.toml:6: [control_plane]: key `idle`: unknown key"),
+        "{e}"
+    );
+
+    let e = parse("tiers = 3\n[primary]\ntype = \"a\"\n").unwrap_err();
+    assert!(e.to_string().contains("unknown key `tiers`"), "{e}");
+
+    let e = parse("[primary]\ntype = \"a\"\n[control_plane]\nidle_wait = \"fast\"\n").unwrap_err();
+    assert!(
+        e.to_string().contains("chain.toml:4") && e.to_string().contains("invalid duration `fast`"),
+        "{e}"
+    );
+
+    let e = parse("[primary]\ntype = \"a\"\nlibrary = \"l.so\"\n").unwrap_err();
+    assert!(e.to_string().contains("cannot come from a library"), "{e}");
+}
+
+#[test]
+fn unknown_types_list_the_registered_ones() {
+    let e = build_err(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\n[[secondary]]\ntype = \"nvme-magic\"\n",
+    );
+    let ChainErrorKind::UnknownType { tier_type, known } = &*e.kind else {
+        panic!("{e}")
+    };
+    assert_eq!(tier_type, "nvme-magic");
+    assert!(
+        known.iter().any(|k| k == "chain-test-scripted (secondary)"),
+        "{known:?}"
+    );
+    assert_eq!(e.line, Some(6));
+    assert!(e.to_string().contains("[[secondary]] #1"), "{e}");
+
+    let e = build_err("[primary]\ntype = \"chain-test-scripted\"\nname = \"x\"\n");
+    assert!(
+        e.to_string()
+            .contains("is a secondary tier and cannot be used here"),
+        "{e}"
+    );
+}
+
+#[test]
+fn option_errors_from_the_tier_point_at_the_key() {
+    let e = build_err(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"s\"\ncapasity = \"1GiB\"\n",
+    );
+    assert_eq!(e.line, Some(8), "{e}");
+    assert_eq!(e.key.as_deref(), Some("capasity"));
+    assert!(
+        e.to_string()
+            .starts_with("chain.toml:8: [[secondary]] #1 (type \"chain-test-scripted\"): key `capasity`"),
+        "{e}"
+    );
+
+    let e = build_err(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"s\"\ncapacity = \"12 parsecs\"\n",
+    );
+    assert_eq!(e.line, Some(8), "{e}");
+    assert!(e.to_string().contains("invalid size `12 parsecs`"), "{e}");
+}
+
+#[test]
+fn a_chain_builds_a_working_manager_with_one_waker() {
+    let mut m = build(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"built-a\"\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"built-b\"\n[control_plane]\nthread = false\n",
+    )
+    .unwrap();
+    let stats = m.stats().unwrap();
+    let names: Vec<String> = stats.secondaries.iter().map(|s| s.name.clone()).collect();
+    assert_eq!(names, ["built-a", "built-b"], "chain order is preserved");
+    assert!(!m.control_thread_running());
+    m.shutdown().unwrap();
+    assert_eq!(handle("built-a").count("shutdown"), 1);
+}
+
+#[test]
+fn a_failing_constructor_shuts_down_what_was_built_in_reverse_order() {
+    let chain = "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\
+        [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"rev-1\"\n\
+        [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"rev-2\"\n\
+        [[secondary]]\ntype = \"chain-test-failing\"\n";
+    let e = build_err(chain);
+    assert!(e.to_string().contains("always fails to start"), "{e}");
+    assert!(e.to_string().contains("[[secondary]] #3"), "{e}");
+    let (h1, h2) = (handle("rev-1"), handle("rev-2"));
+    let s1 = h1.calls_of("shutdown");
+    let s2 = h2.calls_of("shutdown");
+    assert_eq!((s1.len(), s2.len()), (1, 1));
+    assert!(s2[0].seq < s1[0].seq, "the later tier is shut down first");
+    // Nothing holds the arena but the test's own clone of the primary (its two references).
+    let primary = PRIMARIES.lock().pop().unwrap();
+    assert_eq!(
+        Arc::strong_count(primary.arena()),
+        2,
+        "the built tiers were dropped"
+    );
+
+    let e = build_err(&format!("{chain}panic = true\n"));
+    assert!(e.to_string().contains("the factory panicked"), "{e}");
+}
+
+#[test]
+fn duplicate_tier_names_are_refused() {
+    let e = build_err(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"dup\"\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"dup\"\n",
+    );
+    assert!(
+        matches!(*e.kind, ChainErrorKind::DuplicateName(ref n) if n == "dup"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("[[secondary]] #2"), "{e}");
+}
+
+#[test]
+fn library_errors_are_located_at_the_library_key() {
+    let e = build_err(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"x\"\nlibrary = \"/nonexistent/libx.so\"\n",
+    );
+    assert!(
+        matches!(
+            *e.kind,
+            ChainErrorKind::Plugin(crate::plugin::PluginError::NotFound { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(e.line, Some(6));
+    assert!(
+        e.to_string().contains("/nonexistent/libx.so does not exist"),
+        "{e}"
+    );
+}
+
+#[test]
+fn resolved_chains_print_their_sources() {
+    let c = parse("[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"chain-test-scripted\"\nname = \"p\"\n").unwrap();
+    let r = c.resolve(Registry::global().unwrap()).unwrap();
+    let text = r.to_string();
+    assert!(
+        text.contains("[primary] type \"chain-test-memory\" — linked in (crate tiering-core)"),
+        "{text}"
+    );
+    assert!(text.contains("name = \"p\""), "{text}");
+}
