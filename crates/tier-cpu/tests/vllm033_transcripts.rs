@@ -9,7 +9,10 @@ use std::path::Path;
 #[test]
 fn every_recorded_vllm_transcript_replays_identically() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/vllm033");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     files.retain(|p| p.extension().is_some_and(|e| e == "txt"));
     files.sort();
     assert!(files.len() >= 10, "transcripts missing from {}", dir.display());

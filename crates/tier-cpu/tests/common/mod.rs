@@ -27,12 +27,18 @@ pub fn ks(ns: &[u64]) -> Vec<OffloadKey> {
 pub fn name(key: &OffloadKey) -> String {
     let b = key.hash_bytes();
     let n = u64::from_be_bytes(b[24..32].try_into().unwrap());
-    if key.group() == 0 { n.to_string() } else { format!("{n}g{}", key.group()) }
+    if key.group() == 0 {
+        n.to_string()
+    } else {
+        format!("{n}g{}", key.group())
+    }
 }
 
 /// The numbers of `keys` (group 0 assumed).
 pub fn nums(keys: &[OffloadKey]) -> Vec<u64> {
-    keys.iter().map(|key| u64::from_be_bytes(key.hash_bytes()[24..32].try_into().unwrap())).collect()
+    keys.iter()
+        .map(|key| u64::from_be_bytes(key.hash_bytes()[24..32].try_into().unwrap()))
+        .collect()
 }
 
 /// A tier of `cap` chunks of 64 bytes with events on.
@@ -42,7 +48,10 @@ pub fn tier(cap: usize, policy: PolicyKind) -> CpuTier {
 
 /// Events as `(removed, metadata_only, key numbers)`.
 pub fn event_summary(events: &[OffloadingEvent]) -> Vec<(bool, bool, Vec<u64>)> {
-    events.iter().map(|e| (e.removed, e.metadata_only, nums(&e.keys))).collect()
+    events
+        .iter()
+        .map(|e| (e.removed, e.metadata_only, nums(&e.keys)))
+        .collect()
 }
 
 fn parse_key(tok: &str) -> OffloadKey {
@@ -75,7 +84,10 @@ impl Default for ScriptRunner {
 
 impl ScriptRunner {
     pub fn new() -> Self {
-        Self { tier: None, ctxs: HashMap::new() }
+        Self {
+            tier: None,
+            ctxs: HashMap::new(),
+        }
     }
 
     pub fn tier(&mut self) -> &mut CpuTier {
@@ -83,7 +95,10 @@ impl ScriptRunner {
     }
 
     fn ctx(&mut self, r: &str) -> ReqContext {
-        self.ctxs.entry(r.to_owned()).or_insert_with(|| ReqContext::local(r)).clone()
+        self.ctxs
+            .entry(r.to_owned())
+            .or_insert_with(|| ReqContext::local(r))
+            .clone()
     }
 
     pub fn run(&mut self, line: &str) -> String {
@@ -100,7 +115,8 @@ impl ScriptRunner {
                 "ok".into()
             }
             "pos" => {
-                self.ctx(t[1]).set_key_position(parse_key(t[2]), t[3].parse().unwrap());
+                self.ctx(t[1])
+                    .set_key_position(parse_key(t[2]), t[3].parse().unwrap());
                 "ok".into()
             }
             "lookup" => {
@@ -122,7 +138,10 @@ impl ScriptRunner {
                     self.tier().prepare_read(&ks, &ctx)
                 };
                 match r {
-                    Ok(ids) => format!("chunks {}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")),
+                    Ok(ids) => format!(
+                        "chunks {}",
+                        ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+                    ),
                     Err(_) => "assert".into(),
                 }
             }
@@ -145,7 +164,11 @@ impl ScriptRunner {
                     Some(o) => format!(
                         "keys {} | chunks {} | evicted {}",
                         join(&o.keys_to_store),
-                        o.chunk_ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" "),
+                        o.chunk_ids
+                            .iter()
+                            .map(u32::to_string)
+                            .collect::<Vec<_>>()
+                            .join(" "),
                         join(&o.evicted)
                     ),
                 }
@@ -203,11 +226,16 @@ impl ScriptRunner {
 pub fn check_transcript(label: &str, text: &str) {
     let mut runner = ScriptRunner::new();
     let mut history: Vec<String> = Vec::new();
-    let mut lines = text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#'));
+    let mut lines = text
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'));
     while let Some(op) = lines.next() {
-        let expected = lines.next().and_then(|l| l.strip_prefix("= ")).unwrap_or_else(|| {
-            panic!("{label}: op {op:?} has no `= expected` line");
-        });
+        let expected = lines
+            .next()
+            .and_then(|l| l.strip_prefix("= "))
+            .unwrap_or_else(|| {
+                panic!("{label}: op {op:?} has no `= expected` line");
+            });
         let got = runner.run(op);
         history.push(format!("{op}  => {got}"));
         if got.trim_end() != expected.trim_end() {
@@ -218,6 +246,9 @@ pub fn check_transcript(label: &str, text: &str) {
                 history[start..].join("\n    ")
             );
         }
-        runner.tier().check_invariants().unwrap_or_else(|e| panic!("{label}: after {op:?}: {e}"));
+        runner
+            .tier()
+            .check_invariants()
+            .unwrap_or_else(|e| panic!("{label}: after {op:?}: {e}"));
     }
 }
