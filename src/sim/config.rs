@@ -1,0 +1,157 @@
+//! The simulated engine's geometry and cost model.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::error::SimError;
+
+/// How the simulated engine is shaped and how long its model takes.
+///
+/// The defaults are a scaled-down engine (16-token chunks of 16 KiB, a 1536-block device pool)
+/// whose default `chat` run finishes in seconds while still overflowing the device pool many
+/// times over, so offloading matters.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimConfig {
+    /// Tokens per chunk (one device block holds one chunk).
+    pub tokens_per_chunk: usize,
+    /// Bytes of KV data per chunk (the primary tier's `chunk_bytes`).
+    pub chunk_bytes: usize,
+    /// Device KV pool size in blocks (one chunk each). Smaller than the working set.
+    pub device_blocks: usize,
+    /// Most requests running (prefilling, decoding or waiting for a load) at once.
+    pub max_running: usize,
+    /// Prefill tokens the model processes in one step (a single larger request still runs
+    /// alone, so nothing starves).
+    pub max_batch_tokens: usize,
+    /// Fixed model time per step.
+    #[serde(serialize_with = "ser_duration_us")]
+    pub step_base: Duration,
+    /// Model time per prefill token.
+    #[serde(serialize_with = "ser_duration_us")]
+    pub prefill_per_token: Duration,
+    /// Model time per decoding request per step.
+    #[serde(serialize_with = "ser_duration_us")]
+    pub decode_per_request: Duration,
+    /// Also run the workload with offloading off, in the same invocation, to count the tokens
+    /// offloading saved.
+    pub compare_baseline: bool,
+    /// Check every chunk loaded back into the device against the content the model wrote.
+    pub verify_loads: bool,
+    /// Show a progress bar (only when stderr is a terminal).
+    pub progress: bool,
+    /// How long to wait, once every request is done, for the tiers to finish their jobs.
+    #[serde(serialize_with = "ser_duration_us")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            tokens_per_chunk: 16,
+            chunk_bytes: 16 * 1024,
+            device_blocks: 1536,
+            max_running: 8,
+            max_batch_tokens: 8192,
+            step_base: Duration::from_micros(100),
+            prefill_per_token: Duration::from_nanos(500),
+            decode_per_request: Duration::from_micros(10),
+            compare_baseline: true,
+            verify_loads: true,
+            progress: true,
+            drain_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl SimConfig {
+    /// Checks every setting.
+    ///
+    /// # Errors
+    /// The first setting out of range, by name.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let positive = [
+            ("tokens_per_chunk", self.tokens_per_chunk),
+            ("chunk_bytes", self.chunk_bytes),
+            ("device_blocks", self.device_blocks),
+            ("max_running", self.max_running),
+            ("max_batch_tokens", self.max_batch_tokens),
+        ];
+        for (name, v) in positive {
+            if v == 0 {
+                return Err(SimError::InvalidSetting {
+                    name,
+                    reason: "must be greater than zero".into(),
+                });
+            }
+        }
+        if u32::try_from(self.device_blocks).is_err() {
+            return Err(SimError::InvalidSetting {
+                name: "device_blocks",
+                reason: format!("{} does not fit in 32 bits", self.device_blocks),
+            });
+        }
+        let pool = self.device_blocks.checked_mul(self.chunk_bytes);
+        if pool.is_none_or(|b| b > (64usize << 30)) {
+            return Err(SimError::InvalidSetting {
+                name: "device_blocks",
+                reason: format!(
+                    "{} blocks of {} bytes exceed the 64 GiB the simulated device may take",
+                    self.device_blocks, self.chunk_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The model time of one step.
+    #[must_use]
+    pub fn model_time(&self, prefill_tokens: usize, decoding: usize) -> Duration {
+        let tokens = u32::try_from(prefill_tokens).unwrap_or(u32::MAX);
+        let decoding = u32::try_from(decoding).unwrap_or(u32::MAX);
+        self.step_base + self.prefill_per_token * tokens + self.decode_per_request * decoding
+    }
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's `serialize_with` signature
+fn ser_duration_us<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid_and_zero_settings_are_named() {
+        assert!(SimConfig::default().validate().is_ok());
+        let cfg = SimConfig {
+            device_blocks: 0,
+            ..SimConfig::default()
+        };
+        let err = cfg.validate().unwrap_err().to_string();
+        assert!(err.contains("device_blocks"), "{err}");
+        let cfg = SimConfig {
+            tokens_per_chunk: 0,
+            ..SimConfig::default()
+        };
+        assert!(
+            cfg.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("tokens_per_chunk")
+        );
+    }
+
+    #[test]
+    fn model_time_adds_the_three_costs() {
+        let cfg = SimConfig {
+            step_base: Duration::from_micros(100),
+            prefill_per_token: Duration::from_nanos(500),
+            decode_per_request: Duration::from_micros(10),
+            ..SimConfig::default()
+        };
+        assert_eq!(cfg.model_time(0, 0), Duration::from_micros(100));
+        assert_eq!(cfg.model_time(1000, 3), Duration::from_micros(100 + 500 + 30));
+    }
+}

@@ -1,0 +1,191 @@
+//! The engine simulator behind `kvtier run`.
+//!
+//! ```no_run
+//! use kvtier::sim::{SimConfig, Workload, WorkloadKind, WorkloadSpec, memory_chain, run_simulation};
+//!
+//! let cfg = SimConfig::default();
+//! let workload = Workload::generate(&WorkloadSpec::new(WorkloadKind::Chat, 500, 1));
+//! let report = run_simulation(&memory_chain(64 << 20), &cfg, &workload)?;
+//! println!("{report}");
+//! # Ok::<(), kvtier::sim::SimError>(())
+//! ```
+//!
+//! A run drives a fresh chain with the workload, then (unless disabled) runs the same workload
+//! with offloading off to count the prefill tokens offloading saved.
+
+mod chain;
+mod config;
+mod copier;
+mod device;
+mod engine;
+mod error;
+mod hash;
+mod metrics;
+mod offload;
+mod report;
+mod rng;
+mod trace;
+mod workload;
+
+use std::io::IsTerminal;
+use std::path::Path;
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tiering_core::ManagerConfig;
+
+pub use chain::{Chain, ChainFactory};
+pub use config::SimConfig;
+pub use error::{BoxError, SimError};
+pub use hash::{chunk_keys, chunk_matches, fill_chunk};
+pub use offload::{LookupCounts, Source};
+pub use report::{
+    Baseline, CopyJobs, Identity, ManagerRow, PathRow, Percentiles, Report, SourceRow, TierRow, Timing,
+};
+pub use rng::{SimRng, Zipf};
+pub use trace::{load_trace, parse_trace};
+pub use workload::{RequestSpec, WorkloadKind, WorkloadSpec};
+
+use engine::{Engine, blocks_for};
+use offload::Offload;
+
+/// A named list of requests to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// What the requests are (`chat`, `trace FILE`, …), for the report.
+    pub label: String,
+    /// The requests, in arrival order.
+    pub requests: Vec<RequestSpec>,
+}
+
+impl Workload {
+    /// A generated workload.
+    #[must_use]
+    pub fn generate(spec: &WorkloadSpec) -> Self {
+        Self {
+            label: format!("{} ({} requests, seed {})", spec.kind, spec.requests, spec.seed),
+            requests: spec.generate(),
+        }
+    }
+
+    /// A workload replayed from a JSONL trace (see [`parse_trace`] for the format).
+    ///
+    /// # Errors
+    /// The file cannot be read, or a line is invalid (the error names it).
+    pub fn from_trace(path: &Path, seed: u64) -> Result<Self, SimError> {
+        let requests = load_trace(path, seed)?;
+        Ok(Self {
+            label: format!("trace {} ({} requests)", path.display(), requests.len()),
+            requests,
+        })
+    }
+}
+
+/// A chain of one in-memory primary tier of `capacity_bytes` (no secondaries).
+///
+/// It is the test double from `tiering_core::testing`, used until the CPU tier lands.
+pub fn memory_chain(capacity_bytes: usize) -> impl Fn(usize) -> Result<Chain, BoxError> {
+    move |chunk_bytes: usize| {
+        let num_chunks = capacity_bytes / chunk_bytes.max(1);
+        if num_chunks == 0 {
+            return Err(format!(
+                "primary capacity {capacity_bytes} bytes holds no chunk of {chunk_bytes} bytes"
+            )
+            .into());
+        }
+        let primary = tiering_core::testing::MemoryPrimary::new(num_chunks, chunk_bytes);
+        Ok(Chain::new(
+            Box::new(primary),
+            Vec::new(),
+            ManagerConfig::default(),
+        ))
+    }
+}
+
+fn check_workload(cfg: &SimConfig, workload: &Workload) -> Result<(), SimError> {
+    if workload.requests.is_empty() {
+        return Err(SimError::EmptyWorkload);
+    }
+    for r in &workload.requests {
+        if r.prompt.is_empty() || r.output.is_empty() {
+            return Err(SimError::InvalidSetting {
+                name: "workload",
+                reason: format!("request {} has an empty prompt or output", r.name),
+            });
+        }
+        let needed = blocks_for(r.prompt.len() + r.output.len(), cfg.tokens_per_chunk);
+        if needed > cfg.device_blocks {
+            return Err(SimError::RequestTooLarge {
+                request: r.name.clone(),
+                needed,
+                available: cfg.device_blocks,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn progress_bar(cfg: &SimConfig, len: u64) -> ProgressBar {
+    if !cfg.progress || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template("{prefix:>12} [{bar:40}] {pos}/{len} requests {elapsed}")
+    {
+        pb.set_style(style.progress_chars("=> "));
+    }
+    pb
+}
+
+/// Runs `workload` through a chain built by `factory`, then (if `cfg.compare_baseline`) with
+/// offloading off, and reports.
+///
+/// # Errors
+/// An invalid setting or workload, a chain that cannot be built, a manager error, a copy worker
+/// failure, or a run that stalls.
+pub fn run_simulation(
+    factory: &dyn ChainFactory,
+    cfg: &SimConfig,
+    workload: &Workload,
+) -> Result<Report, SimError> {
+    cfg.validate()?;
+    check_workload(cfg, workload)?;
+    let chain = factory.build(cfg.chunk_bytes).map_err(SimError::Chain)?;
+    if chain.arena.chunk_bytes() != cfg.chunk_bytes {
+        return Err(SimError::InvalidSetting {
+            name: "chunk_bytes",
+            reason: format!(
+                "the chain's arena rows hold {} bytes, the engine's chunks {}",
+                chain.arena.chunk_bytes(),
+                cfg.chunk_bytes
+            ),
+        });
+    }
+    let n = workload.requests.len() as u64;
+    let pb = progress_bar(cfg, n);
+    pb.set_prefix("offload on");
+    let off = Offload::new(chain.manager, chain.arena, chain.secondaries.len())?;
+    let (metrics, off) = Engine::new(cfg, &workload.requests, Some(off), Some(&pb))?.run()?;
+    let Some(mut off) = off else {
+        return Err(SimError::Worker("the engine lost its manager".into()));
+    };
+    let stats = off.stats()?;
+    let control_thread = stats.manager.sweeps > 0 && off.control_thread_running();
+    off.shutdown()?;
+    let baseline = if cfg.compare_baseline {
+        pb.set_position(0);
+        pb.set_prefix("offload off");
+        let (b, _) = Engine::new(cfg, &workload.requests, None, Some(&pb))?.run()?;
+        Some(b)
+    } else {
+        None
+    };
+    pb.finish_and_clear();
+    Ok(Report::build(
+        workload.label.clone(),
+        cfg,
+        &metrics,
+        &stats,
+        control_thread,
+        baseline.as_ref(),
+    ))
+}

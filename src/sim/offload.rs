@@ -1,0 +1,309 @@
+//! The engine's side of the offloading connector: every manager call the scheduler makes, timed,
+//! plus the bookkeeping that attributes each prefix hit to the tier that served it.
+//!
+//! Attribution: a lookup that answers `HitPending` for a key the engine is not itself storing
+//! and has not seen promoted means the manager just started a promotion; the secondary tier whose
+//! `hits` counter moved since the last snapshot is the one serving it. Snapshots are taken
+//! inside the step (under the step lock), so the control thread cannot move counters in between
+//! — except peer-served lookups before the step's first locked call, which a single-node run
+//! does not have.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tiering_core::{
+    ChunkArena, ChunkId, KeyMap, LookupResult, ManagerStats, OffloadKey, OffloadPolicy, OffloadingManager,
+    PrepareStoreOutput, ReqContext, ScheduleEndContext, TieringManager,
+};
+
+use super::error::SimError;
+
+/// Which tier served a chunk that the engine did not recompute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Source {
+    /// The engine's own device prefix cache.
+    Device,
+    /// The primary (CPU) tier, already resident.
+    Primary,
+    /// Secondary tier `i` (chain order), through a promotion.
+    Secondary(usize),
+}
+
+/// Counts of lookup verdicts the engine received.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LookupCounts {
+    /// `Hit`.
+    pub hit: u64,
+    /// `HitPending`.
+    pub hit_pending: u64,
+    /// `Retry`.
+    pub retry: u64,
+    /// `Miss`.
+    pub miss: u64,
+}
+
+impl LookupCounts {
+    /// All lookups.
+    #[must_use]
+    pub fn total(&self) -> u64 {
+        self.hit + self.hit_pending + self.retry + self.miss
+    }
+}
+
+/// The manager as the scheduler thread sees it.
+pub struct Offload {
+    mgr: TieringManager,
+    arena: Arc<ChunkArena>,
+    secondaries: usize,
+    snapshot: Vec<u64>,
+    snapshot_fresh: bool,
+    promoted_from: KeyMap<usize>,
+    storing: KeyMap<u32>,
+    step_time: Duration,
+    step_calls: u32,
+    /// Lookup verdicts so far.
+    pub lookups: LookupCounts,
+    /// Primary lookups counted by the primary tier before the run (hits + misses).
+    primary_lookups_at_start: u64,
+}
+
+impl Offload {
+    /// Wraps a manager; `secondaries` is the number of secondary tiers.
+    ///
+    /// # Errors
+    /// The manager's stats call failed.
+    pub fn new(
+        mut mgr: TieringManager,
+        arena: Arc<ChunkArena>,
+        secondaries: usize,
+    ) -> Result<Self, SimError> {
+        let stats = mgr.stats()?;
+        Ok(Self {
+            mgr,
+            arena,
+            secondaries,
+            snapshot: stats.secondaries.iter().map(|s| s.hits).collect(),
+            snapshot_fresh: false,
+            promoted_from: KeyMap::default(),
+            storing: KeyMap::default(),
+            step_time: Duration::ZERO,
+            step_calls: 0,
+            lookups: LookupCounts::default(),
+            primary_lookups_at_start: stats.primary.hits + stats.primary.misses,
+        })
+    }
+
+    /// The primary tier's arena.
+    #[must_use]
+    pub fn arena(&self) -> &Arc<ChunkArena> {
+        &self.arena
+    }
+
+    fn timed<R>(&mut self, f: impl FnOnce(&mut TieringManager) -> R) -> R {
+        let t = Instant::now();
+        let r = f(&mut self.mgr);
+        self.step_time += t.elapsed();
+        self.step_calls += 1;
+        r
+    }
+
+    /// The manager time of the step just ended (`None` when the step made no call), and resets
+    /// the per-step state.
+    pub fn end_step_time(&mut self) -> Option<Duration> {
+        let t = (self.step_calls > 0).then_some(self.step_time);
+        self.step_time = Duration::ZERO;
+        self.step_calls = 0;
+        self.snapshot_fresh = false;
+        t
+    }
+
+    /// `on_new_request`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn on_new_request(&mut self, ctx: &ReqContext) -> Result<OffloadPolicy, SimError> {
+        Ok(self.timed(|m| m.on_new_request(ctx))?)
+    }
+
+    /// `lookup`, counted and attributed.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupResult, SimError> {
+        if self.secondaries > 0 && !self.snapshot_fresh {
+            self.refresh_snapshot()?;
+        }
+        let r = self.timed(|m| m.lookup(key, ctx))?;
+        match r {
+            LookupResult::Hit => self.lookups.hit += 1,
+            LookupResult::HitPending => {
+                self.lookups.hit_pending += 1;
+                if self.secondaries > 0
+                    && !self.promoted_from.contains_key(key)
+                    && !self.storing.contains_key(key)
+                    && let Some(tier) = self.moved_tier()?
+                {
+                    self.promoted_from.insert(*key, tier);
+                }
+            }
+            LookupResult::Retry => self.lookups.retry += 1,
+            LookupResult::Miss => {
+                self.lookups.miss += 1;
+                if self.secondaries > 0 {
+                    // A secondary may have hit and then found no primary room.
+                    self.refresh_snapshot()?;
+                }
+            }
+        }
+        Ok(r)
+    }
+
+    fn refresh_snapshot(&mut self) -> Result<(), SimError> {
+        let stats = self.mgr.stats()?;
+        self.snapshot.clear();
+        self.snapshot.extend(stats.secondaries.iter().map(|s| s.hits));
+        self.snapshot_fresh = true;
+        Ok(())
+    }
+
+    /// The first secondary tier whose hit counter moved since the snapshot; refreshes it.
+    fn moved_tier(&mut self) -> Result<Option<usize>, SimError> {
+        let stats = self.mgr.stats()?;
+        let moved = stats
+            .secondaries
+            .iter()
+            .zip(&self.snapshot)
+            .position(|(s, &before)| s.hits > before);
+        self.snapshot.clear();
+        self.snapshot.extend(stats.secondaries.iter().map(|s| s.hits));
+        Ok(moved)
+    }
+
+    /// Where a key about to be loaded came from; forgets a promotion once it is consumed.
+    pub fn take_source(&mut self, key: &OffloadKey) -> Source {
+        self.promoted_from
+            .remove(key)
+            .map_or(Source::Primary, Source::Secondary)
+    }
+
+    /// `touch`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), SimError> {
+        Ok(self.timed(|m| m.touch(keys, ctx))?)
+    }
+
+    /// `prepare_load`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn prepare_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, SimError> {
+        Ok(self.timed(|m| m.prepare_load(keys, ctx))?)
+    }
+
+    /// `complete_load`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), SimError> {
+        Ok(self.timed(|m| m.complete_load(keys, ctx))?)
+    }
+
+    /// `prepare_store`; the keys to store are remembered as "write in flight by the engine".
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn prepare_store(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Option<PrepareStoreOutput>, SimError> {
+        let out = self.timed(|m| m.prepare_store(keys, ctx))?;
+        if let Some(out) = &out {
+            for k in &out.keys_to_store {
+                *self.storing.entry(*k).or_default() += 1;
+            }
+        }
+        Ok(out)
+    }
+
+    /// `complete_store`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn complete_store(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        ok: bool,
+    ) -> Result<(), SimError> {
+        for k in keys {
+            if let Some(n) = self.storing.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.storing.remove(k);
+                }
+            }
+        }
+        Ok(self.timed(|m| m.complete_store(keys, ctx, ok))?)
+    }
+
+    /// `on_request_finished`.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), SimError> {
+        Ok(self.timed(|m| m.on_request_finished(ctx))?)
+    }
+
+    /// `on_schedule_end`: the last manager call before the model runs.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn on_schedule_end(&mut self, ctx: &ScheduleEndContext) -> Result<(), SimError> {
+        Ok(self.timed(|m| m.on_schedule_end(ctx))?)
+    }
+
+    /// `has_pending_work` (an observation hook; call it before the step's first locked call).
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn has_pending_work(&mut self) -> Result<bool, SimError> {
+        Ok(self.mgr.has_pending_work()?)
+    }
+
+    /// A stats snapshot (not timed: instrumentation).
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn stats(&mut self) -> Result<ManagerStats, SimError> {
+        Ok(self.mgr.stats()?)
+    }
+
+    /// Primary-tier lookups (hits + misses, as the primary counts them) since the run started.
+    #[must_use]
+    pub fn primary_lookups(stats: &ManagerStats, start: u64) -> u64 {
+        (stats.primary.hits + stats.primary.misses).saturating_sub(start)
+    }
+
+    /// The primary lookup count at the start of the run.
+    #[must_use]
+    pub fn primary_lookups_at_start(&self) -> u64 {
+        self.primary_lookups_at_start
+    }
+
+    /// Whether the control-plane thread is running.
+    #[must_use]
+    pub fn control_thread_running(&self) -> bool {
+        self.mgr.control_thread_running()
+    }
+
+    /// Shuts the manager down.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn shutdown(&mut self) -> Result<(), SimError> {
+        Ok(self.mgr.shutdown()?)
+    }
+}
