@@ -1,0 +1,50 @@
+//! # tier-example — the template for kvtier tier authors
+//!
+//! A complete secondary tier written only against `tiering-core`'s public API: a bounded
+//! in-memory store with least-recently-used eviction, cache events, stats, an I/O worker thread,
+//! and a small peer protocol that exercises `serve_external_requests`. Copy this crate to start
+//! your own tier.
+//!
+//! ## The pieces
+//! - [`tier::ExampleOptions`] — the tier's options, deserialised from its chain-file section with
+//!   `#[serde(deny_unknown_fields)]` through `tiering_core::config::parse_options`, so a typo is
+//!   an error naming the key and its line. Sizes use `tiering_core::config::ByteSize`
+//!   (`"64MiB"`).
+//! - [`tier::ExampleTier`] — the `SecondaryTier` implementation. Manager-facing methods return at
+//!   once; copies run on the tier's worker thread, which reports every job exactly once and wakes
+//!   the control plane through the `ControlWaker`.
+//! - [`store::LruStore`] — the storage and its eviction policy.
+//! - [`peer`] — how a peer asks this node for chunks; the tier answers through the
+//!   `ParentManager`, so a question is answered from the whole node (the primary tier and the
+//!   other secondaries), not only from this tier.
+//! - [`tier::build`] — the factory, registered twice below:
+//!
+//! ```ignore
+//! tiering_core::register_tier!(secondary "example" => tier::build);  // linked in
+//! tiering_core::export_tier!("example" => tier::build);              // loaded from the .so
+//! ```
+//!
+//! ## Using it
+//! Linked in: depend on the crate and name it once in the final binary (`use tier_example as
+//! _;`) so the linker keeps the registration; then `type = "example"` in a chain. Loaded at run
+//! time: `cargo build -p tier-example --release` and point a chain at the shared library:
+//!
+//! ```toml
+//! [[secondary]]
+//! type = "example"
+//! library = "target/release/libtier_example.so"
+//! capacity = "256MiB"
+//! inbox = "/tmp/kvtier-example.sock"   # optional: serve peers
+//! ```
+//!
+//! The same code runs both ways: in the library, `export_tier!` wraps the tier behind a C ABI,
+//! and it receives ordinary `TransferJob`s whose row grants lock the host's arena.
+
+pub mod peer;
+pub mod store;
+pub mod tier;
+
+pub use tier::{ExampleOptions, ExampleTier, build};
+
+tiering_core::register_tier!(secondary "example" => tier::build);
+tiering_core::export_tier!("example" => tier::build);

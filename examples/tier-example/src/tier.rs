@@ -1,0 +1,436 @@
+//! [`ExampleTier`]: the `SecondaryTier` implementation.
+//!
+//! The shape every tier should have:
+//! - the manager-facing methods only touch in-memory state and return at once;
+//! - copies run on the tier's own thread (here one worker fed by a channel), which reports each
+//!   job exactly once into a `finished` list and wakes the control plane;
+//! - `drain_jobs` waits until nothing is in flight; `shutdown` stops the threads.
+
+use std::collections::VecDeque;
+use std::os::unix::net::UnixDatagram;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+use serde::Deserialize;
+use tiering_core::config::{ByteSize, parse_options};
+use tiering_core::{
+    ControlWaker, JobKind, JobResult, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    ParentManager, ReqContext, RequestId, SecondaryContext, SecondaryTier, TierError, TierInfo, TierStats,
+    TransferJob,
+};
+
+use crate::peer::{PeerAnswer, PeerQuery};
+use crate::store::LruStore;
+
+/// The tier's options (its chain-file section, minus `type` and `library`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExampleOptions {
+    /// The tier's name (unique within a chain).
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// How much chunk data to keep; rounded down to whole chunks, at least one.
+    pub capacity: ByteSize,
+    /// Serve peers on a Unix datagram socket at this path (see [`crate::peer`]).
+    #[serde(default)]
+    pub inbox: Option<PathBuf>,
+}
+
+fn default_name() -> String {
+    "example".to_owned()
+}
+
+/// State shared by the tier, its worker and its inbox reader.
+struct State {
+    store: LruStore,
+    finished: Vec<JobResult>,
+    in_flight: usize,
+    events: Vec<OffloadingEvent>,
+    stats: TierStats,
+    inbound: VecDeque<(PeerQuery, PathBuf)>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    idle: Condvar,
+    /// Replaced by `set_waker`; the threads read it each time they wake the control plane.
+    waker: Mutex<ControlWaker>,
+    name: String,
+}
+
+impl Shared {
+    fn wake(&self) {
+        self.waker.lock().wake();
+    }
+}
+
+struct Inbox {
+    socket: Arc<UnixDatagram>,
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    reader: Option<JoinHandle<()>>,
+}
+
+/// A bounded in-memory LRU secondary tier. See the crate docs.
+pub struct ExampleTier {
+    info: TierInfo,
+    shared: Arc<Shared>,
+    jobs: Option<mpsc::Sender<(TransferJob, Instant)>>,
+    worker: Option<JoinHandle<()>>,
+    inbox: Option<Inbox>,
+}
+
+impl ExampleTier {
+    /// Builds the tier from parsed options.
+    ///
+    /// # Errors
+    /// The worker thread cannot start, or the inbox socket cannot be bound.
+    pub fn new(options: &ExampleOptions, ctx: &SecondaryContext) -> Result<Self, TierError> {
+        let chunks = usize::try_from(options.capacity.bytes() / ctx.chunk_bytes.max(1) as u64)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let mut stats = TierStats::named(&options.name);
+        stats.capacity_chunks = chunks as u64;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                store: LruStore::new(chunks),
+                finished: Vec::new(),
+                in_flight: 0,
+                events: Vec::new(),
+                stats,
+                inbound: VecDeque::new(),
+            }),
+            idle: Condvar::new(),
+            waker: Mutex::new(ctx.waker.clone()),
+            name: options.name.clone(),
+        });
+        let (tx, rx) = mpsc::channel::<(TransferJob, Instant)>();
+        let worker_shared = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name(format!("{}-worker", options.name))
+            .spawn(move || {
+                for (job, start) in rx {
+                    let result = run_job(&worker_shared, job, start);
+                    let mut st = worker_shared.state.lock();
+                    st.finished.push(result);
+                    st.in_flight -= 1;
+                    if st.in_flight == 0 {
+                        worker_shared.idle.notify_all();
+                    }
+                    drop(st);
+                    worker_shared.wake();
+                }
+            })?;
+        let inbox = match &options.inbox {
+            Some(path) => Some(start_inbox(&shared, path)?),
+            None => None,
+        };
+        Ok(Self {
+            info: TierInfo::new(&options.name, Some(Medium::Cpu), Some(Locality::Local)),
+            shared,
+            jobs: Some(tx),
+            worker: Some(worker),
+            inbox,
+        })
+    }
+
+    fn submit(&mut self, job: TransferJob) {
+        let start = Instant::now();
+        let id = job.id;
+        self.shared.state.lock().in_flight += 1;
+        let sent = match &self.jobs {
+            Some(tx) => tx.send((job, start)).is_ok(),
+            None => false,
+        };
+        if !sent {
+            // Shut down (or the worker died): the job still has to be reported, as a failure.
+            let mut st = self.shared.state.lock();
+            st.in_flight -= 1;
+            st.stats.failures += 1;
+            st.finished.push(JobResult::failed(id, start.elapsed()));
+        }
+    }
+
+    /// Answers one peer query through the manager: the whole node (primary and the other tiers)
+    /// is searched, and ready chunks are sent back.
+    fn serve_one(&self, parent: &mut dyn ParentManager, query: &PeerQuery, peer: &str) -> PeerAnswer {
+        let ctx = ReqContext::new(RequestId::remote(peer, query.id.clone()));
+        let mut answer = PeerAnswer {
+            id: query.id.clone(),
+            verdicts: Vec::new(),
+            fetched: Vec::new(),
+            error: None,
+        };
+        let outcome = (|| -> Result<(), tiering_core::ManagerError> {
+            parent.on_new_request(&ctx)?;
+            for key in &query.keys {
+                answer.verdicts.push(parent.lookup(key, &ctx)?);
+            }
+            let ready: Vec<OffloadKey> = query
+                .keys
+                .iter()
+                .zip(&answer.verdicts)
+                .filter(|&(_, v)| *v == LookupResult::Hit)
+                .map(|(k, _)| *k)
+                .collect();
+            if query.fetch && !ready.is_empty() {
+                // The job pins the chunks; this tier moves the bytes and reports the job itself.
+                let start = Instant::now();
+                let job = parent.create_store_job(&ready, &ctx)?;
+                let mut bytes = 0u64;
+                for (i, key) in job.keys.iter().enumerate() {
+                    if let Some(row) = job.rows.row(i) {
+                        bytes += row.len() as u64;
+                        answer.fetched.push((*key, row.to_vec()));
+                    }
+                }
+                let id = job.id;
+                drop(job);
+                self.shared
+                    .state
+                    .lock()
+                    .finished
+                    .push(JobResult::ok(id, bytes, start.elapsed()));
+            }
+            Ok(())
+        })();
+        if let Err(e) = outcome {
+            answer.error = Some(e.to_string());
+        }
+        // Mandatory for every remote request, even when nothing was found.
+        if let Err(e) = parent.on_request_finished(&ctx) {
+            answer.error.get_or_insert(e.to_string());
+        }
+        answer
+    }
+
+    fn stop(&mut self) -> Result<(), TierError> {
+        // Closing the channel ends the worker after the jobs already queued.
+        self.jobs = None;
+        let mut result = Ok(());
+        if let Some(w) = self.worker.take()
+            && w.join().is_err()
+        {
+            result = Err(TierError::Other(format!(
+                "tier {}: the worker thread panicked",
+                self.info.name
+            )));
+        }
+        if let Some(mut inbox) = self.inbox.take() {
+            inbox.stop.store(true, Ordering::Release);
+            if let Some(r) = inbox.reader.take() {
+                let _ = r.join();
+            }
+            let _ = std::fs::remove_file(&inbox.path);
+        }
+        result
+    }
+}
+
+fn start_inbox(shared: &Arc<Shared>, path: &std::path::Path) -> Result<Inbox, TierError> {
+    let _ = std::fs::remove_file(path);
+    let socket = Arc::new(UnixDatagram::bind(path)?);
+    // The timeout only bounds how long shutdown waits for the reader.
+    socket.set_read_timeout(Some(Duration::from_millis(100)))?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sock, flag, sh) = (Arc::clone(&socket), Arc::clone(&stop), Arc::clone(shared));
+    let reader = std::thread::Builder::new()
+        .name(format!("{}-inbox", shared.name))
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            while !flag.load(Ordering::Acquire) {
+                let Ok((n, from)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                let Some(from) = from.as_pathname().map(std::path::Path::to_path_buf) else {
+                    tracing::warn!("peer query from an unnamed socket ignored (no reply address)");
+                    continue;
+                };
+                match PeerQuery::decode(&buf[..n]) {
+                    Ok(q) => {
+                        sh.state.lock().inbound.push_back((q, from));
+                        sh.wake();
+                    }
+                    Err(e) => tracing::warn!(error = %e, "malformed peer query ignored"),
+                }
+            }
+        })?;
+    Ok(Inbox {
+        socket,
+        path: path.to_path_buf(),
+        stop,
+        reader: Some(reader),
+    })
+}
+
+/// Runs one job on the worker thread.
+fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
+    match job.kind {
+        JobKind::Store => {
+            // Copy outside the lock; only the map update holds it.
+            let copies: Vec<(OffloadKey, Box<[u8]>)> = job
+                .keys
+                .iter()
+                .enumerate()
+                .filter_map(|(i, k)| job.rows.row(i).map(|r| (*k, Box::from(r))))
+                .collect();
+            let id = job.id;
+            // Release the rows as soon as the bytes are copied.
+            drop(job);
+            let mut st = shared.state.lock();
+            let mut stored = Vec::new();
+            let mut evicted = Vec::new();
+            let mut bytes = 0u64;
+            for (key, data) in copies {
+                let fresh = !st.store.contains(&key);
+                bytes += data.len() as u64;
+                evicted.extend(st.store.insert(key, data));
+                if fresh {
+                    stored.push(key);
+                }
+            }
+            st.stats.stores += stored.len() as u64;
+            st.stats.bytes_written += bytes;
+            st.stats.evictions += evicted.len() as u64;
+            if !evicted.is_empty() {
+                let e = OffloadingEvent::removed(evicted, Some(Medium::Cpu), Some(Locality::Local));
+                st.events.push(e.owned_by(&shared.name));
+            }
+            if !stored.is_empty() {
+                let e = OffloadingEvent::stored(stored, Some(Medium::Cpu), Some(Locality::Local));
+                st.events.push(e.owned_by(&shared.name));
+            }
+            JobResult::ok(id, bytes, start.elapsed())
+        }
+        JobKind::Promotion => {
+            let mut st = shared.state.lock();
+            let mut ok = Vec::with_capacity(job.keys.len());
+            let mut bytes = 0u64;
+            for (i, key) in job.keys.iter().enumerate() {
+                let done = match job.rows.row_mut(i) {
+                    Some(dst) => st.store.read_into(key, dst),
+                    None => false,
+                };
+                if done {
+                    bytes += job.rows.row(i).map_or(0, |r| r.len() as u64);
+                }
+                ok.push(done);
+            }
+            let loaded = ok.iter().filter(|&&b| b).count() as u64;
+            st.stats.loads += loaded;
+            st.stats.bytes_read += bytes;
+            st.stats.failures += ok.len() as u64 - loaded;
+            JobResult::from_key_outcomes(job.id, &job.keys, &ok, bytes, start.elapsed())
+        }
+    }
+}
+
+impl SecondaryTier for ExampleTier {
+    fn info(&self) -> TierInfo {
+        self.info.clone()
+    }
+
+    fn set_waker(&mut self, waker: ControlWaker) {
+        *self.shared.waker.lock() = waker;
+    }
+
+    fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
+        let mut st = self.shared.state.lock();
+        if st.store.contains(key) {
+            st.stats.hits += 1;
+            LookupResult::Hit
+        } else {
+            st.stats.misses += 1;
+            LookupResult::Miss
+        }
+    }
+
+    fn submit_store(&mut self, job: TransferJob) {
+        self.submit(job);
+    }
+
+    fn submit_load(&mut self, job: TransferJob) {
+        self.submit(job);
+    }
+
+    fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
+        out.append(&mut self.shared.state.lock().finished);
+    }
+
+    fn has_pending_work(&self) -> bool {
+        let st = self.shared.state.lock();
+        st.in_flight > 0 || !st.finished.is_empty() || !st.inbound.is_empty()
+    }
+
+    fn touch(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
+        let mut st = self.shared.state.lock();
+        for k in keys {
+            st.store.touch(k);
+        }
+    }
+
+    fn serve_external_requests(&mut self, parent: &mut dyn ParentManager) -> Result<(), TierError> {
+        let Some(inbox) = &self.inbox else {
+            return Ok(());
+        };
+        let socket = Arc::clone(&inbox.socket);
+        let queries: Vec<(PeerQuery, PathBuf)> = self.shared.state.lock().inbound.drain(..).collect();
+        for (query, from) in queries {
+            let answer = self.serve_one(parent, &query, &from.to_string_lossy());
+            // A peer that went away is not this tier's failure: log and go on.
+            match answer.encode() {
+                Ok(bytes) => {
+                    if let Err(e) = socket.send_to(&bytes, &from) {
+                        tracing::warn!(peer = %from.display(), error = %e, "cannot answer a peer");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "answer too large for one datagram"),
+            }
+        }
+        Ok(())
+    }
+
+    fn drain_jobs(&mut self) {
+        let mut st = self.shared.state.lock();
+        while st.in_flight > 0 {
+            self.shared.idle.wait(&mut st);
+        }
+    }
+
+    fn take_events(&mut self) -> Vec<OffloadingEvent> {
+        std::mem::take(&mut self.shared.state.lock().events)
+    }
+
+    fn stats(&self) -> TierStats {
+        let st = self.shared.state.lock();
+        let mut s = st.stats.clone();
+        s.resident_chunks = st.store.len() as u64;
+        s
+    }
+
+    fn shutdown(&mut self) -> Result<(), TierError> {
+        self.stop()
+    }
+}
+
+impl Drop for ExampleTier {
+    fn drop(&mut self) {
+        if let Err(e) = self.stop() {
+            tracing::error!(error = %e, "example tier shutdown on drop");
+        }
+    }
+}
+
+/// The factory registered as type `example` (statically and in the `cdylib`).
+///
+/// # Errors
+/// Unknown or malformed options, or the tier's threads or socket cannot start.
+pub fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError> {
+    let options: ExampleOptions = parse_options(options)?;
+    Ok(Box::new(ExampleTier::new(&options, ctx)?))
+}
