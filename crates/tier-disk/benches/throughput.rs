@@ -1,0 +1,297 @@
+//! Disk tier store and load throughput against raw positioned I/O of the same volume, chunk
+//! size and thread count on the same filesystem, measured in the same run (`O_DIRECT` for both
+//! when the filesystem accepts it). Prints GB/s for each and the tier/raw ratio.
+//!
+//! `cargo bench -p tier-disk --bench throughput`. Environment: `KVTIER_BENCH_DIR` (default: the
+//! system temp dir), `KVTIER_BENCH_MIB` (volume per iteration, default 64).
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions};
+use tiering_core::{
+    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, RowGrant,
+    SecondaryTier, TransferJob,
+};
+
+const IO_THREADS: usize = 4;
+const KEYS_PER_JOB: usize = 16;
+const CHUNK_SIZES: [usize; 2] = [256 << 10, 2 << 20];
+
+/// Total bytes and time measured per (direction, chunk size, subject).
+type Tally = BTreeMap<(String, usize, &'static str), (f64, Duration)>;
+
+fn record(tally: &Mutex<Tally>, dir: &str, chunk: usize, who: &'static str, bytes: f64, t: Duration) {
+    if let Ok(mut tally) = tally.lock() {
+        let e = tally
+            .entry((dir.to_owned(), chunk, who))
+            .or_insert((0.0, Duration::ZERO));
+        e.0 += bytes;
+        e.1 += t;
+    }
+}
+
+/// Raw reference: a pre-allocated file, `IO_THREADS` threads, one positioned call per chunk.
+struct Raw {
+    file: File,
+    direct: bool,
+}
+
+impl Raw {
+    fn open(dir: &Path, len: u64) -> Self {
+        let path = dir.join("raw-reference.bin");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(len).unwrap();
+        // SAFETY: plain syscall on an open descriptor; no memory is passed.
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len as libc::off_t) };
+        assert!(rc == 0 || len == 0, "fallocate of the raw reference failed");
+        match OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&path)
+        {
+            Ok(direct) => Self {
+                file: direct,
+                direct: true,
+            },
+            Err(_) => Self { file, direct: false },
+        }
+    }
+
+    fn run(&self, arena: &Arc<ChunkArena>, write: bool) -> Duration {
+        let rows = arena.num_chunks();
+        let chunk = arena.chunk_bytes();
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for t in 0..IO_THREADS {
+                s.spawn(move || {
+                    for r in (t..rows).step_by(IO_THREADS) {
+                        let off = (r * chunk) as u64;
+                        if write {
+                            let row = arena.read_row(r as u32).unwrap();
+                            self.file.write_all_at(&row, off).unwrap();
+                        } else {
+                            let mut row = arena.write_row(r as u32).unwrap();
+                            self.file.read_exact_at(&mut row, off).unwrap();
+                        }
+                    }
+                });
+            }
+        });
+        start.elapsed()
+    }
+}
+
+/// The tier under test and an arena holding one volume of chunks.
+struct TierRig {
+    tier: DiskTier,
+    waker: ControlWaker,
+    next_key: u64,
+    next_job: u64,
+    resident: Vec<OffloadKey>,
+}
+
+impl TierRig {
+    fn open(dir: &Path, arena: &ChunkArena, volume: u64) -> Self {
+        let mut opts = DiskTierOptions::new(dir.join("tier"), 2 * volume + (64 << 20));
+        opts.io_threads = IO_THREADS;
+        let mut tier = DiskTier::open(&opts, DiskGeometry::of_arena(arena)).unwrap();
+        let waker = ControlWaker::new();
+        tier.set_waker(waker.clone());
+        Self {
+            tier,
+            waker,
+            next_key: 0,
+            next_job: 0,
+            resident: Vec::new(),
+        }
+    }
+
+    fn wait(&mut self, n: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            self.tier.poll_finished(&mut out);
+            if out.len() < n {
+                self.waker.wait(Duration::from_millis(10));
+            }
+        }
+        out
+    }
+
+    fn jobs(&mut self, arena: &Arc<ChunkArena>, kind: JobKind) -> Vec<TransferJob> {
+        let rows = arena.num_chunks() as u32;
+        let keys: Vec<OffloadKey> = if kind == JobKind::Store {
+            let first = self.next_key;
+            self.next_key += u64::from(rows);
+            (first..first + u64::from(rows))
+                .map(OffloadKey::from_u64)
+                .collect()
+        } else {
+            self.resident.clone()
+        };
+        let ctx = ReqContext::local("bench");
+        (0..rows)
+            .collect::<Vec<u32>>()
+            .chunks(KEYS_PER_JOB)
+            .map(|ids| {
+                self.next_job += 1;
+                let ks: Vec<OffloadKey> = ids.iter().map(|&i| keys[i as usize]).collect();
+                let grant = if kind == JobKind::Store {
+                    RowGrant::Read(arena.read_rows(ids).unwrap())
+                } else {
+                    RowGrant::Write(arena.write_rows(ids).unwrap())
+                };
+                TransferJob {
+                    id: JobId(self.next_job),
+                    kind,
+                    keys: ks,
+                    chunk_ids: ids.to_vec(),
+                    req: ctx.clone(),
+                    rows: grant,
+                }
+            })
+            .collect()
+    }
+
+    fn store_volume(&mut self, arena: &Arc<ChunkArena>) -> Duration {
+        let jobs = self.jobs(arena, JobKind::Store);
+        let n = jobs.len();
+        self.resident = jobs.iter().flat_map(|j| j.keys.clone()).collect();
+        let start = Instant::now();
+        for j in jobs {
+            self.tier.submit_store(j);
+        }
+        let results = self.wait(n);
+        let t = start.elapsed();
+        assert!(
+            results.iter().all(|r| r.outcome == JobOutcome::Ok),
+            "a store failed"
+        );
+        t
+    }
+
+    fn load_volume(&mut self, arena: &Arc<ChunkArena>) -> Duration {
+        let jobs = self.jobs(arena, JobKind::Promotion);
+        let n = jobs.len();
+        let start = Instant::now();
+        for j in jobs {
+            self.tier.submit_load(j);
+        }
+        let results = self.wait(n);
+        let t = start.elapsed();
+        assert!(
+            results.iter().all(|r| r.outcome == JobOutcome::Ok),
+            "a load failed"
+        );
+        t
+    }
+}
+
+fn bench_chunk(c: &mut Criterion, root: &Path, volume: u64, chunk: usize, tally: &Arc<Mutex<Tally>>) {
+    let rows = (volume as usize / chunk).max(KEYS_PER_JOB);
+    let volume = (rows * chunk) as u64;
+    let arena = ChunkArena::new(rows, chunk).unwrap();
+    for r in 0..rows as u32 {
+        let mut row = arena.write_row(r).unwrap();
+        for (i, b) in row.iter_mut().enumerate() {
+            *b = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(r) as u8;
+        }
+    }
+    let dir = tempfile::tempdir_in(root).unwrap();
+    let raw = Raw::open(dir.path(), volume);
+    let mut rig = TierRig::open(dir.path(), &arena, volume);
+    rig.store_volume(&arena);
+    eprintln!(
+        "chunk {} KiB: {rows} chunks per iteration, raw O_DIRECT {}, tier O_DIRECT {}",
+        chunk >> 10,
+        raw.direct,
+        rig.tier.direct_io()
+    );
+    let mut group = c.benchmark_group(format!("disk-{}KiB", chunk >> 10));
+    group.throughput(Throughput::Bytes(volume));
+    for (direction, write) in [("write", true), ("read", false)] {
+        group.bench_function(BenchmarkId::new("raw", direction), |b| {
+            b.iter_custom(|iters| {
+                let t: Duration = (0..iters).map(|_| raw.run(&arena, write)).sum();
+                record(tally, direction, chunk, "raw", (volume * iters) as f64, t);
+                t
+            });
+        });
+        group.bench_function(BenchmarkId::new("tier", direction), |b| {
+            b.iter_custom(|iters| {
+                let t: Duration = (0..iters)
+                    .map(|_| {
+                        if write {
+                            rig.store_volume(&arena)
+                        } else {
+                            rig.load_volume(&arena)
+                        }
+                    })
+                    .sum();
+                record(tally, direction, chunk, "tier", (volume * iters) as f64, t);
+                t
+            });
+        });
+    }
+    group.finish();
+}
+
+fn report(tally: &Tally) {
+    println!(
+        "\ndisk tier throughput vs raw positioned I/O ({IO_THREADS} threads each, same volume and filesystem)"
+    );
+    println!(
+        "{:<8} {:>8} {:>12} {:>12} {:>8}",
+        "dir", "chunk", "raw GB/s", "tier GB/s", "ratio"
+    );
+    for chunk in CHUNK_SIZES {
+        for direction in ["write", "read"] {
+            let rate = |who| {
+                tally
+                    .get(&(direction.to_owned(), chunk, who))
+                    .map(|(bytes, t)| bytes / t.as_secs_f64() / 1e9)
+            };
+            if let (Some(raw), Some(tier)) = (rate("raw"), rate("tier")) {
+                println!(
+                    "{direction:<8} {:>6}KiB {raw:>12.3} {tier:>12.3} {:>7.1}%",
+                    chunk >> 10,
+                    100.0 * tier / raw
+                );
+            }
+        }
+    }
+}
+
+fn main() {
+    let root = std::env::var_os("KVTIER_BENCH_DIR").map_or_else(std::env::temp_dir, Into::into);
+    let mib: u64 = std::env::var("KVTIER_BENCH_MIB")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(64);
+    let tally = Arc::new(Mutex::new(Tally::new()));
+    let mut c = Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    for chunk in CHUNK_SIZES {
+        bench_chunk(&mut c, &root, mib << 20, chunk, &tally);
+    }
+    c.final_summary();
+    if let Ok(t) = tally.lock() {
+        report(&t);
+    }
+}

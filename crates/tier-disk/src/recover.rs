@@ -1,0 +1,119 @@
+//! The start-up scan: read every slot's header and commit block (not the payload) and keep the
+//! slots whose write completed.
+
+use std::io;
+
+use tiering_core::OffloadKey;
+
+use crate::buf::AlignedBuf;
+use crate::format::{BLOCK, SlotCommit, SlotHeader};
+use crate::slab::Slab;
+
+/// What the scan found.
+#[derive(Debug, Default)]
+pub(crate) struct ScanOutcome {
+    /// Completely written slots: `(slot, key, seq)`.
+    pub(crate) found: Vec<(u32, OffloadKey, u64)>,
+    /// Slots with a header but no matching commit block, a damaged header, or a header for
+    /// another chunk size: writes that never completed, or damage.
+    pub(crate) discarded: usize,
+    /// Slots whose blocks could not be read.
+    pub(crate) unreadable: usize,
+    /// The highest write number seen in any parsable header.
+    pub(crate) max_seq: u64,
+}
+
+impl ScanOutcome {
+    fn merge(&mut self, other: Self) {
+        self.found.extend(other.found);
+        self.discarded += other.discarded;
+        self.unreadable += other.unreadable;
+        self.max_seq = self.max_seq.max(other.max_seq);
+    }
+}
+
+enum SlotScan {
+    Empty,
+    Complete(OffloadKey, u64),
+    Discarded(u64),
+}
+
+fn scan_slot(slab: &Slab, slot: u32, header: &mut [u8], commit: &mut [u8]) -> io::Result<SlotScan> {
+    let layout = slab.layout();
+    if slab.read_block(layout.slot_offset(slot), header)? < BLOCK {
+        return Ok(SlotScan::Empty);
+    }
+    let Some(h) = SlotHeader::decode(header) else {
+        // Zeroed (never written, or invalidated) is empty; anything else is a damaged header.
+        return Ok(if header.iter().all(|&b| b == 0) {
+            SlotScan::Empty
+        } else {
+            SlotScan::Discarded(0)
+        });
+    };
+    if h.payload_len != layout.chunk_bytes as u64 {
+        return Ok(SlotScan::Discarded(h.seq));
+    }
+    if slab.read_block(layout.commit_offset(slot), commit)? < BLOCK {
+        return Ok(SlotScan::Discarded(h.seq));
+    }
+    Ok(match SlotCommit::decode(commit) {
+        Some(c) if c.seals(&h) => SlotScan::Complete(h.key, h.seq),
+        _ => SlotScan::Discarded(h.seq),
+    })
+}
+
+fn scan_range(slab: &Slab, slots: std::ops::Range<u32>) -> io::Result<ScanOutcome> {
+    let mut header = AlignedBuf::zeroed(BLOCK)?;
+    let mut commit = AlignedBuf::zeroed(BLOCK)?;
+    let mut out = ScanOutcome::default();
+    for slot in slots {
+        match scan_slot(slab, slot, &mut header, &mut commit) {
+            Ok(SlotScan::Empty) => {}
+            Ok(SlotScan::Complete(key, seq)) => {
+                out.max_seq = out.max_seq.max(seq);
+                out.found.push((slot, key, seq));
+            }
+            Ok(SlotScan::Discarded(seq)) => {
+                out.max_seq = out.max_seq.max(seq);
+                out.discarded += 1;
+            }
+            Err(e) => {
+                tracing::warn!(slot, error = %e, "disk tier: cannot read a slot at start-up; treating it as empty");
+                out.unreadable += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Scans every slot of `slab` with up to `threads` threads.
+///
+/// # Errors
+/// Only when scratch buffers cannot be allocated; unreadable slots are counted, not fatal.
+pub(crate) fn scan(slab: &Slab, threads: usize) -> io::Result<ScanOutcome> {
+    let n = slab.layout().num_slots;
+    let threads = u32::try_from(threads.max(1)).unwrap_or(1).min(n.max(1));
+    let per = n.div_ceil(threads);
+    let results: Vec<io::Result<ScanOutcome>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let start = t.saturating_mul(per).min(n);
+                let end = start.saturating_add(per).min(n);
+                s.spawn(move || scan_range(slab, start..end))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(io::Error::other("start-up scan thread panicked")))
+            })
+            .collect()
+    });
+    let mut total = ScanOutcome::default();
+    for r in results {
+        total.merge(r?);
+    }
+    Ok(total)
+}

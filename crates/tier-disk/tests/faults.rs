@@ -1,0 +1,342 @@
+//! Failure paths with injected faults (feature `test-utils`) and with a real, tiny tmpfs: full
+//! disk, I/O errors, queued jobs under `drain_jobs` and `shutdown`, slots under read.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{PATIENCE, Rig, capacity_for, content, key, keys, options};
+use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, FaultInjector};
+use tiering_core::{JobOutcome, SecondaryTier};
+
+const CHUNK: usize = 16 * 1024;
+
+fn geometry() -> DiskGeometry {
+    DiskGeometry {
+        chunk_bytes: CHUNK,
+        row_stride: CHUNK,
+    }
+}
+
+fn rig_with_faults(opts: &DiskTierOptions, rows: usize) -> (Rig, FaultInjector) {
+    let faults = FaultInjector::new();
+    let tier = DiskTier::open_with_faults(opts, geometry(), faults.clone()).unwrap();
+    (Rig::new(tier, rows), faults)
+}
+
+/// The bytes one slot write takes (header + payload + commit block).
+const SLOT_WRITE: u64 = CHUNK as u64 + 8192;
+
+/// Stores until the "filesystem" is full, then checks that stores fail cleanly, the tier keeps
+/// loading what it has, and recovers once space is back.
+fn fill_up_and_check(rig: &mut Rig) -> Vec<tiering_core::OffloadKey> {
+    let mut stored = Vec::new();
+    let mut n = 0;
+    loop {
+        let batch = keys(n..n + 2);
+        n += 2;
+        let r = rig.store(&batch);
+        match r.outcome {
+            JobOutcome::Ok => stored.extend(batch),
+            JobOutcome::Partial(ok) => {
+                stored.extend(ok);
+                break;
+            }
+            JobOutcome::Failed => break,
+        }
+        assert!(n < 10_000, "the filesystem never filled up");
+    }
+    assert!(!stored.is_empty(), "something fit before the disk was full");
+    // Later stores keep failing cleanly, and their keys are misses.
+    let r = rig.store(&keys(50_000..50_002));
+    assert_eq!(r.outcome, JobOutcome::Failed);
+    assert!(!rig.hit(&key(50_000)));
+    // Everything stored before is still served.
+    for batch in stored.chunks(4) {
+        rig.assert_loads(batch);
+    }
+    let s = rig.tier.stats();
+    assert!(s.failures >= 2);
+    assert!(s.extra["io_errors"] >= 2.0);
+    assert_eq!(rig.arena.granted_rows(), 0);
+    stored
+}
+
+#[test]
+fn a_full_disk_fails_stores_cleanly_and_loads_keep_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut rig, faults) = rig_with_faults(&options(dir.path(), 32, CHUNK), 4);
+    faults.limit_write_bytes(Some(5 * SLOT_WRITE));
+    let stored = fill_up_and_check(&mut rig);
+    assert_eq!(stored.len(), 5);
+    // Space comes back: stores work again.
+    faults.limit_write_bytes(None);
+    assert_eq!(rig.store(&keys(60_000..60_002)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(60_000..60_002));
+}
+
+/// A tmpfs mounted for the test, unmounted on drop.
+struct SmallFs {
+    mount: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SmallFs {
+    /// Mounts a tmpfs of `bytes` bytes; `None` when this environment does not permit it.
+    fn mount(bytes: u64) -> Option<Self> {
+        let dir = tempfile::tempdir().ok()?;
+        let mount = dir.path().join("fs");
+        std::fs::create_dir(&mount).ok()?;
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&mount)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then_some(Self { mount, _dir: dir })
+    }
+
+    fn path(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+    }
+}
+
+#[test]
+fn a_really_full_small_filesystem_fails_stores_cleanly() {
+    // A 256 KiB tmpfs under a slab that claims 64 slots (sparse): real ENOSPC from the kernel.
+    // Where mounting is not permitted, the fault layer plays the small filesystem instead.
+    let fs = SmallFs::mount(256 * 1024);
+    let fallback = tempfile::tempdir().unwrap();
+    let path = fs.as_ref().map_or(fallback.path(), SmallFs::path);
+    let mut opts = options(path, 64, CHUNK);
+    opts.preallocate = false;
+    let (mut rig, faults) = rig_with_faults(&opts, 4);
+    if fs.is_none() {
+        eprintln!("cannot mount a tmpfs here; emulating a 256 KiB filesystem with the fault layer");
+        faults.limit_write_bytes(Some(256 * 1024));
+    }
+    let stored = fill_up_and_check(&mut rig);
+    eprintln!(
+        "{} chunks fit before ENOSPC (real tmpfs: {})",
+        stored.len(),
+        fs.is_some()
+    );
+    assert!(
+        stored.len() < 64,
+        "the small filesystem held fewer chunks than the slab has slots"
+    );
+    drop(rig);
+    // With pre-allocation the same capacity is refused up front with a clear error.
+    if let Some(fs) = &fs {
+        let other = fs.path().join("prealloc");
+        let err = DiskTier::open(&options(&other, 64, CHUNK), geometry()).unwrap_err();
+        assert!(matches!(err, tier_disk::DiskError::NoSpace { .. }), "{err}");
+    }
+}
+
+#[test]
+fn write_errors_fail_the_job_and_the_tier_keeps_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut rig, faults) = rig_with_faults(&options(dir.path(), 16, CHUNK), 4);
+    rig.store(&keys(0..2));
+    for errno in [libc::EIO, libc::EACCES, libc::EROFS, libc::ENOSPC] {
+        faults.fail_writes(Some(errno));
+        let batch = keys(100 + errno as u64 * 10..102 + errno as u64 * 10);
+        assert_eq!(rig.store(&batch).outcome, JobOutcome::Failed, "errno {errno}");
+        assert!(!rig.hit(&batch[0]), "a failed store leaves nothing behind");
+        rig.assert_loads(&keys(0..2));
+    }
+    faults.fail_writes(None);
+    assert_eq!(rig.store(&keys(2..4)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(0..4));
+    assert_eq!(
+        rig.tier.stats().resident_chunks,
+        4,
+        "failed writes freed their slots"
+    );
+}
+
+#[test]
+fn a_read_error_fails_that_key_and_drops_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut rig, faults) = rig_with_faults(&options(dir.path(), 8, CHUNK), 4);
+    rig.store(&keys(0..3));
+    rig.tier.take_events();
+    faults.fail_reads(Some(libc::EIO));
+    let (r, _) = rig.load(&keys(0..2));
+    assert_eq!(r.outcome, JobOutcome::Failed);
+    faults.fail_reads(None);
+    assert!(
+        !rig.hit(&key(0)) && !rig.hit(&key(1)),
+        "unreadable chunks become misses"
+    );
+    let removed: Vec<_> = rig.tier.take_events().into_iter().flat_map(|e| e.keys).collect();
+    assert_eq!(removed.len(), 2);
+    rig.assert_loads(&[key(2)]);
+}
+
+#[test]
+fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), 16, CHUNK);
+    opts.io_threads = 1;
+    let faults = FaultInjector::new();
+    let mut tier = DiskTier::open_with_faults(&opts, geometry(), faults.clone()).unwrap();
+    let arena = tiering_core::ChunkArena::new(8, CHUNK).unwrap();
+    let waker = tiering_core::ControlWaker::new();
+    tier.set_waker(waker.clone());
+    faults.hold_io();
+    let mut ids = Vec::new();
+    for (j, pair) in [[0u32, 1], [2, 3], [4, 5]].iter().enumerate() {
+        let ks: Vec<_> = pair.iter().map(|&r| key(u64::from(r))).collect();
+        for (k, &r) in ks.iter().zip(pair) {
+            let bytes = content(k, CHUNK);
+            arena.write_row(r).unwrap().copy_from_slice(&bytes);
+        }
+        let id = tiering_core::JobId(j as u64 + 10);
+        ids.push(id);
+        tier.submit_store(tiering_core::TransferJob {
+            id,
+            kind: tiering_core::JobKind::Store,
+            keys: ks,
+            chunk_ids: pair.to_vec(),
+            req: tiering_core::ReqContext::local("drain"),
+            rows: tiering_core::RowGrant::Read(arena.read_rows(pair).unwrap()),
+        });
+    }
+    assert!(
+        faults.wait_until_held(1, PATIENCE),
+        "the one I/O thread holds the first write"
+    );
+    assert!(tier.has_pending_work());
+    assert_eq!(tier.stats().extra["queued_tasks"], 5.0);
+    faults.release_io_on_drain();
+    tier.drain_jobs();
+    let mut results = Vec::new();
+    tier.poll_finished(&mut results);
+    results.sort_by_key(|r| r.id);
+    let outcomes: Vec<_> = results.iter().map(|r| (r.id, r.outcome.clone())).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (ids[0], JobOutcome::Partial(vec![key(0)])),
+            (ids[1], JobOutcome::Failed),
+            (ids[2], JobOutcome::Failed),
+        ],
+        "the write in progress completed; everything queued was cancelled and reported"
+    );
+    assert_eq!(arena.granted_rows(), 0);
+    assert!(!tier.has_pending_work());
+    assert_eq!(tier.stats().extra["cancelled_keys"], 5.0);
+    let ctx = tiering_core::ReqContext::local("drain");
+    assert_eq!(tier.lookup(&key(0), &ctx), tiering_core::LookupResult::Hit);
+    for n in 1..6 {
+        assert_eq!(tier.lookup(&key(n), &ctx), tiering_core::LookupResult::Miss);
+    }
+    // The cancelled slots are free again.
+    assert_eq!(tier.stats().resident_chunks, 1);
+    let mut rig = Rig::new(tier, 4);
+    assert_eq!(rig.store(&keys(1..4)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(0..4));
+}
+
+#[test]
+fn shutdown_with_queued_jobs_reports_them_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), 8, CHUNK);
+    opts.io_threads = 1;
+    let (mut rig, faults) = rig_with_faults(&opts, 4);
+    rig.store(&keys(0..4));
+    faults.hold_io();
+    let a = rig.load_job(&keys(0..2));
+    rig.tier.submit_load(a);
+    assert!(faults.wait_until_held(1, PATIENCE));
+    // Rows 0 and 1 are granted to the load: this store reads rows 2 and 3.
+    let rows = [2u32, 3];
+    let job = tiering_core::TransferJob {
+        id: tiering_core::JobId(99),
+        kind: tiering_core::JobKind::Store,
+        keys: keys(10..12),
+        chunk_ids: rows.to_vec(),
+        req: tiering_core::ReqContext::local("t"),
+        rows: tiering_core::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
+    };
+    rig.tier.submit_store(job);
+    faults.release_io_on_drain();
+    rig.tier.shutdown().unwrap();
+    let mut results = Vec::new();
+    rig.tier.poll_finished(&mut results);
+    results.sort_by_key(|r| r.id);
+    assert_eq!(results.len(), 2, "every job is reported once, {results:?}");
+    assert_eq!(results[1].id, tiering_core::JobId(99));
+    assert_eq!(
+        results[1].outcome,
+        JobOutcome::Failed,
+        "the queued store was cancelled"
+    );
+    assert_eq!(
+        results[0].outcome,
+        JobOutcome::Partial(vec![key(0)]),
+        "the running read finished"
+    );
+    assert_eq!(rig.arena.granted_rows(), 0);
+}
+
+#[test]
+fn a_slot_under_read_is_never_evicted_and_a_store_with_no_room_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), 2, CHUNK);
+    opts.io_threads = 1;
+    let (mut rig, faults) = rig_with_faults(&opts, 4);
+    rig.store(&[key(0)]);
+    rig.store(&[key(1)]);
+    // Key 0 is least recent; a load of it is held in progress.
+    faults.hold_io();
+    let load = rig.load_job(&[key(0)]);
+    rig.tier.submit_load(load);
+    assert!(faults.wait_until_held(1, PATIENCE));
+    // A store needs a slot: it must evict key 1, never key 0 under read.
+    let rows = [1u32];
+    let store = |id, k| tiering_core::TransferJob {
+        id: tiering_core::JobId(id),
+        kind: tiering_core::JobKind::Store,
+        keys: vec![k],
+        chunk_ids: rows.to_vec(),
+        req: tiering_core::ReqContext::local("t"),
+        rows: tiering_core::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
+    };
+    {
+        let bytes = content(&key(2), CHUNK);
+        rig.arena.write_row(1).unwrap().copy_from_slice(&bytes);
+    }
+    let s2 = store(100, key(2));
+    let s3 = store(101, key(3));
+    rig.tier.submit_store(s2);
+    assert!(rig.hit(&key(0)), "the chunk under read stays");
+    assert!(!rig.hit(&key(1)), "the other chunk was evicted for the store");
+    // Now one slot is read and the other written: nothing can be admitted.
+    rig.tier.submit_store(s3);
+    faults.release_io();
+    let mut results = rig.wait(3);
+    results.sort_by_key(|r| r.id);
+    assert_eq!(results[0].outcome, JobOutcome::Ok, "the load of key 0 completed");
+    assert_eq!(results[1].outcome, JobOutcome::Ok, "key 2 was stored");
+    assert_eq!(
+        results[2].outcome,
+        JobOutcome::Failed,
+        "key 3 could not be admitted"
+    );
+    assert_eq!(rig.tier.stats().extra["not_admitted_keys"], 1.0);
+    assert_eq!(*rig.arena.read_row(0).unwrap(), content(&key(0), CHUNK)[..]);
+    rig.assert_loads(&[key(2)]);
+    assert!(rig.tier.stats().resident_chunks <= 2);
+    let file = std::fs::metadata(rig.tier.slab_path()).unwrap().len();
+    assert!(file <= capacity_for(2, CHUNK));
+}
