@@ -1,0 +1,82 @@
+//! A busy producer (no engine calls while its model "runs") still serves a pull when its
+//! control-plane thread is on; step-driven, the pull waits for its next step.
+
+mod common;
+
+use std::sync::{Arc, mpsc};
+use std::time::Duration;
+
+use common::*;
+use parking_lot::Mutex;
+use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Event {
+    ProducerBusy,
+    ConsumerDone,
+    ProducerNextStep,
+}
+
+/// The producer stores, ends its step, then makes no engine call for up to `busy` (or until the
+/// consumer is done); then it steps again until the consumer is done.
+fn run(producer: ManagerConfig, busy: Duration) -> Vec<Event> {
+    init_tracing();
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let mut a = Node::new(opts(), producer);
+    let mut b = Node::new(opts(), ManagerConfig::default());
+    let ks = keys(0, 8);
+    a.store("a-req", &ks);
+    log.lock().push(Event::ProducerBusy);
+    let (done_tx, done_rx) = mpsc::channel();
+    let ha = a.p2p.clone();
+    let blog = Arc::clone(&log);
+    let consumer = std::thread::spawn(move || {
+        let ctx = b.pull_ctx("b-req", &ha);
+        b.mgr.on_new_request(&ctx).unwrap();
+        let trace = b.pull_until_settled(&ctx, &ks);
+        blog.lock().push(Event::ConsumerDone);
+        let _ = done_tx.send(());
+        assert!(trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)), "{trace:?}");
+        let bytes = b.read_hits(&ctx, &ks);
+        for (k, got) in ks.iter().zip(&bytes) {
+            assert_eq!(got, &pattern(k));
+        }
+        b.finish(&ctx);
+        b.wait_clean();
+    });
+    // The model step: no manager call at all.
+    let finished_while_busy = done_rx.recv_timeout(busy).is_ok();
+    log.lock().push(Event::ProducerNextStep);
+    if !finished_while_busy {
+        loop {
+            a.mgr.on_schedule_end(&end()).unwrap();
+            if done_rx.recv_timeout(Duration::from_millis(1)).is_ok() {
+                break;
+            }
+        }
+    }
+    consumer.join().unwrap();
+    a.wait_clean();
+    let events = log.lock().clone();
+    events
+}
+
+#[test]
+fn with_the_control_thread_a_busy_producer_serves_the_whole_pull() {
+    // The producer stays busy until the pull completes (bounded generously); the assertion
+    // is that it completed before the producer's next engine call.
+    let events = run(ManagerConfig::default(), PATIENCE);
+    assert_eq!(
+        events,
+        [Event::ProducerBusy, Event::ConsumerDone, Event::ProducerNextStep]
+    );
+}
+
+#[test]
+fn step_driven_the_pull_waits_for_the_producers_next_step() {
+    let events = run(ManagerConfig::step_driven(), Duration::from_millis(500));
+    assert_eq!(
+        events,
+        [Event::ProducerBusy, Event::ProducerNextStep, Event::ConsumerDone]
+    );
+}
