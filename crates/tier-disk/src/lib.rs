@@ -24,6 +24,10 @@
 //!   the tier keeps serving. `drain_jobs` cancels queued work (reported failed), waits for running
 //!   copies, and returns when every job is reported.
 //!
+//! Registered with the static tier registry as type `disk`: a chain file's `[[secondary]]`
+//! table with `type = "disk"` builds a [`DiskTier`] from the remaining keys
+//! ([`DiskTierOptions`]). The final binary must name the crate (`use tier_disk as _;`).
+//!
 //! The design decisions, including the answers to the 33 disk-tier edge cases of the reference
 //! notes, are in `crates/tier-disk/DESIGN.md`.
 //!
@@ -50,8 +54,8 @@ pub mod options;
 mod pool;
 mod ratelog;
 mod recover;
+mod registration;
 mod shared;
-pub mod size;
 mod slab;
 #[cfg(feature = "test-utils")]
 pub mod testing;
@@ -62,6 +66,6 @@ pub use error::DiskError;
 pub use faults::FaultInjector;
 pub use format::SlabLayout;
 pub use options::{DirectIo, DiskGeometry, DiskTierOptions, SyncPolicy};
-pub use size::ByteSize;
 pub use slab::SLAB_FILE;
 pub use tier::{DiskTier, RecoveryReport, SlotLocation};
+pub use tiering_core::config::ByteSize;

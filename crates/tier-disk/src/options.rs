@@ -7,8 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use tiering_core::ChunkArena;
-
-use crate::size::ByteSize;
+use tiering_core::config::ByteSize;
 
 /// When the tier calls `fdatasync` on the slab file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
