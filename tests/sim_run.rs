@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use kvtier::sim::{SimConfig, Workload, WorkloadKind, WorkloadSpec, memory_chain, run_simulation};
+use kvtier::sim::{SimConfig, Workload, WorkloadKind, WorkloadSpec, cpu_chain, run_simulation};
+use tier_cpu::PolicyKind;
 
 fn quick_config() -> SimConfig {
     SimConfig {
@@ -24,7 +25,12 @@ fn small_chat(requests: usize) -> Workload {
 
 #[test]
 fn small_chat_run_holds_every_identity_and_completes_every_copy() {
-    let report = run_simulation(&memory_chain(8 << 20), &quick_config(), &small_chat(120)).unwrap();
+    let report = run_simulation(
+        &cpu_chain(8 << 20, PolicyKind::Lru),
+        &quick_config(),
+        &small_chat(120),
+    )
+    .unwrap();
     println!("{report}");
     assert!(report.identities_hold(), "{report}");
     assert_eq!(report.requests, 120);
@@ -32,6 +38,6 @@ fn small_chat_run_holds_every_identity_and_completes_every_copy() {
     assert_eq!(report.copy_jobs.completed, report.copy_jobs.submitted);
     assert_eq!(report.copy_jobs.failed, 0);
     assert_eq!(report.copy_jobs.corrupt_chunks, 0);
-    assert!(report.source_tokens("memory-primary") > 0, "{report}");
+    assert!(report.source_tokens("cpu") > 0, "{report}");
     assert!(report.tokens_not_recomputed.unwrap() > 0, "{report}");
 }

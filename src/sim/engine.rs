@@ -124,9 +124,15 @@ impl<'a> Engine<'a> {
             .map(|(i, s)| {
                 let mut tokens = s.prompt.to_vec();
                 tokens.extend_from_slice(&s.output);
+                let ctx = ReqContext::local(format!("{i}:{}", s.name));
+                let keys = chunk_keys(&tokens, tpc, 0);
+                // End-token positions let a tier recover prefix order (request-scoped recency).
+                for (c, k) in keys.iter().enumerate() {
+                    ctx.set_key_position(*k, ((c + 1) * tpc) as u64);
+                }
                 Req {
-                    ctx: ReqContext::local(format!("{i}:{}", s.name)),
-                    keys: chunk_keys(&tokens, tpc, 0),
+                    ctx,
+                    keys,
                     prompt_len: s.prompt.len(),
                     output_len: s.output.len(),
                     arrival: s.arrival,
@@ -214,6 +220,7 @@ impl<'a> Engine<'a> {
         if let Some(off) = &mut self.off {
             self.m.leaked_arena_rows = off.arena().granted_rows() as u64;
             self.m.lookups = off.lookups;
+            self.m.events = off.events;
             let stats = off.stats()?;
             self.m.primary_lookups = Offload::primary_lookups(&stats, off.primary_lookups_at_start());
         }
@@ -557,6 +564,8 @@ impl<'a> Engine<'a> {
     fn end_schedule(&mut self) -> Result<(), SimError> {
         let new_requests = std::mem::take(&mut self.new_this_step);
         if let Some(off) = &mut self.off {
+            // The engine collects KV-cache events every step (tiers queue them until drained).
+            off.take_events()?;
             off.on_schedule_end(&ScheduleEndContext {
                 new_requests,
                 preempted_requests: Vec::new(),

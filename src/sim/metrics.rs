@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::offload::{LookupCounts, Source};
+use super::offload::{EventCounts, LookupCounts, Source};
 
 /// Raw counters and samples of one run (with or without offloading).
 #[derive(Clone, Debug, Default)]
@@ -25,6 +25,8 @@ pub struct RunMetrics {
     pub deferrals: u64,
     /// Lookup verdicts.
     pub lookups: LookupCounts,
+    /// Keys in the KV-cache events drained.
+    pub events: EventCounts,
     /// Primary-tier lookups as the primary tier counted them (hits + misses).
     pub primary_lookups: u64,
     /// `prepare_store` calls that returned `None` (no room; retried).

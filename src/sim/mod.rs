@@ -1,11 +1,12 @@
 //! The engine simulator behind `kvtier run`.
 //!
 //! ```no_run
-//! use kvtier::sim::{SimConfig, Workload, WorkloadKind, WorkloadSpec, memory_chain, run_simulation};
+//! use kvtier::sim::{SimConfig, Workload, WorkloadKind, WorkloadSpec, cpu_chain, run_simulation};
+//! use tier_cpu::PolicyKind;
 //!
 //! let cfg = SimConfig::default();
 //! let workload = Workload::generate(&WorkloadSpec::new(WorkloadKind::Chat, 500, 1));
-//! let report = run_simulation(&memory_chain(64 << 20), &cfg, &workload)?;
+//! let report = run_simulation(&cpu_chain(64 << 20, PolicyKind::Lru), &cfg, &workload)?;
 //! println!("{report}");
 //! # Ok::<(), kvtier::sim::SimError>(())
 //! ```
@@ -31,13 +32,14 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
 use tiering_core::ManagerConfig;
 
 pub use chain::{Chain, ChainFactory};
 pub use config::SimConfig;
 pub use error::{BoxError, SimError};
 pub use hash::{chunk_keys, chunk_matches, fill_chunk};
-pub use offload::{LookupCounts, Source};
+pub use offload::{EventCounts, LookupCounts, Source};
 pub use report::{
     Baseline, CopyJobs, Identity, ManagerRow, PathRow, Percentiles, Report, SourceRow, TierRow, Timing,
 };
@@ -80,19 +82,12 @@ impl Workload {
     }
 }
 
-/// A chain of one in-memory primary tier of `capacity_bytes` (no secondaries).
-///
-/// It is the test double from `tiering_core::testing`, used until the CPU tier lands.
-pub fn memory_chain(capacity_bytes: usize) -> impl Fn(usize) -> Result<Chain, BoxError> {
+/// A chain of one CPU tier (`tier_cpu::CpuTier`) of `capacity_bytes` with the given eviction
+/// policy, and no secondary tier.
+pub fn cpu_chain(capacity_bytes: u64, eviction: PolicyKind) -> impl Fn(usize) -> Result<Chain, BoxError> {
     move |chunk_bytes: usize| {
-        let num_chunks = capacity_bytes / chunk_bytes.max(1);
-        if num_chunks == 0 {
-            return Err(format!(
-                "primary capacity {capacity_bytes} bytes holds no chunk of {chunk_bytes} bytes"
-            )
-            .into());
-        }
-        let primary = tiering_core::testing::MemoryPrimary::new(num_chunks, chunk_bytes);
+        let options = CpuTierOptions::new(Capacity::Bytes(capacity_bytes)).with_eviction(eviction);
+        let primary = CpuTier::from_options(&options, chunk_bytes)?;
         Ok(Chain::new(
             Box::new(primary),
             Vec::new(),

@@ -50,6 +50,15 @@ impl LookupCounts {
     }
 }
 
+/// Keys in the KV-cache events the engine drained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EventCounts {
+    /// Keys reported stored.
+    pub stored: u64,
+    /// Keys reported removed.
+    pub removed: u64,
+}
+
 /// The manager as the scheduler thread sees it.
 pub struct Offload {
     mgr: TieringManager,
@@ -63,6 +72,8 @@ pub struct Offload {
     step_calls: u32,
     /// Lookup verdicts so far.
     pub lookups: LookupCounts,
+    /// KV-cache events drained so far.
+    pub events: EventCounts,
     /// Primary lookups counted by the primary tier before the run (hits + misses).
     primary_lookups_at_start: u64,
 }
@@ -89,6 +100,7 @@ impl Offload {
             step_time: Duration::ZERO,
             step_calls: 0,
             lookups: LookupCounts::default(),
+            events: EventCounts::default(),
             primary_lookups_at_start: stats.primary.hits + stats.primary.misses,
         })
     }
@@ -271,6 +283,21 @@ impl Offload {
     /// The manager's error.
     pub fn has_pending_work(&mut self) -> Result<bool, SimError> {
         Ok(self.mgr.has_pending_work()?)
+    }
+
+    /// Drains the tiers' events (observation hook, under the step's lock), counting them.
+    ///
+    /// # Errors
+    /// The manager's error.
+    pub fn take_events(&mut self) -> Result<(), SimError> {
+        for e in self.mgr.take_events()? {
+            if e.removed {
+                self.events.removed += e.keys.len() as u64;
+            } else {
+                self.events.stored += e.keys.len() as u64;
+            }
+        }
+        Ok(())
     }
 
     /// A stats snapshot (not timed: instrumentation).

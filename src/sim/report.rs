@@ -8,7 +8,7 @@ use tiering_core::ManagerStats;
 
 use super::config::SimConfig;
 use super::metrics::{RunMetrics, quantile};
-use super::offload::LookupCounts;
+use super::offload::{EventCounts, LookupCounts};
 
 /// Everything a run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -41,6 +41,8 @@ pub struct Report {
     pub lookups: LookupCounts,
     /// Requests deferred by a pending or unknown lookup, counted per step.
     pub deferrals: u64,
+    /// Keys in the KV-cache events the engine drained.
+    pub events: EventCounts,
     /// Device-copy jobs.
     pub copy_jobs: CopyJobs,
     /// `prepare_store` calls the primary could not serve (retried), and chunks given up.
@@ -390,6 +392,7 @@ impl Report {
             ttft_ms: ms(&m.ttft),
             lookups: m.lookups,
             deferrals: m.deferrals,
+            events: m.events,
             copy_jobs: CopyJobs {
                 submitted: m.copy_jobs_submitted,
                 completed: m.copy_jobs_completed,
@@ -511,13 +514,15 @@ impl fmt::Display for Report {
         let l = &self.lookups;
         writeln!(
             f,
-            "  lookups {} (hit {}, pending {}, retry {}, miss {}); deferrals {}",
+            "  lookups {} (hit {}, pending {}, retry {}, miss {}); deferrals {}; events: {} keys stored, {} removed",
             l.total(),
             l.hit,
             l.hit_pending,
             l.retry,
             l.miss,
-            self.deferrals
+            self.deferrals,
+            self.events.stored,
+            self.events.removed
         )?;
         let m = &self.manager;
         writeln!(
