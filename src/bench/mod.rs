@@ -1,1 +1,41 @@
-//! Benchmarks behind `kvtier bench`.
+//! Benchmarks behind `kvtier bench`: each figure is printed next to its physical reference,
+//! measured in the same run.
+//!
+//! - [`tiers`]: store/load throughput of every tier of a chain (memcpy for the CPU tier, raw
+//!   `O_DIRECT` file I/O for storage tiers).
+
+pub mod tiers;
+
+pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
+
+/// Why a benchmark could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A setting is out of range.
+    #[error("invalid benchmark setting `{name}`: {reason}")]
+    InvalidSetting {
+        /// The setting.
+        name: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A tier refused an operation or reported a failed job.
+    #[error("tier {tier}: {message}")]
+    Tier {
+        /// The tier.
+        tier: String,
+        /// What happened.
+        message: String,
+    },
+    /// The reference measurement failed.
+    #[error("reference {reference}: {source}")]
+    Reference {
+        /// Which reference.
+        reference: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// An arena grant failed.
+    #[error(transparent)]
+    Arena(#[from] tiering_core::ArenaError),
+}

@@ -35,7 +35,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
 use tiering_core::ManagerConfig;
 
-pub use chain::{Chain, ChainFactory};
+pub use chain::{BuiltTiers, Chain, ChainFactory, TierBuildError, config_chain};
 pub use config::SimConfig;
 pub use error::{BoxError, SimError};
 pub use hash::{chunk_keys, chunk_matches, fill_chunk};

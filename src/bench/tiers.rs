@@ -1,0 +1,525 @@
+//! `kvtier bench tiers`: store and load throughput of each tier of a chain, next to the physical
+//! limit it is built on, measured in the same run and interleaved round by round so both see the
+//! same machine state.
+//!
+//! - CPU (primary) tier: `prepare_store` + copy into the arena rows + `complete_store` (and the
+//!   load direction), against a plain `memcpy` of the same bytes.
+//! - Storage tiers: a cascade job (`submit_store` of granted rows) and a promotion job
+//!   (`submit_load` into reserved rows, verified byte for byte), against raw `O_DIRECT`
+//!   `pwrite`/`pread` of the same bytes in the same directory (buffered I/O when the filesystem
+//!   refuses `O_DIRECT`, and the report says so).
+//! - Remote tiers (peers) move data only between nodes: `kvtier bench fetch-rtt` measures them.
+
+use std::fmt;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tiering_core::{
+    ChunkArena, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey, PrimaryTier, ReqContext,
+    RowGrant, SecondaryTier, TransferJob,
+};
+
+use super::BenchError;
+use crate::sim::{BuiltTiers, SimRng, chunk_matches, fill_chunk};
+
+/// What to measure.
+#[derive(Clone, Debug, Serialize)]
+pub struct TierBenchConfig {
+    /// Bytes per chunk.
+    pub chunk_bytes: usize,
+    /// Chunks per job (one round moves one batch each way).
+    pub batch_chunks: usize,
+    /// Bytes to move per tier and direction (rounded up to whole batches).
+    pub total_bytes: u64,
+    /// Where the storage reference writes its scratch file (a storage tier's own directory is
+    /// the fair choice).
+    pub scratch_dir: PathBuf,
+    /// Longest wait for one job.
+    pub job_timeout: Duration,
+    /// Seed for the chunk keys (fresh keys per run, so a persistent tier stores new data).
+    pub seed: u64,
+}
+
+impl Default for TierBenchConfig {
+    fn default() -> Self {
+        Self {
+            chunk_bytes: 256 * 1024,
+            batch_chunks: 32,
+            total_bytes: 256 << 20,
+            scratch_dir: std::env::temp_dir(),
+            job_timeout: Duration::from_secs(30),
+            seed: 0,
+        }
+    }
+}
+
+/// One measured figure.
+#[derive(Clone, Debug, Serialize)]
+pub struct TierBenchRow {
+    /// The tier.
+    pub tier: String,
+    /// `store` (into the tier) or `load` (out of it).
+    pub op: &'static str,
+    /// Bytes moved.
+    pub bytes: u64,
+    /// Throughput through the tier, GiB/s.
+    pub gib_per_s: f64,
+    /// The reference measured next to it.
+    pub reference: String,
+    /// The reference's throughput, GiB/s.
+    pub reference_gib_per_s: f64,
+    /// Tier ÷ reference.
+    pub ratio: f64,
+}
+
+/// Every figure, plus the tiers that were not measured and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct TierBenchReport {
+    /// The settings.
+    pub config: TierBenchConfig,
+    /// The figures.
+    pub rows: Vec<TierBenchRow>,
+    /// Tiers not measured, with the reason.
+    pub skipped: Vec<(String, String)>,
+}
+
+impl fmt::Display for TierBenchReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "kvtier bench tiers — {} KiB chunks, {} chunks per job, {} MiB per tier and direction",
+            self.config.chunk_bytes / 1024,
+            self.config.batch_chunks,
+            self.config.total_bytes >> 20
+        )?;
+        writeln!(
+            f,
+            "  {:<10} {:<6} {:>10}   {:<34} {:>10} {:>7}",
+            "tier", "op", "GiB/s", "reference", "GiB/s", "ratio"
+        )?;
+        for r in &self.rows {
+            writeln!(
+                f,
+                "  {:<10} {:<6} {:>10.2}   {:<34} {:>10.2} {:>7.2}",
+                r.tier, r.op, r.gib_per_s, r.reference, r.reference_gib_per_s, r.ratio
+            )?;
+        }
+        for (tier, why) in &self.skipped {
+            writeln!(f, "  {tier:<10} skipped: {why}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Accumulates bytes and time for one figure.
+#[derive(Default)]
+struct Meter {
+    bytes: u64,
+    time: Duration,
+}
+
+impl Meter {
+    fn add(&mut self, bytes: u64, time: Duration) {
+        self.bytes += bytes;
+        self.time += time;
+    }
+
+    fn gib_per_s(&self) -> f64 {
+        let s = self.time.as_secs_f64();
+        if s <= 0.0 {
+            0.0
+        } else {
+            self.bytes as f64 / s / f64::from(1u32 << 30)
+        }
+    }
+}
+
+fn row(tier: &str, op: &'static str, m: &Meter, reference: &str, r: &Meter) -> TierBenchRow {
+    let (a, b) = (m.gib_per_s(), r.gib_per_s());
+    TierBenchRow {
+        tier: tier.to_owned(),
+        op,
+        bytes: m.bytes,
+        gib_per_s: a,
+        reference: reference.to_owned(),
+        reference_gib_per_s: b,
+        ratio: if b > 0.0 { a / b } else { 0.0 },
+    }
+}
+
+/// Measures every tier of `tiers` and shuts them down.
+///
+/// # Errors
+/// A setting out of range, a tier that refuses an operation, fails a job, returns wrong bytes or
+/// does not report within the timeout, or a reference whose I/O fails.
+pub fn bench_tiers(tiers: BuiltTiers, cfg: &TierBenchConfig) -> Result<TierBenchReport, BenchError> {
+    let BuiltTiers {
+        mut primary,
+        mut secondaries,
+        ..
+    } = tiers;
+    let arena = Arc::clone(primary.arena());
+    if arena.chunk_bytes() != cfg.chunk_bytes {
+        return Err(BenchError::InvalidSetting {
+            name: "chunk_bytes",
+            reason: format!(
+                "the arena holds {} bytes per chunk, not {}",
+                arena.chunk_bytes(),
+                cfg.chunk_bytes
+            ),
+        });
+    }
+    let batch = cfg.batch_chunks.min(arena.num_chunks()).max(1);
+    // Touch every row once, so first-touch page faults are not billed to the tier (the memcpy
+    // reference copies between buffers that are already mapped). Nothing holds a row yet.
+    for c in 0..arena.num_chunks() {
+        arena.write_row(u32::try_from(c).unwrap_or(u32::MAX))?.fill(0);
+    }
+    let batch_bytes = (batch * cfg.chunk_bytes) as u64;
+    let rounds = cfg.total_bytes.div_ceil(batch_bytes).max(1);
+    let mut bench = Bench {
+        arena,
+        ctx: ReqContext::local("kvtier-bench"),
+        rng: SimRng::new(cfg.seed ^ std::process::id() as u64),
+        batch,
+        rounds,
+        cfg,
+    };
+    let mut rows = Vec::new();
+    let mut skipped = Vec::new();
+    let result = (|| -> Result<(), BenchError> {
+        rows.extend(bench.primary(primary.as_mut())?);
+        for tier in &mut secondaries {
+            let info = tier.info();
+            if info.locality == Some(Locality::Remote) {
+                skipped.push((
+                    info.name,
+                    "a peer tier moves data only between nodes; `kvtier bench fetch-rtt` measures it".into(),
+                ));
+                continue;
+            }
+            if info.medium == Some(Medium::Cpu) {
+                skipped.push((info.name, "no physical reference for a CPU secondary tier".into()));
+                continue;
+            }
+            rows.extend(bench.secondary(primary.as_mut(), tier.as_mut())?);
+        }
+        Ok(())
+    })();
+    primary.on_request_finished(&bench.ctx);
+    for t in &mut secondaries {
+        if let Err(e) = t.shutdown() {
+            tracing::warn!(tier = %t.info().name, error = %e, "shutdown after the benchmark failed");
+        }
+    }
+    if let Err(e) = primary.shutdown() {
+        tracing::warn!(error = %e, "primary shutdown after the benchmark failed");
+    }
+    result?;
+    Ok(TierBenchReport {
+        config: cfg.clone(),
+        rows,
+        skipped,
+    })
+}
+
+struct Bench<'a> {
+    arena: Arc<ChunkArena>,
+    ctx: ReqContext,
+    rng: SimRng,
+    batch: usize,
+    rounds: u64,
+    cfg: &'a TierBenchConfig,
+}
+
+impl Bench<'_> {
+    fn fresh_keys(&mut self) -> Vec<OffloadKey> {
+        (0..self.batch)
+            .map(|_| OffloadKey::from_u64(self.rng.next_u64()))
+            .collect()
+    }
+
+    fn tier_err(tier: &str, message: impl Into<String>) -> BenchError {
+        BenchError::Tier {
+            tier: tier.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    /// Primary: engine-side store and load through the tier's bookkeeping and arena rows.
+    fn primary(&mut self, primary: &mut dyn PrimaryTier) -> Result<Vec<TierBenchRow>, BenchError> {
+        let name = primary.info().name;
+        let cb = self.cfg.chunk_bytes;
+        let mut device = vec![0u8; self.batch * cb];
+        let mut scratch = vec![0u8; self.batch * cb];
+        for (i, c) in device.chunks_mut(cb).enumerate() {
+            c.fill(i as u8);
+        }
+        let (mut store, mut load, mut copy_in, mut copy_out) = (
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+        );
+        // One untimed round first, so page faults of fresh rows do not count.
+        for round in 0..=self.rounds {
+            let keys = self.fresh_keys();
+            let t = Instant::now();
+            let out = primary
+                .prepare_store(&keys, &self.ctx)
+                .ok_or_else(|| Self::tier_err(&name, "prepare_store found no room for one batch"))?;
+            for (c, src) in out.chunk_ids.iter().zip(device.chunks(cb)) {
+                self.arena.write_row(*c)?.copy_from_slice(src);
+            }
+            primary.complete_store(&out.keys_to_store, &self.ctx, true);
+            let store_time = t.elapsed();
+            let t = Instant::now();
+            scratch.copy_from_slice(&device);
+            let copy_time = t.elapsed();
+            let t = Instant::now();
+            let rows = primary
+                .prepare_load(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            for (c, dst) in rows.iter().zip(scratch.chunks_mut(cb)) {
+                dst.copy_from_slice(&self.arena.read_row(*c)?);
+            }
+            primary
+                .complete_load(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            let load_time = t.elapsed();
+            let t = Instant::now();
+            device.copy_from_slice(&scratch);
+            let back_time = t.elapsed();
+            if round > 0 {
+                let b = (keys.len() * cb) as u64;
+                store.add(b, store_time);
+                copy_in.add(b, copy_time);
+                load.add(b, load_time);
+                copy_out.add(b, back_time);
+            }
+        }
+        Ok(vec![
+            row(&name, "store", &store, "memcpy", &copy_in),
+            row(&name, "load", &load, "memcpy", &copy_out),
+        ])
+    }
+
+    /// A storage tier: cascade and promotion jobs against raw O_DIRECT I/O.
+    fn secondary(
+        &mut self,
+        primary: &mut dyn PrimaryTier,
+        tier: &mut dyn SecondaryTier,
+    ) -> Result<Vec<TierBenchRow>, BenchError> {
+        let name = tier.info().name;
+        let cb = self.cfg.chunk_bytes;
+        let mut reference = RawFile::open(&self.cfg.scratch_dir, self.batch, cb)?;
+        let (mut store, mut load, mut raw_w, mut raw_r) = (
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+        );
+        tier.on_new_request(&self.ctx);
+        let mut job_id = 1u64 << 40;
+        for round in 0..=self.rounds {
+            let keys = self.fresh_keys();
+            // Stage the batch in the primary (untimed), with content the load can verify.
+            let out = primary
+                .prepare_store(&keys, &self.ctx)
+                .ok_or_else(|| Self::tier_err(&name, "the primary has no room for one batch"))?;
+            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+                fill_chunk(k, &mut self.arena.write_row(*c)?);
+            }
+            primary.complete_store(&out.keys_to_store, &self.ctx, true);
+            let rows = primary
+                .prepare_read(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            job_id += 1;
+            let job = TransferJob {
+                id: JobId(job_id),
+                kind: JobKind::Store,
+                keys: keys.clone(),
+                chunk_ids: rows.clone(),
+                req: self.ctx.clone(),
+                rows: RowGrant::Read(self.arena.read_rows(&rows)?),
+            };
+            let t = Instant::now();
+            tier.submit_store(job);
+            let r = self.wait(tier, JobId(job_id))?;
+            let store_time = t.elapsed();
+            primary
+                .complete_read(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            if r.outcome != JobOutcome::Ok {
+                return Err(Self::tier_err(
+                    &name,
+                    format!("store job failed: {:?}", r.outcome),
+                ));
+            }
+            let write_time = reference.write_batch()?;
+            // Drop the primary copies so the load really comes from the tier.
+            primary.reset();
+            let out = primary
+                .prepare_write(&keys, &self.ctx)
+                .ok_or_else(|| Self::tier_err(&name, "the primary has no room to load a batch"))?;
+            job_id += 1;
+            let job = TransferJob {
+                id: JobId(job_id),
+                kind: JobKind::Promotion,
+                keys: out.keys_to_store.clone(),
+                chunk_ids: out.chunk_ids.clone(),
+                req: self.ctx.clone(),
+                rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
+            };
+            let t = Instant::now();
+            tier.submit_load(job);
+            let r = self.wait(tier, JobId(job_id))?;
+            let load_time = t.elapsed();
+            let ok = r.outcome == JobOutcome::Ok;
+            primary.complete_write(&out.keys_to_store, &self.ctx, ok);
+            if !ok {
+                return Err(Self::tier_err(&name, format!("load job failed: {:?}", r.outcome)));
+            }
+            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+                if !chunk_matches(k, &self.arena.read_row(*c)?) {
+                    return Err(Self::tier_err(
+                        &name,
+                        format!("chunk {k} came back with different bytes"),
+                    ));
+                }
+            }
+            let read_time = reference.read_batch()?;
+            primary.reset();
+            if round > 0 {
+                let b = (keys.len() * cb) as u64;
+                store.add(b, store_time);
+                load.add(b, load_time);
+                raw_w.add(b, write_time);
+                raw_r.add(b, read_time);
+            }
+        }
+        tier.on_request_finished(&self.ctx);
+        let label = reference.label();
+        Ok(vec![
+            row(
+                &name,
+                "store",
+                &store,
+                &format!("{label} write, 1 call/job"),
+                &raw_w,
+            ),
+            row(&name, "load", &load, &format!("{label} read, 1 call/job"), &raw_r),
+        ])
+    }
+
+    fn wait(&self, tier: &mut dyn SecondaryTier, id: JobId) -> Result<JobResult, BenchError> {
+        let deadline = Instant::now() + self.cfg.job_timeout;
+        let mut out = Vec::new();
+        loop {
+            tier.poll_finished(&mut out);
+            if let Some(pos) = out.iter().position(|r| r.id == id) {
+                return Ok(out.swap_remove(pos));
+            }
+            if Instant::now() > deadline {
+                return Err(Self::tier_err(
+                    &tier.info().name,
+                    format!("{id} not reported within {:?}", self.cfg.job_timeout),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// The storage reference: one batch of bytes written to and read from a scratch file with one
+/// `O_DIRECT` `pwrite`/`pread` per batch (buffered I/O where the filesystem refuses direct I/O).
+struct RawFile {
+    file: File,
+    path: PathBuf,
+    /// Over-allocated so that `buf[offset..offset + len]` is page aligned, as direct I/O needs.
+    buf: Vec<u8>,
+    offset: usize,
+    len: usize,
+    direct: bool,
+}
+
+const ALIGN: usize = 4096;
+
+impl RawFile {
+    fn open(dir: &Path, batch: usize, chunk_bytes: usize) -> Result<Self, BenchError> {
+        let path = dir.join(format!("kvtier-bench-raw-{}.tmp", std::process::id()));
+        let err = |source| BenchError::Reference {
+            reference: format!("scratch file {}", path.display()),
+            source,
+        };
+        let open = |flags: i32| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .custom_flags(flags)
+                .open(&path)
+        };
+        let len = batch * chunk_bytes;
+        // Direct I/O needs block-aligned lengths as well as aligned buffers.
+        let aligned = len % ALIGN == 0;
+        let (file, direct) = match open(if aligned { libc::O_DIRECT } else { 0 }) {
+            Ok(f) => (f, aligned),
+            Err(e) if aligned && e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(err)?, false),
+            Err(e) => return Err(err(e)),
+        };
+        let buf = vec![0xA5u8; len + ALIGN];
+        let offset = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
+        Ok(Self {
+            file,
+            path,
+            buf,
+            offset,
+            len,
+            direct,
+        })
+    }
+
+    fn label(&self) -> &'static str {
+        if self.direct {
+            "raw O_DIRECT"
+        } else {
+            "raw buffered (no O_DIRECT)"
+        }
+    }
+
+    fn io_err(&self, source: std::io::Error) -> BenchError {
+        BenchError::Reference {
+            reference: format!("{} on {}", self.label(), self.path.display()),
+            source,
+        }
+    }
+
+    fn write_batch(&mut self) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        let data = &self.buf[self.offset..self.offset + self.len];
+        self.file.write_all_at(data, 0).map_err(|e| self.io_err(e))?;
+        Ok(t.elapsed())
+    }
+
+    fn read_batch(&mut self) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        let (offset, len) = (self.offset, self.len);
+        let result = self.file.read_exact_at(&mut self.buf[offset..offset + len], 0);
+        result.map_err(|e| self.io_err(e))?;
+        Ok(t.elapsed())
+    }
+}
+
+impl Drop for RawFile {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_file(&self.path) {
+            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the benchmark scratch file");
+        }
+    }
+}
