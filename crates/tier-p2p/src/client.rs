@@ -215,6 +215,7 @@ impl ClientRole {
     pub(crate) fn finish_quiescent(&mut self, core: &mut Core, peer: &str) {
         for (kv, req) in &mut self.reqs {
             let mut finished = Vec::new();
+            let mut lost = Vec::new();
             for (round, load) in &req.loads {
                 if !load.done {
                     continue;
@@ -229,6 +230,7 @@ impl ClientRole {
                     .map(|(i, &v)| v && load.producer_ok.as_ref().is_none_or(|p| p.get(i).copied().unwrap_or(false)))
                     .collect();
                 let good = ok.iter().filter(|&&o| o).count() as u64;
+                lost.extend(load.keys.iter().zip(&ok).filter(|(_, o)| !**o).map(|(k, _)| *k));
                 P2pCounters::bump(&core.counters.loads_finished);
                 P2pCounters::add(&core.counters.keys_loaded, good);
                 P2pCounters::add(&core.counters.keys_failed, load.keys.len() as u64 - good);
@@ -243,6 +245,13 @@ impl ClientRole {
             }
             for r in finished {
                 req.loads.remove(&r);
+            }
+            // A key that failed to load misses for the rest of the request: probing it again
+            // would fetch it again and fail the same way.
+            if !req.finished {
+                for k in lost {
+                    req.probes.insert(k, Some(false));
+                }
             }
         }
         self.reqs.retain(|_, r| !(r.finished && r.loads.is_empty()));

@@ -170,6 +170,7 @@ impl Core {
 
     /// Resolves one key of a store job (`delivered` when the consumer verified it).
     pub(crate) fn resolve_store_key(&mut self, id: JobId, key: &OffloadKey, delivered: bool) {
+        tracing::trace!(job = %id, %key, delivered, "store key resolved");
         let Some(job) = self.store_jobs.get_mut(&id) else {
             tracing::error!(job = %id, "a supply entry names an unknown store job");
             return;
@@ -189,6 +190,7 @@ impl Core {
             && let Some(job) = self.store_jobs.remove(&id)
         {
             let delivered = job.ok.iter().filter(|&&o| o).count() as u64;
+            tracing::debug!(job = %id, delivered, "peer store job finished");
             self.finished.push(JobResult::from_key_outcomes(
                 id,
                 &job.keys,

@@ -242,6 +242,7 @@ impl ServerRole {
         });
         req.rounds.insert(round, round_state);
         self.transfers.insert(transfer_id, (kv.to_owned(), round));
+        tracing::debug!(transfer_id, %kv, round, "transfer submitted");
         Ok(Vec::new())
     }
 
@@ -276,6 +277,7 @@ impl ServerRole {
         answer: bool,
     ) -> Vec<Message> {
         let Some((kv, round)) = self.transfers.remove(&transfer_id) else {
+            tracing::debug!(transfer_id, "finished transfer unknown to the session");
             return Vec::new();
         };
         let Some(t) = self
@@ -284,6 +286,7 @@ impl ServerRole {
             .and_then(|r| r.rounds.remove(&round))
             .and_then(|r| r.transfer)
         else {
+            tracing::error!(transfer_id, %kv, round, "finished transfer lost its round");
             return Vec::new();
         };
         debug_assert_eq!(t.id, transfer_id);

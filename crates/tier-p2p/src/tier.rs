@@ -215,6 +215,7 @@ impl P2pTier {
                 transfer_id,
                 statuses,
             } => {
+                tracing::debug!(%peer, generation, transfer_id, ?statuses, "transfer finished");
                 let live = self.sessions.get_mut(&peer).filter(|s| s.generation == generation);
                 let target = match live {
                     Some(s) => Some(s),
@@ -223,8 +224,14 @@ impl P2pTier {
                         .iter_mut()
                         .find(|s| s.peer == peer && s.generation == generation),
                 };
-                if let Some(s) = target {
-                    s.on_transfer_finished(&mut self.core, transfer_id, &statuses);
+                match target {
+                    Some(s) => s.on_transfer_finished(&mut self.core, transfer_id, &statuses),
+                    None => tracing::error!(
+                        %peer,
+                        generation,
+                        transfer_id,
+                        "a transfer finished for a session that no longer exists; its pins leak"
+                    ),
                 }
             }
             DataEvent::SenderLost { peer, generation } => {
@@ -267,7 +274,13 @@ impl P2pTier {
         for s in &mut self.retiring {
             s.client.finish_quiescent(&mut self.core, &s.peer.clone());
         }
-        self.retiring.retain(Session::quiescent);
+        self.retiring.retain(|s| {
+            let keep = !s.quiescent();
+            if !keep {
+                tracing::debug!(peer = %s.peer, generation = s.generation, "retired session dropped");
+            }
+            keep
+        });
         let limit = self.core.opts.deadlines.unbound_park();
         let stale: Vec<String> = self
             .core

@@ -23,6 +23,10 @@ use crate::wire::Message;
 
 static MONITOR_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Linger of a DEALER closed with a session (not at shutdown), so its last `disconnect` can
+/// still reach the peer.
+const CLOSE_LINGER_MS: i32 = 200;
+
 /// What the tier asks of the I/O thread.
 pub(crate) enum IoCommand {
     /// Open (or replace) the DEALER toward `peer`, tagged with the session generation.
@@ -412,8 +416,12 @@ impl IoThread {
                 }
             }
             IoCommand::Close { peer, generation } => {
-                if self.dealers.get(&peer).is_some_and(|d| d.generation == generation) {
-                    self.dealers.remove(&peer);
+                if self.dealers.get(&peer).is_some_and(|d| d.generation == generation)
+                    && let Some(d) = self.dealers.remove(&peer)
+                {
+                    // A goodbye (`disconnect`) may still be queued: give it a moment to leave.
+                    // Tier shutdown closes whatever is left with LINGER 0.
+                    let _ = d.socket.set_linger(CLOSE_LINGER_MS);
                 }
                 false
             }

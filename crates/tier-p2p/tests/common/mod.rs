@@ -56,7 +56,11 @@ impl Node {
     }
 
     pub fn with_rows(opts: P2pTierOptions, config: ManagerConfig, rows: usize) -> Self {
-        let primary = MemoryPrimary::new(rows, CHUNK);
+        Self::with_geometry(opts, config, rows, CHUNK)
+    }
+
+    pub fn with_geometry(opts: P2pTierOptions, config: ManagerConfig, rows: usize, chunk: usize) -> Self {
+        let primary = MemoryPrimary::new(rows, chunk);
         let tier = P2pTier::new(opts, primary.arena()).expect("p2p tier");
         let p2p = tier.handle();
         let mgr = TieringManager::new(Box::new(primary.clone()), vec![Box::new(tier)], config);
@@ -110,7 +114,10 @@ impl Node {
             if r.iter().all(|v| matches!(v, LookupResult::Hit | LookupResult::Miss)) {
                 return trace;
             }
-            assert!(start.elapsed() < PATIENCE, "pull did not settle: {trace:?}");
+            if start.elapsed() >= PATIENCE {
+                let tails: Vec<_> = trace.iter().map(|t| (t.len(), &t[t.len().saturating_sub(3)..])).collect();
+                panic!("pull did not settle: (changes, last verdicts) per key: {tails:?}");
+            }
             std::thread::sleep(Duration::from_millis(1));
         }
     }
