@@ -57,6 +57,8 @@ fn write_slot(
     row: &[u8],
 ) -> io::Result<()> {
     let pad = shared.slab.layout().pad();
+    // The scratch blocks may hold bytes of the last slot this thread read.
+    scratch.tail[..pad].fill(0);
     let header = SlotHeader::encode_for(seq, key, row, &mut scratch.header);
     SlotCommit::sealing(&header).encode(&mut scratch.tail[pad..]);
     shared.slab.write_slot(

@@ -32,7 +32,8 @@ const COMMIT_MAGIC: [u8; 8] = *b"KVTCMIT\0";
 
 const SUPER_LEN: usize = 48;
 const HEADER_CHECKED: usize = 72;
-const HEADER_LEN: usize = 88;
+/// Bytes of the header block that carry the header.
+pub const HEADER_LEN: usize = 88;
 const COMMIT_LEN: usize = 32;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -205,7 +206,8 @@ pub struct SlotHeader {
 
 impl SlotHeader {
     fn write_fields(seq: u64, key: &OffloadKey, payload_len: u64, out: &mut [u8]) {
-        out[..HEADER_LEN].fill(0);
+        let end = out.len().min(BLOCK);
+        out[..end].fill(0);
         out[0..8].copy_from_slice(&HEADER_MAGIC);
         out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out[16..24].copy_from_slice(&seq.to_le_bytes());
@@ -213,8 +215,8 @@ impl SlotHeader {
         out[64..72].copy_from_slice(&payload_len.to_le_bytes());
     }
 
-    /// Encodes the header for `payload` into `out` (at least [`BLOCK`] bytes; bytes past the
-    /// header must already be zero), computing the checksum. Returns the header.
+    /// Encodes the header for `payload` into `out` (at least [`HEADER_LEN`] bytes; the rest of
+    /// the first block is zeroed), computing the checksum. Returns the header.
     pub fn encode_for(seq: u64, key: &OffloadKey, payload: &[u8], out: &mut [u8]) -> Self {
         let payload_len = payload.len() as u64;
         Self::write_fields(seq, key, payload_len, out);
@@ -275,9 +277,10 @@ impl SlotCommit {
         }
     }
 
-    /// Encodes into the first bytes of `out` (bytes past it must already be zero).
+    /// Encodes into the first bytes of `out` and zeroes the rest of the first block.
     pub fn encode(&self, out: &mut [u8]) {
-        out[..COMMIT_LEN].fill(0);
+        let end = out.len().min(BLOCK);
+        out[..end].fill(0);
         out[0..8].copy_from_slice(&COMMIT_MAGIC);
         out[8..16].copy_from_slice(&self.seq.to_le_bytes());
         out[16..24].copy_from_slice(&self.checksum.to_le_bytes());
