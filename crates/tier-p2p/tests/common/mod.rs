@@ -83,10 +83,15 @@ impl Node {
 
     /// A consumer request pulling from `from`.
     pub fn pull_ctx(&self, req: &str, from: &P2pHandle) -> ReqContext {
+        self.pull_ctx_to(req, from.host(), from.port())
+    }
+
+    /// A consumer request pulling from the peer at `host:port`.
+    pub fn pull_ctx_to(&self, req: &str, host: &str, port: u16) -> ReqContext {
         let params = json!({"remote_kv_source": {
             "kv_request_id": format!("{}-{req}", self.p2p.local_id()),
-            "host": from.host(),
-            "port": from.port(),
+            "host": host,
+            "port": port,
         }});
         let serde_json::Value::Object(m) = params else { unreachable!() };
         ReqContext::builder(RequestId::local(req)).params(m).build()
