@@ -2,10 +2,14 @@
 //! measured in the same run.
 //!
 //! - [`tiers`]: store/load throughput of every tier of a chain (memcpy for the CPU tier, raw
-//!   `O_DIRECT` file I/O for storage tiers).
+//!   `O_DIRECT` file I/O for storage tiers);
+//! - [`fetch_rtt`]: a peer's fetch round trip from a busy producer, with and without the
+//!   control-plane thread, next to a raw control-message round trip.
 
+pub mod fetch_rtt;
 pub mod tiers;
 
+pub use fetch_rtt::{ControlPlaneMode, FetchRttConfig, FetchRttReport, ModeResult, fetch_rtt};
 pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
 
 /// Why a benchmark could not run.
