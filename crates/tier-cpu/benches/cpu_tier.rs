@@ -1,1 +1,168 @@
-fn main() {}
+//! Criterion benches of the CPU tier's hot paths at 100k and 1M slots, next to a plain hash-map
+//! probe with the same hasher measured in the same run (the reference for lookups).
+//!
+//! - `lookup_hit` / `lookup_miss` vs `hashmap_probe_hit` / `hashmap_probe_miss`
+//! - `store16_evict`: `prepare_store` of 16 new keys into a full tier (16 evictions) +
+//!   `complete_store`, as the first store of a fresh request
+//! - `load16`: `prepare_load` + `complete_load` of 16 resident keys, as a fresh request
+//! - `touch16`: `touch` of 16 resident keys
+//!
+//! Chunks are 64 bytes (one page per row); the arena is not pre-faulted, so 1M rows map 4 GiB of
+//! untouched virtual memory. `KVTIER_BENCH_SIZES=100000` limits the sizes; the default run is
+//! kept short (small sample size and measurement time).
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use tier_cpu::{CpuTier, PolicyKind};
+use tiering_core::{KeyMap, OffloadKey, PrimaryTier, ReqContext};
+
+const BATCH: usize = 16;
+
+fn sizes() -> Vec<usize> {
+    std::env::var("KVTIER_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![100_000, 1_000_000])
+}
+
+fn policies() -> Vec<PolicyKind> {
+    std::env::var("KVTIER_BENCH_POLICIES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|p| p.parse().ok()).collect())
+        .filter(|v: &Vec<PolicyKind>| !v.is_empty())
+        .unwrap_or_else(|| PolicyKind::ALL.to_vec())
+}
+
+/// A cheap permutation step so consecutive probes hit unrelated keys.
+fn scramble(i: usize, n: usize) -> usize {
+    (i.wrapping_mul(0x9E37_79B9) ^ (i >> 7)) % n
+}
+
+/// A full tier of `n` ready chunks, keys `0..n`.
+fn full_tier(n: usize, policy: PolicyKind) -> CpuTier {
+    let mut tier = CpuTier::new(n, 64, policy).expect("bench tier");
+    let keys: Vec<OffloadKey> = (0..n as u64).map(OffloadKey::from_u64).collect();
+    for batch in keys.chunks(1024) {
+        let ctx = ReqContext::local("fill");
+        tier.prepare_store(batch, &ctx).expect("room while filling");
+        tier.complete_store(batch, &ctx, true);
+    }
+    tier.take_events();
+    tier
+}
+
+fn bench_size(c: &mut Criterion, n: usize) {
+    let resident: Vec<OffloadKey> = (0..n as u64).map(OffloadKey::from_u64).collect();
+    let absent: Vec<OffloadKey> = (0..n as u64)
+        .map(|i| OffloadKey::from_u64(i + (1 << 40)))
+        .collect();
+    let mut group = c.benchmark_group(format!("cpu_tier/{n}"));
+    group
+        .sample_size(20)
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_millis(500));
+
+    // The reference: a plain map with the same hasher and the same keys.
+    let map: KeyMap<u32> = resident.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
+    group.throughput(Throughput::Elements(1));
+    let mut i = 0usize;
+    group.bench_function("hashmap_probe_hit", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            black_box(map.get(&resident[scramble(i, n)]))
+        });
+    });
+    group.bench_function("hashmap_probe_miss", |b| {
+        b.iter(|| {
+            i = i.wrapping_add(1);
+            black_box(map.get(&absent[scramble(i, n)]))
+        });
+    });
+    drop(map);
+
+    for policy in policies() {
+        let mut tier = full_tier(n, policy);
+        let ctx = ReqContext::local("bench");
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(BenchmarkId::new("lookup_hit", policy), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                black_box(tier.lookup(&resident[scramble(i, n)], &ctx))
+            });
+        });
+        group.bench_function(BenchmarkId::new("lookup_miss", policy), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                black_box(tier.lookup(&absent[scramble(i, n)], &ctx))
+            });
+        });
+
+        group.throughput(Throughput::Elements(1));
+        let mut batch = [OffloadKey::from_u64(0); BATCH];
+        let fill = |batch: &mut [OffloadKey; BATCH], i: usize| {
+            for (j, slot) in batch.iter_mut().enumerate() {
+                *slot = resident[scramble(i.wrapping_mul(BATCH) + j, n)];
+            }
+        };
+        group.bench_function(BenchmarkId::new("touch16", policy), |b| {
+            b.iter(|| {
+                i = i.wrapping_add(1);
+                fill(&mut batch, i);
+                tier.touch(black_box(&batch), &ctx);
+            });
+        });
+        group.bench_function(BenchmarkId::new("load16", policy), |b| {
+            b.iter_batched(
+                || {
+                    i = i.wrapping_add(1);
+                    let mut keys = batch;
+                    fill(&mut keys, i);
+                    (keys, ReqContext::local("load"))
+                },
+                |(keys, req)| {
+                    let rows = tier.prepare_load(&keys, &req).expect("resident keys");
+                    tier.complete_load(&keys, &req).expect("pinned keys");
+                    black_box(rows);
+                    req
+                },
+                BatchSize::SmallInput,
+            );
+        });
+        // Stores evict keys, so they run last for this tier; new keys come from a counter.
+        let mut next = 1u64 << 48;
+        group.bench_function(BenchmarkId::new("store16_evict", policy), |b| {
+            b.iter_batched(
+                || {
+                    let mut keys = batch;
+                    for slot in &mut keys {
+                        *slot = OffloadKey::from_u64(next);
+                        next += 1;
+                    }
+                    (keys, ReqContext::local("store"))
+                },
+                |(keys, req)| {
+                    let out = tier.prepare_store(&keys, &req).expect("evictable chunks");
+                    assert_eq!(out.evicted.len(), BATCH);
+                    tier.complete_store(&out.keys_to_store, &req, true);
+                    tier.take_events();
+                    req
+                },
+                BatchSize::SmallInput,
+            );
+        });
+        drop(tier);
+    }
+    group.finish();
+}
+
+fn benches(c: &mut Criterion) {
+    for n in sizes() {
+        bench_size(c, n);
+    }
+}
+
+criterion_group!(cpu_tier, benches);
+criterion_main!(cpu_tier);

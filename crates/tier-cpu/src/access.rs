@@ -6,21 +6,24 @@
 //! request finishes. The record belongs to one tier instance and one cache generation; a stale
 //! record (another tier, or from before a reset) is replaced by a fresh one.
 
-use std::collections::BTreeMap;
+use tiering_core::{KeyMap, OffloadKey, ReqContext};
 
-use tiering_core::{KeySet, OffloadKey, ReqContext};
+const SEEN: u8 = 1;
+const INSERTED: u8 = 2;
+const REUSED: u8 = 4;
+const STORE_MISS: u8 = 8;
 
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
+///
+/// One map of per-key flags plus the first-observed order keeps a request's bookkeeping to two
+/// allocations that grow with the request, instead of one set per flag.
 #[derive(Default)]
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
-    /// Keys per KV-cache group, in first-observed order.
-    groups: BTreeMap<u32, Vec<OffloadKey>>,
-    seen: KeySet,
-    pub(crate) inserted: KeySet,
-    pub(crate) reused: KeySet,
-    store_misses: KeySet,
+    flags: KeyMap<u8>,
+    /// Keys in first-observed order (all KV groups mixed; grouped at finish).
+    order: Vec<OffloadKey>,
     pub(crate) finished: bool,
 }
 
@@ -56,10 +59,35 @@ impl RequestAccess {
         )
     }
 
+    fn flags(&self, key: &OffloadKey) -> u8 {
+        self.flags.get(key).copied().unwrap_or(0)
+    }
+
+    /// Whether this request inserted `key`.
+    pub(crate) fn inserted(&self, key: &OffloadKey) -> bool {
+        self.flags(key) & INSERTED != 0
+    }
+
+    /// Whether this request reused `key` (and did not insert it before reusing it).
+    pub(crate) fn reused(&self, key: &OffloadKey) -> bool {
+        self.flags(key) & REUSED != 0
+    }
+
+    /// Marks `keys` as inserted by this request.
+    pub(crate) fn mark_inserted(&mut self, keys: &[OffloadKey]) {
+        self.flags.reserve(keys.len());
+        for k in keys {
+            *self.flags.entry(*k).or_insert(0) |= INSERTED;
+        }
+    }
+
     /// Keeps the keys not yet seen as store misses by this request, and remembers them.
     pub(crate) fn new_store_misses(&mut self, keys: &[OffloadKey], out: &mut Vec<OffloadKey>) {
+        self.flags.reserve(keys.len());
         for k in keys {
-            if self.store_misses.insert(*k) {
+            let f = self.flags.entry(*k).or_insert(0);
+            if *f & STORE_MISS == 0 {
+                *f |= STORE_MISS;
                 out.push(*k);
             }
         }
@@ -68,27 +96,25 @@ impl RequestAccess {
     /// Records `keys` (in order) and returns through `new` those observed for the first time.
     /// `reused` keys count as reuses unless this request inserted them itself. After the request
     /// finished, new keys are not recorded (vLLM asserts here; see the crate docs).
-    pub(crate) fn record<'k>(
-        &mut self,
-        keys: impl Iterator<Item = &'k OffloadKey>,
-        reused: &[OffloadKey],
-        new: &mut Vec<OffloadKey>,
-    ) {
+    pub(crate) fn record(&mut self, keys: &[OffloadKey], reused: &[OffloadKey], new: &mut Vec<OffloadKey>) {
+        self.flags.reserve(keys.len());
         for k in keys {
-            if self.seen.contains(k) {
+            let f = self.flags.entry(*k).or_insert(0);
+            if *f & SEEN != 0 {
                 continue;
             }
             if self.finished {
                 tracing::debug!(key = %k, "key observed after its request finished; not recorded");
                 continue;
             }
-            self.seen.insert(*k);
-            self.groups.entry(k.group()).or_default().push(*k);
+            *f |= SEEN;
+            self.order.push(*k);
             new.push(*k);
         }
         for k in reused {
-            if !self.inserted.contains(k) {
-                self.reused.insert(*k);
+            let f = self.flags.entry(*k).or_insert(0);
+            if *f & INSERTED == 0 {
+                *f |= REUSED;
             }
         }
     }
@@ -101,14 +127,23 @@ impl RequestAccess {
             return None;
         }
         self.finished = true;
-        let mut all: Vec<(OffloadKey, Option<u64>)> = Vec::with_capacity(self.seen.len());
-        for keys in self.groups.values() {
-            let start = all.len();
-            all.extend(keys.iter().map(|k| (*k, ctx.key_position(k))));
-            let group = &mut all[start..];
-            if group.iter().all(|(_, p)| p.is_some()) {
-                group.sort_by_key(|(_, p)| *p);
+        let mut all: Vec<(OffloadKey, Option<u64>)> =
+            self.order.iter().map(|k| (*k, ctx.key_position(k))).collect();
+        // Stable: first-observed order within each group.
+        all.sort_by_key(|(k, _)| k.group());
+        let mut start = 0;
+        while start < all.len() {
+            let group = all[start].0.group();
+            let end = start
+                + all[start..]
+                    .iter()
+                    .take_while(|(k, _)| k.group() == group)
+                    .count();
+            let members = &mut all[start..end];
+            if members.iter().all(|(_, p)| p.is_some()) {
+                members.sort_by_key(|(_, p)| *p);
             }
+            start = end;
         }
         if all.iter().all(|(_, p)| p.is_some()) {
             all.sort_by_key(|(_, p)| *p);
@@ -131,11 +166,11 @@ mod tests {
         let mut rec = RequestAccess::fresh(1, 0);
         let mut new = Vec::new();
         let keys = [k(3, 1), k(1, 0), k(2, 0), k(4, 1)];
-        rec.record(keys.iter(), &[], &mut new);
+        rec.record(&keys, &[], &mut new);
         assert_eq!(new, keys.to_vec());
         // No positions: group 0 first, first-seen order within groups.
         let mut no_pos = RequestAccess::fresh(1, 0);
-        no_pos.record(keys.iter(), &[], &mut Vec::new());
+        no_pos.record(&keys, &[], &mut Vec::new());
         assert_eq!(
             no_pos.finish(&ctx),
             Some(vec![k(1, 0), k(2, 0), k(3, 1), k(4, 1)])
@@ -151,13 +186,14 @@ mod tests {
     #[test]
     fn reuse_excludes_own_insertions_and_late_keys_are_ignored() {
         let mut rec = RequestAccess::fresh(1, 0);
-        rec.inserted.insert(k(1, 0));
+        rec.mark_inserted(&[k(1, 0)]);
         let mut new = Vec::new();
-        rec.record([k(1, 0), k(2, 0)].iter(), &[k(1, 0), k(2, 0)], &mut new);
-        assert!(rec.reused.contains(&k(2, 0)) && !rec.reused.contains(&k(1, 0)));
+        rec.record(&[k(1, 0), k(2, 0)], &[k(1, 0), k(2, 0)], &mut new);
+        assert!(rec.reused(&k(2, 0)) && !rec.reused(&k(1, 0)));
+        assert!(rec.inserted(&k(1, 0)) && !rec.inserted(&k(2, 0)));
         rec.finish(&ReqContext::local("r"));
         new.clear();
-        rec.record([k(9, 0)].iter(), &[], &mut new);
+        rec.record(&[k(9, 0)], &[], &mut new);
         assert!(new.is_empty());
         let mut misses = Vec::new();
         rec.new_store_misses(&[k(5, 0), k(5, 0), k(6, 0)], &mut misses);

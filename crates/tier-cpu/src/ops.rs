@@ -42,7 +42,7 @@ impl CpuTier {
         let mut new = std::mem::take(&mut self.buf_keys2);
         new.clear();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record(keys.iter(), reused, &mut new);
+            rec.record(keys, reused, &mut new);
         });
         if !new.is_empty() {
             let mut refs = std::mem::take(&mut self.buf_refs);
@@ -259,13 +259,15 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut ready = Vec::new();
+        let mut ready = std::mem::take(&mut self.buf_ready);
         let mut observed = std::mem::take(&mut self.buf_keys);
+        let mut misses = std::mem::take(&mut self.buf_misses);
+        ready.clear();
         observed.clear();
+        misses.clear();
         self.partition_offer(keys, &mut to_store, &mut ready, &mut observed);
 
         // ARC learns from ghost hits before insertion drops the ghosts; once per key per request.
-        let mut misses = Vec::new();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
             rec.new_store_misses(&to_store, &mut misses);
         });
@@ -275,6 +277,8 @@ impl PrimaryTier for CpuTier {
         // Recorded before any early return, as upstream does.
         self.record_access(&observed, &ready, ctx);
         self.buf_keys = observed;
+        self.buf_ready = ready;
+        self.buf_misses = misses;
 
         if to_store.is_empty() {
             return Some(PrepareStoreOutput::default());
@@ -307,7 +311,7 @@ impl PrimaryTier for CpuTier {
             self.policy.insert(chunk, k, self.table.view(), ctx);
         }
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.inserted.extend(to_store.iter().copied());
+            rec.mark_inserted(&to_store);
         });
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -362,11 +366,11 @@ impl PrimaryTier for CpuTier {
                     .iter()
                     .filter_map(|k| {
                         let e = table.get(k)?;
-                        let reused = rec.reused.contains(k);
+                        let reused = rec.reused(k);
                         Some(FinishedKey {
                             key: *k,
                             chunk: e.chunk,
-                            insertion_only: !reused && rec.inserted.contains(k),
+                            insertion_only: !reused && rec.inserted(k),
                             reused,
                         })
                     })

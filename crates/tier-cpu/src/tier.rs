@@ -45,6 +45,8 @@ pub struct CpuTier {
     // Reused buffers of the hot paths.
     pub(crate) buf_keys: Vec<OffloadKey>,
     pub(crate) buf_keys2: Vec<OffloadKey>,
+    pub(crate) buf_ready: Vec<OffloadKey>,
+    pub(crate) buf_misses: Vec<OffloadKey>,
     pub(crate) buf_refs: Vec<KeyRef>,
     pub(crate) buf_chunks: Vec<ChunkId>,
 }
@@ -140,6 +142,8 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_keys2: Vec::new(),
+            buf_ready: Vec::new(),
+            buf_misses: Vec::new(),
             buf_refs: Vec::new(),
             buf_chunks: Vec::new(),
         }

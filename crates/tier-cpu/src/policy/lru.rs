@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
+use tiering_core::key::KeyBuildHasher;
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
 use super::list::{Links, List, NIL};
@@ -36,7 +37,7 @@ struct RequestRank {
     generation: u64,
     rank: u64,
     /// Keeps the group's `Weak` alive while the request context lives.
-    _token: Arc<()>,
+    _token: Option<Arc<()>>,
 }
 
 impl RequestRank {
@@ -45,7 +46,7 @@ impl RequestRank {
             owner: 0,
             generation: 0,
             rank: 0,
-            _token: Arc::new(()),
+            _token: None,
         }
     }
 }
@@ -78,7 +79,7 @@ pub struct LruPolicy {
     lo: Vec<i64>,
     grouped: Vec<bool>,
     next_rank: u64,
-    groups: HashMap<u64, Group>,
+    groups: HashMap<u64, Group, KeyBuildHasher>,
     free_sentinels: Vec<u32>,
     num_sentinels: u32,
 }
@@ -99,7 +100,7 @@ impl LruPolicy {
             lo: vec![0; n],
             grouped: vec![false; n],
             next_rank: 0,
-            groups: HashMap::new(),
+            groups: HashMap::default(),
             free_sentinels: Vec::new(),
             num_sentinels: 0,
         }
@@ -142,11 +143,15 @@ impl LruPolicy {
                 closed: false,
             },
         );
-        ctx.set_state(RequestRank {
-            owner,
-            generation,
-            rank,
-            _token: token,
+        // The first `with_state` above left a value of this type in the context: overwrite it in
+        // place rather than boxing a new one.
+        ctx.with_state(RequestRank::unset, |s| {
+            *s = RequestRank {
+                owner,
+                generation,
+                rank,
+                _token: Some(token),
+            };
         });
         Some(rank)
     }
