@@ -1,0 +1,191 @@
+//! The `kvtier` binary: `tiers`, `check` over every shipped chain, `run`'s honest placeholder.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn kvtier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kvtier")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn shipped_chains() -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    files.sort();
+    files
+}
+
+/// The tier types the binary lists as linked in.
+fn linked_types() -> Vec<String> {
+    let out = kvtier(&["tiers"]);
+    assert!(out.status.success(), "{}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains("linked in"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+fn tiers_lists_linked_types_with_their_crate_and_libraries_with_their_build() {
+    let out = kvtier(&["tiers"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let line = t
+        .lines()
+        .find(|l| l.starts_with("example "))
+        .expect("example is listed");
+    assert!(
+        line.contains("secondary") && line.contains("linked in (crate tier-example)"),
+        "{line}"
+    );
+    assert!(t.contains("host build: tiering-core "), "{t}");
+
+    let lib = common::example_library();
+    let out = kvtier(&["tiers", "--library", lib.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains(&format!("library {}", lib.display())), "{t}");
+    assert!(t.contains("same build as this binary"), "{t}");
+
+    let out = kvtier(&["tiers", "--library", "/nonexistent/libx.so"]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("/nonexistent/libx.so does not exist"));
+}
+
+#[test]
+fn check_validates_every_shipped_chain() {
+    let files = shipped_chains();
+    let names: Vec<String> = files
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    for required in ["default.toml", "cpu-only.toml", "cpu-disk-p2p.toml"] {
+        assert!(
+            names.iter().any(|n| n == required),
+            "config/{required} is shipped"
+        );
+    }
+    let linked = linked_types();
+    for file in &files {
+        let out = kvtier(&["check", file.to_str().unwrap()]);
+        let t = text(&out);
+        // Every type a shipped chain names must be linked into the binary: check must pass.
+        let chain = tiering_core::config::ChainConfig::load(file).unwrap_or_else(|e| panic!("{e}"));
+        let missing: Vec<&str> = chain
+            .tiers()
+            .map(|s| s.tier_type.as_str())
+            .filter(|t| !linked.iter().any(|l| l == t))
+            .collect();
+        if missing.is_empty() {
+            assert!(out.status.success(), "{}: {t}", file.display());
+            assert!(t.contains("ok"), "{t}");
+        } else {
+            // Only while a tier crate has not registered its type yet: the failure must say so.
+            assert!(!out.status.success(), "{t}");
+            assert!(t.contains(&format!("unknown tier type `{}`", missing[0])), "{t}");
+        }
+    }
+}
+
+#[test]
+fn check_reports_a_bad_chain_with_its_location_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[primary]\ntype = \"cpu\"\n\n[control_plane]\nthreads = true\n",
+    )
+    .unwrap();
+    let out = kvtier(&["check", bad.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains(&format!(
+            "{}:5: [control_plane]: key `threads`: unknown key",
+            bad.display()
+        )),
+        "{t}"
+    );
+    assert!(t.contains("1 of 1 chain files failed validation"), "{t}");
+}
+
+#[test]
+fn check_loads_libraries_named_by_a_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("lib.toml");
+    let lib = common::example_library();
+    // The library is resolved once the primary's type `cpu` is (tier-cpu registers it).
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"64MiB\"\n\n[[secondary]]\ntype = \"example\"\nlibrary = \"{}\"\ncapacity = \"1MiB\"\n",
+            lib.display()
+        ),
+    )
+    .unwrap();
+    let out = kvtier(&["check", chain.to_str().unwrap()]);
+    let t = text(&out);
+    if linked_types().iter().any(|l| l == "cpu") {
+        assert!(out.status.success(), "{t}");
+        assert!(
+            t.contains(&format!(
+                "[[secondary]] #1 type \"example\" — library {}",
+                lib.display()
+            )),
+            "{t}"
+        );
+    } else {
+        assert!(t.contains("unknown tier type `cpu`"), "{t}");
+    }
+    let broken = dir.path().join("broken.toml");
+    std::fs::write(
+        &broken,
+        format!(
+            "[primary]\ntype = \"cpu\"\n\n[[secondary]]\ntype = \"example\"\nlibrary = \"{}\"\n",
+            common::fault_library("fault_bad_abi").display()
+        ),
+    )
+    .unwrap();
+    let out = kvtier(&["check", broken.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    if linked_types().iter().any(|l| l == "cpu") {
+        assert!(t.contains("implements tier ABI version 999"), "{t}");
+    }
+}
+
+#[test]
+fn run_says_plainly_that_the_simulator_is_not_wired_yet() {
+    let out = kvtier(&["run"]);
+    let t = text(&out);
+    let linked = linked_types();
+    if ["cpu", "disk"].iter().all(|ty| linked.iter().any(|l| l == ty)) {
+        assert!(out.status.success(), "{t}");
+        assert!(t.contains("chain config/default.toml (embedded)"), "{t}");
+        assert!(t.contains("nothing was run"), "{t}");
+    } else {
+        assert!(!out.status.success(), "{t}");
+        assert!(
+            t.contains("config/default.toml (embedded)") && t.contains("unknown tier type"),
+            "{t}"
+        );
+    }
+}
