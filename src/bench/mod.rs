@@ -6,9 +6,11 @@
 //! - [`fetch_rtt`]: a peer's fetch round trip from a busy producer, with and without the
 //!   control-plane thread, next to a raw control-message round trip.
 
+pub mod command;
 pub mod fetch_rtt;
 pub mod tiers;
 
+pub use command::{BenchCommand, run_command};
 pub use fetch_rtt::{ControlPlaneMode, FetchRttConfig, FetchRttReport, ModeResult, fetch_rtt};
 pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
 

@@ -15,6 +15,7 @@
 //! with offloading off to count the prefill tokens offloading saved.
 
 mod chain;
+pub mod command;
 mod config;
 mod copier;
 mod device;
@@ -36,6 +37,7 @@ use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
 use tiering_core::ManagerConfig;
 
 pub use chain::{BuiltTiers, Chain, ChainFactory, TierBuildError, config_chain};
+pub use command::{RunArgs, run_command};
 pub use config::SimConfig;
 pub use error::{BoxError, SimError};
 pub use hash::{chunk_keys, chunk_matches, fill_chunk};

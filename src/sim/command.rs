@@ -1,0 +1,150 @@
+//! The `kvtier run` command: arguments, chain loading, the run, the report and `--json`.
+//!
+//! The binary's CLI embeds [`RunArgs`] and calls [`run_command`]; everything the command does
+//! lives here, next to the simulator.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tier_cpu::{CpuTier, CpuTierOptions};
+use tiering_core::config::{ChainConfig, parse_options};
+use tiering_core::{PrimaryContext, PrimaryTier, Registry, TierError, TierRegistration};
+
+use super::{SimConfig, Workload, WorkloadKind, WorkloadSpec, config_chain, run_simulation};
+
+/// Arguments of `kvtier run`.
+#[derive(Clone, Debug, clap::Args)]
+pub struct RunArgs {
+    /// The tier chain file; the embedded `config/default.toml` when omitted.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The generated workload (ignored with `--trace`).
+    #[arg(long, default_value = "chat", value_parser = parse_kind)]
+    pub workload: WorkloadKind,
+    /// Number of requests to generate.
+    #[arg(long, default_value_t = 2000)]
+    pub requests: usize,
+    /// Seed of the workload (the same seed gives the same requests).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Mean arrival rate, requests per second.
+    #[arg(long, default_value_t = 400.0)]
+    pub rate: f64,
+    /// Replay a JSONL trace instead of generating a workload.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Also write the report as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Bytes per chunk (one device block).
+    #[arg(long, default_value_t = SimConfig::default().chunk_bytes)]
+    pub chunk_bytes: usize,
+    /// Tokens per chunk.
+    #[arg(long, default_value_t = SimConfig::default().tokens_per_chunk)]
+    pub tokens_per_chunk: usize,
+    /// Device KV pool size, in blocks.
+    #[arg(long, default_value_t = SimConfig::default().device_blocks)]
+    pub device_blocks: usize,
+    /// Fixed model time per step, µs.
+    #[arg(long, default_value_t = 100)]
+    pub step_us: u64,
+    /// Model time per prefill token, ns.
+    #[arg(long, default_value_t = 500)]
+    pub prefill_ns_per_token: u64,
+    /// Skip the offloading-off comparison run.
+    #[arg(long)]
+    pub no_baseline: bool,
+}
+
+fn parse_kind(s: &str) -> Result<WorkloadKind, String> {
+    s.parse()
+}
+
+static REGISTRY: OnceLock<Registry> = OnceLock::new();
+
+fn cpu_factory(options: &toml::Table, ctx: &PrimaryContext) -> Result<Box<dyn PrimaryTier>, TierError> {
+    let opts: CpuTierOptions = parse_options(options)?;
+    Ok(Box::new(CpuTier::from_options(&opts, ctx.chunk_bytes)?))
+}
+
+static CPU_FALLBACK: TierRegistration = TierRegistration::primary("cpu", "kvtier", cpu_factory);
+
+/// The global tier registry, plus the `cpu` primary type if no linked crate registers it.
+///
+/// # Errors
+/// The global registry is inconsistent (a type registered twice).
+pub fn registry() -> Result<&'static Registry> {
+    let global = Registry::global().context("the tier registry is inconsistent")?;
+    if global.get("cpu").is_some() {
+        return Ok(global);
+    }
+    if let Some(r) = REGISTRY.get() {
+        return Ok(r);
+    }
+    let merged = Registry::from_registrations(global.iter().chain([&CPU_FALLBACK]))
+        .context("the tier registry is inconsistent")?;
+    Ok(REGISTRY.get_or_init(|| merged))
+}
+
+/// Loads `path`, or parses the embedded default chain (`default_name`, `default_text`).
+///
+/// # Errors
+/// The file cannot be read or is not a valid chain (the error names file, line and key).
+pub fn load_chain(path: Option<&Path>, default_name: &str, default_text: &str) -> Result<ChainConfig> {
+    Ok(match path {
+        Some(p) => ChainConfig::load(p)?,
+        None => ChainConfig::parse(default_name, default_text)?,
+    })
+}
+
+/// Runs `kvtier run`: prints the report (and writes `--json`).
+///
+/// # Errors
+/// Bad arguments, an invalid chain or trace, a tier that cannot be built, or a failed run.
+pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
+    let chain = load_chain(args.config.as_deref(), default_name, default_text)?;
+    let workload = match &args.trace {
+        Some(path) => Workload::from_trace(path, args.seed)?,
+        None => {
+            let mut spec = WorkloadSpec::new(args.workload, args.requests, args.seed);
+            spec.rate = args.rate;
+            Workload::generate(&spec)
+        }
+    };
+    let cfg = SimConfig {
+        chunk_bytes: args.chunk_bytes,
+        tokens_per_chunk: args.tokens_per_chunk,
+        device_blocks: args.device_blocks,
+        step_base: Duration::from_micros(args.step_us),
+        prefill_per_token: Duration::from_nanos(args.prefill_ns_per_token),
+        compare_baseline: !args.no_baseline,
+        ..SimConfig::default()
+    };
+    let report = run_simulation(&config_chain(chain, registry()?), &cfg, &workload);
+    if args.config.is_none() {
+        remove_default_scratch();
+    }
+    let report = report?;
+    println!("{report}");
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if !report.identities_hold() {
+        anyhow::bail!("the report's consistency identities do not hold (see above)");
+    }
+    Ok(())
+}
+
+/// The embedded default chain keeps its disk slabs in a per-process directory under the system
+/// temporary directory; nothing else will ever reopen it, so it goes when the run ends.
+pub fn remove_default_scratch() {
+    let dir = std::env::temp_dir().join(format!("kvtier-{}", std::process::id()));
+    if dir.exists()
+        && let Err(e) = std::fs::remove_dir_all(&dir)
+    {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot remove the default chain's scratch directory");
+    }
+}
