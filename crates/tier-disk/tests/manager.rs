@@ -147,3 +147,48 @@ fn reset_cache_drains_the_disk_tier_and_keeps_its_data() {
     primary.check_invariants().unwrap();
     m.shutdown().unwrap();
 }
+
+#[test]
+fn the_control_plane_thread_completes_cascades_and_promotions() {
+    let dir = tempfile::tempdir().unwrap();
+    let primary = MemoryPrimary::new(2, CHUNK);
+    let disk = DiskTier::open(
+        &options(dir.path(), 16, CHUNK),
+        DiskGeometry::of_arena(primary.arena()),
+    )
+    .unwrap();
+    let mut m = TieringManager::new(
+        Box::new(primary.clone()),
+        vec![Box::new(disk)],
+        ManagerConfig::default(),
+    );
+    let ctx = ReqContext::local("r1");
+    m.on_new_request(&ctx).unwrap();
+    // Without scheduler polling, only the control thread (woken by the disk tier) finishes jobs.
+    let idle = |m: &mut TieringManager| {
+        let deadline = Instant::now() + PATIENCE;
+        while m.has_pending_work().unwrap() {
+            assert!(
+                Instant::now() < deadline,
+                "the control plane never finished the jobs"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    for n in 0..3 {
+        engine_store(&mut m, &primary, &ctx, key(n));
+        idle(&mut m);
+    }
+    assert!(m.control_thread_running());
+    assert_eq!(m.lookup(&key(0), &ctx).unwrap(), LookupResult::HitPending);
+    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    idle(&mut m);
+    assert_eq!(m.lookup(&key(0), &ctx).unwrap(), LookupResult::Hit);
+    let rows = m.prepare_load(&[key(0)], &ctx).unwrap();
+    assert!(*primary.arena().read_row(rows[0]).unwrap() == content(&key(0), CHUNK)[..]);
+    m.complete_load(&[key(0)], &ctx).unwrap();
+    m.on_request_finished(&ctx).unwrap();
+    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    m.shutdown().unwrap();
+    primary.check_invariants().unwrap();
+}
