@@ -87,12 +87,15 @@ fn scan_range(slab: &Slab, slots: std::ops::Range<u32>) -> io::Result<ScanOutcom
     Ok(out)
 }
 
-/// Scans every slot of `slab` with up to `threads` threads.
+/// Scans slots `0..slots` of `slab` with up to `threads` threads.
 ///
 /// # Errors
 /// Only when scratch buffers cannot be allocated; unreadable slots are counted, not fatal.
-pub(crate) fn scan(slab: &Slab, threads: usize) -> io::Result<ScanOutcome> {
-    let n = slab.layout().num_slots;
+pub(crate) fn scan(slab: &Slab, slots: u32, threads: usize) -> io::Result<ScanOutcome> {
+    let n = slots.min(slab.layout().num_slots);
+    if n == 0 {
+        return Ok(ScanOutcome::default());
+    }
     let threads = u32::try_from(threads.max(1)).unwrap_or(1).min(n.max(1));
     let per = n.div_ceil(threads);
     let results: Vec<io::Result<ScanOutcome>> = std::thread::scope(|s| {

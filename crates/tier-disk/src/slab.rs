@@ -155,6 +155,9 @@ pub(crate) struct Opened {
     pub(crate) slab: Slab,
     /// Whether an existing slab of another geometry was wiped.
     pub(crate) wiped: bool,
+    /// Slots that may hold data from before: those inside the file as it was found (none for a
+    /// new or wiped file; slots added by growing it are zero).
+    pub(crate) slots_to_scan: u32,
 }
 
 impl Slab {
@@ -186,6 +189,9 @@ impl Slab {
         let wiped = Self::check_format(&lock, &path, &layout, opts.wipe_on_mismatch)?;
         let len = layout.file_len();
         let current = lock.metadata().map_err(io_err("inspecting", &path))?.len();
+        let slots_to_scan = u32::try_from(current.saturating_sub(BLOCK as u64).div_ceil(layout.slot_bytes))
+            .unwrap_or(u32::MAX)
+            .min(layout.num_slots);
         if current != len {
             // Shrinking drops the slots past the new end; growing adds zeroed (empty) slots.
             lock.set_len(len).map_err(io_err("resizing", &path))?;
@@ -219,7 +225,11 @@ impl Slab {
             #[cfg(feature = "test-utils")]
             faults,
         };
-        Ok(Opened { slab, wiped })
+        Ok(Opened {
+            slab,
+            wiped,
+            slots_to_scan,
+        })
     }
 
     /// Validates the superblock; returns whether the file was wiped.

@@ -140,7 +140,7 @@ impl DiskTier {
             let path = path.clone();
             move |source| DiskError::Io { what, path, source }
         };
-        let scan = recover::scan(&slab, opts.io_threads).map_err(io("scanning"))?;
+        let scan = recover::scan(&slab, opened.slots_to_scan, opts.io_threads).map_err(io("scanning"))?;
         let num_slots = slab.layout().num_slots;
         let (index, duplicates) = Index::recovered(num_slots, scan.max_seq + 1, scan.found);
         let recovery = RecoveryReport {
