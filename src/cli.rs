@@ -1,4 +1,4 @@
-//! Subcommands: `tiers`, `check`, `run`.
+//! Subcommands: `tiers`, `check`, and the simulator's `run` and `bench`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -47,11 +47,12 @@ enum Command {
         #[arg(long, default_value_t = 256 * 1024, value_name = "BYTES")]
         chunk_bytes: usize,
     },
-    /// Run the engine simulator over a tier chain.
-    Run {
-        /// The chain file; the embedded `config/default.toml` when omitted.
-        #[arg(long, value_name = "FILE")]
-        config: Option<PathBuf>,
+    /// Run the engine simulator over a tier chain and report what offloading saved.
+    Run(kvtier::sim::RunArgs),
+    /// Benchmarks, each next to its physical reference measured in the same run.
+    Bench {
+        #[command(subcommand)]
+        bench: kvtier::bench::BenchCommand,
     },
 }
 
@@ -71,7 +72,8 @@ pub fn main() -> ExitCode {
             build,
             chunk_bytes,
         } => check(&configs, build, chunk_bytes),
-        Command::Run { config } => run(config.as_deref()),
+        Command::Run(args) => kvtier::sim::run_command(&args, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
+        Command::Bench { bench } => kvtier::bench::run_command(&bench, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -82,8 +84,9 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The registry `run` uses too: every linked registration, plus the simulator's fallbacks.
 fn registry() -> Result<&'static Registry> {
-    Registry::global().context("the tier registry is inconsistent")
+    kvtier::sim::command::registry()
 }
 
 fn tiers(libraries: &[PathBuf]) -> Result<()> {
@@ -148,21 +151,6 @@ fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) 
             .with_context(|| format!("{}: shutting the built chain down", path.display()))?;
     }
     Ok(text)
-}
-
-fn run(config: Option<&Path>) -> Result<()> {
-    let chain = match config {
-        Some(path) => ChainConfig::load(path)?,
-        None => ChainConfig::parse(DEFAULT_CHAIN_NAME, DEFAULT_CHAIN)?,
-    };
-    let resolved = chain.resolve(registry()?)?;
-    println!("{resolved}");
-    println!();
-    println!(
-        "kvtier run: the engine simulator is not wired into this command yet, so nothing was run. \
-         The chain above was parsed and resolved."
-    );
-    Ok(())
 }
 
 #[cfg(test)]

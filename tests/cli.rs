@@ -1,4 +1,4 @@
-//! The `kvtier` binary: `tiers`, `check` over every shipped chain, `run`'s honest placeholder.
+//! The `kvtier` binary's chain commands: `tiers`, and `check` over every shipped chain.
 
 mod common;
 
@@ -169,23 +169,5 @@ fn check_loads_libraries_named_by_a_chain() {
     assert!(!out.status.success(), "{t}");
     if linked_types().iter().any(|l| l == "cpu") {
         assert!(t.contains("implements tier ABI version 999"), "{t}");
-    }
-}
-
-#[test]
-fn run_says_plainly_that_the_simulator_is_not_wired_yet() {
-    let out = kvtier(&["run"]);
-    let t = text(&out);
-    let linked = linked_types();
-    if ["cpu", "disk"].iter().all(|ty| linked.iter().any(|l| l == ty)) {
-        assert!(out.status.success(), "{t}");
-        assert!(t.contains("chain config/default.toml (embedded)"), "{t}");
-        assert!(t.contains("nothing was run"), "{t}");
-    } else {
-        assert!(!out.status.success(), "{t}");
-        assert!(
-            t.contains("config/default.toml (embedded)") && t.contains("unknown tier type"),
-            "{t}"
-        );
     }
 }

@@ -142,14 +142,6 @@ impl fmt::Display for ChainError {
     }
 }
 
-impl std::error::Error for ChainError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match &*self.kind {
-            ChainErrorKind::Io(e) => Some(e),
-            ChainErrorKind::Plugin(e) => Some(e),
-            ChainErrorKind::Tier(e) => Some(e),
-            ChainErrorKind::Registry(e) => Some(e),
-            _ => None,
-        }
-    }
-}
+// No `source()`: the message already includes the cause's text, and a reporter that prints the
+// chain (`{:#}` in anyhow) would otherwise repeat it.
+impl std::error::Error for ChainError {}
