@@ -30,7 +30,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Mean arrival rate, requests per second.
-    #[arg(long, default_value_t = 400.0)]
+    #[arg(long, default_value_t = 300.0)]
     pub rate: f64,
     /// Replay a JSONL trace instead of generating a workload.
     #[arg(long, value_name = "FILE")]
@@ -51,7 +51,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 100)]
     pub step_us: u64,
     /// Model time per prefill token, ns.
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = 2000)]
     pub prefill_ns_per_token: u64,
     /// Skip the offloading-off comparison run.
     #[arg(long)]

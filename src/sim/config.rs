@@ -54,7 +54,7 @@ impl Default for SimConfig {
             max_running: 8,
             max_batch_tokens: 8192,
             step_base: Duration::from_micros(100),
-            prefill_per_token: Duration::from_nanos(500),
+            prefill_per_token: Duration::from_micros(2),
             decode_per_request: Duration::from_micros(10),
             compare_baseline: true,
             verify_loads: true,

@@ -99,7 +99,7 @@ impl WorkloadSpec {
             kind,
             requests,
             seed,
-            rate: 400.0,
+            rate: 300.0,
             sessions: 400,
             zipf_s: 0.9,
             prefixes: 4,

@@ -1,0 +1,327 @@
+//! The simulated engine: a scheduler loop that drives the manager in a connector's call order.
+//!
+//! Per step:
+//! 1. arrivals (`on_new_request`);
+//! 2. (a) finished device copies → `complete_store` / `complete_load`;
+//! 3. (b) scheduling: loaded requests start prefill; waiting requests are scanned — device
+//!    prefix cache first, then `lookup` chunk by chunk (Hit counts; HitPending counts and
+//!    defers; Retry defers but keeps scanning; Miss stops), `touch`, and `prepare_load` for hits;
+//! 4. (c) `prepare_store` for chunks computed last step, `on_request_finished` for requests
+//!    that finished, then `on_schedule_end` — the last manager call of the step;
+//! 5. (d) the model "runs" for its modelled time while the copy worker moves bytes and the
+//!    manager's control thread sweeps.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::ProgressBar;
+use tiering_core::{LookupResult, OffloadKey, OffloadPolicy, ReqContext, RequestId, ScheduleEndContext};
+
+use super::config::SimConfig;
+use super::copier::{Copier, CopyDone, CopyJob, CopyKind};
+use super::device::{DeviceMemory, DevicePool};
+use super::error::SimError;
+use super::hash::{chunk_keys, fill_chunk};
+use super::metrics::RunMetrics;
+use super::offload::{Offload, Source};
+use super::workload::RequestSpec;
+
+mod model;
+mod schedule;
+mod store;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    NotArrived,
+    Waiting,
+    Loading,
+    Ready,
+    Running,
+    Finishing,
+    Done,
+}
+
+struct Req {
+    ctx: ReqContext,
+    keys: Vec<OffloadKey>,
+    prompt_len: usize,
+    output_len: usize,
+    arrival: f64,
+    /// Chunks a prefix hit may cover: the last prompt token is always recomputed.
+    hit_limit: usize,
+    blocks: Vec<u32>,
+    device_hits: usize,
+    /// Source of each chunk loaded from the chain, in prefix order after the device hits.
+    loaded: Vec<Source>,
+    kv_tokens: usize,
+    generated: usize,
+    stored_upto: usize,
+    policy: OffloadPolicy,
+    scheduled: bool,
+    phase: Phase,
+}
+
+struct Job {
+    req: usize,
+    kind: CopyKind,
+    keys: Vec<OffloadKey>,
+    blocks: Vec<u32>,
+}
+
+/// Blocks a request of `tokens` tokens occupies.
+pub(crate) fn blocks_for(tokens: usize, tokens_per_chunk: usize) -> usize {
+    tokens.div_ceil(tokens_per_chunk)
+}
+
+/// One run of the engine over a workload, with or without a manager.
+pub(crate) struct Engine<'a> {
+    cfg: &'a SimConfig,
+    tpc: usize,
+    reqs: Vec<Req>,
+    device: DevicePool,
+    memory: Arc<DeviceMemory>,
+    off: Option<Offload>,
+    copier: Option<Copier>,
+    waiting: VecDeque<usize>,
+    ready: VecDeque<usize>,
+    running: Vec<usize>,
+    finishing: Vec<usize>,
+    loading: usize,
+    prefill_now: Vec<usize>,
+    new_this_step: Vec<RequestId>,
+    next_arrival: usize,
+    now: f64,
+    next_job: u64,
+    jobs: HashMap<u64, Job>,
+    outbox: Vec<CopyJob>,
+    done: usize,
+    m: RunMetrics,
+    progress: Option<&'a ProgressBar>,
+}
+
+impl<'a> Engine<'a> {
+    /// An engine over `specs`; `off` is the manager side (`None` runs with offloading off).
+    pub(crate) fn new(
+        cfg: &'a SimConfig,
+        specs: &'a [RequestSpec],
+        off: Option<Offload>,
+        progress: Option<&'a ProgressBar>,
+    ) -> Result<Self, SimError> {
+        let tpc = cfg.tokens_per_chunk;
+        let blocks = u32::try_from(cfg.device_blocks).map_err(|_| SimError::InvalidSetting {
+            name: "device_blocks",
+            reason: "does not fit in 32 bits".into(),
+        })?;
+        let memory = Arc::new(DeviceMemory::new(cfg.device_blocks, cfg.chunk_bytes));
+        let copier = match &off {
+            Some(o) => Some(Copier::start(
+                Arc::clone(o.arena()),
+                Arc::clone(&memory),
+                cfg.verify_loads,
+            )?),
+            None => None,
+        };
+        let reqs = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let mut tokens = s.prompt.to_vec();
+                tokens.extend_from_slice(&s.output);
+                let ctx = ReqContext::local(format!("{i}:{}", s.name));
+                let keys = chunk_keys(&tokens, tpc, 0);
+                // End-token positions let a tier recover prefix order (request-scoped recency).
+                for (c, k) in keys.iter().enumerate() {
+                    ctx.set_key_position(*k, ((c + 1) * tpc) as u64);
+                }
+                Req {
+                    ctx,
+                    keys,
+                    prompt_len: s.prompt.len(),
+                    output_len: s.output.len(),
+                    arrival: s.arrival,
+                    hit_limit: s.prompt.len().saturating_sub(1) / tpc,
+                    blocks: Vec::new(),
+                    device_hits: 0,
+                    loaded: Vec::new(),
+                    kv_tokens: 0,
+                    generated: 0,
+                    stored_upto: 0,
+                    policy: OffloadPolicy::ChunkLevel,
+                    scheduled: false,
+                    phase: Phase::NotArrived,
+                }
+            })
+            .collect();
+        Ok(Self {
+            cfg,
+            tpc,
+            reqs,
+            device: DevicePool::new(blocks),
+            memory,
+            off,
+            copier,
+            waiting: VecDeque::new(),
+            ready: VecDeque::new(),
+            running: Vec::new(),
+            finishing: Vec::new(),
+            loading: 0,
+            prefill_now: Vec::new(),
+            new_this_step: Vec::new(),
+            next_arrival: 0,
+            now: 0.0,
+            next_job: 0,
+            jobs: HashMap::new(),
+            outbox: Vec::new(),
+            done: 0,
+            m: RunMetrics::default(),
+            progress,
+        })
+    }
+
+    /// Runs every request to completion, drains the tiers, checks for leaks and shuts the
+    /// manager down.
+    pub(crate) fn run(mut self) -> Result<(RunMetrics, Option<Offload>), SimError> {
+        let start = Instant::now();
+        let mut last_progress = Instant::now();
+        while self.done < self.reqs.len() {
+            let step_start = Instant::now();
+            let mut progressed = self.arrivals()?;
+            progressed |= self.apply_copies()?;
+            progressed |= self.schedule()?;
+            progressed |= self.stores_and_finishes()?;
+            self.end_schedule()?;
+            let worked = self.execute_model(step_start);
+            progressed |= worked;
+            self.m.steps += 1;
+            self.now += step_start.elapsed().as_secs_f64();
+            if let Some(p) = self.progress {
+                p.set_position(self.done as u64);
+            }
+            if self.idle() && self.next_arrival < self.reqs.len() {
+                // Nothing to do until the next arrival: skip the gap instead of sleeping it.
+                self.now = self.now.max(self.reqs[self.next_arrival].arrival);
+            }
+            if progressed {
+                last_progress = Instant::now();
+            } else if last_progress.elapsed() > self.cfg.drain_timeout {
+                return Err(SimError::Stalled(format!(
+                    "no request made progress for {:?}: {} waiting, {} loading, {} copy jobs \
+                     outstanding, {} of {} device blocks free",
+                    self.cfg.drain_timeout,
+                    self.waiting.len(),
+                    self.loading,
+                    self.copier.as_ref().map_or(0, Copier::outstanding),
+                    self.device.free_blocks(),
+                    self.cfg.device_blocks
+                )));
+            }
+        }
+        self.drain()?;
+        self.m.wall = start.elapsed();
+        self.m.simulated = self.now;
+        self.m.leaked_device_blocks = self.device.referenced_blocks() as u64;
+        if let Some(off) = &mut self.off {
+            self.m.leaked_arena_rows = off.arena().granted_rows() as u64;
+            self.m.lookups = off.lookups;
+            self.m.events = off.events;
+            let stats = off.stats()?;
+            self.m.primary_lookups = Offload::primary_lookups(&stats, off.primary_lookups_at_start());
+        }
+        if let Some(c) = &mut self.copier {
+            c.stop();
+        }
+        Ok((self.m, self.off))
+    }
+
+    fn idle(&self) -> bool {
+        self.waiting.is_empty()
+            && self.ready.is_empty()
+            && self.running.is_empty()
+            && self.finishing.is_empty()
+            && self.loading == 0
+            && self.copier.as_ref().is_none_or(|c| c.outstanding() == 0)
+    }
+
+    fn arrivals(&mut self) -> Result<bool, SimError> {
+        let mut any = false;
+        while self.next_arrival < self.reqs.len() && self.reqs[self.next_arrival].arrival <= self.now {
+            let r = self.next_arrival;
+            self.next_arrival += 1;
+            let req = &mut self.reqs[r];
+            req.phase = Phase::Waiting;
+            if let Some(off) = &mut self.off {
+                req.policy = off.on_new_request(&req.ctx)?;
+            }
+            self.m.prompt_tokens += req.prompt_len as u64;
+            self.waiting.push_back(r);
+            any = true;
+        }
+        Ok(any)
+    }
+
+    // ----- (a) finished device copies -----------------------------------------------------
+
+    fn apply_copies(&mut self) -> Result<bool, SimError> {
+        let Some(copier) = &mut self.copier else {
+            return Ok(false);
+        };
+        let mut done = Vec::new();
+        copier.collect(&mut done)?;
+        let any = !done.is_empty();
+        for d in done {
+            self.apply_copy(&d)?;
+        }
+        Ok(any)
+    }
+
+    fn apply_copy(&mut self, d: &CopyDone) -> Result<(), SimError> {
+        let job = self
+            .jobs
+            .remove(&d.id)
+            .ok_or_else(|| SimError::Worker(format!("the copy thread reported unknown job {}", d.id)))?;
+        let Some(off) = &mut self.off else {
+            return Ok(());
+        };
+        self.m.copy_jobs_completed += 1;
+        if !d.ok {
+            self.m.copy_jobs_failed += 1;
+            tracing::warn!(job = d.id, kind = ?d.kind, error = d.error.as_deref().unwrap_or(""), "device copy failed");
+        }
+        self.m.corrupt_chunks += d.corrupt as u64;
+        let req = &mut self.reqs[job.req];
+        match job.kind {
+            CopyKind::Store => {
+                off.complete_store(&job.keys, &req.ctx, d.ok)?;
+                if d.ok {
+                    self.m.store_chunks += job.keys.len() as u64;
+                    self.m.bytes_device_to_primary += d.bytes;
+                }
+                for &b in &job.blocks {
+                    self.device.release(b);
+                }
+            }
+            CopyKind::Load => {
+                off.complete_load(&job.keys, &req.ctx)?;
+                if d.ok {
+                    self.m.load_chunks += job.keys.len() as u64;
+                    self.m.bytes_primary_to_device += d.bytes;
+                    for (&b, k) in job.blocks.iter().zip(&job.keys) {
+                        self.device.register(b, *k);
+                    }
+                } else {
+                    // The chunks did not arrive intact: the model recomputes them.
+                    self.m.load_chunks_failed += job.keys.len() as u64;
+                    req.loaded.clear();
+                    if req.policy == OffloadPolicy::ChunkLevel {
+                        req.stored_upto = req.device_hits;
+                    }
+                }
+                req.phase = Phase::Ready;
+                self.loading -= 1;
+                self.ready.push_back(job.req);
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,130 @@
+//! Step phase (d), the model: it computes chunks into device blocks and sleeps its modelled
+//! time while the copy worker and the control thread run; and the drain at the end of a run.
+
+use super::*;
+
+impl Engine<'_> {
+    /// Runs the step's model work; returns whether there was any.
+    pub(super) fn execute_model(&mut self, step_start: Instant) -> bool {
+        let model_start = Instant::now();
+        let prefill: Vec<usize> = std::mem::take(&mut self.prefill_now);
+        let decoding: Vec<usize> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|&r| self.reqs[r].generated > 0)
+            .collect();
+        if prefill.is_empty() && decoding.is_empty() {
+            let pending = !self.waiting.is_empty()
+                || self.loading > 0
+                || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
+            if pending {
+                // An idle tick: let copies and promotions progress before the next look.
+                std::thread::sleep(self.cfg.step_base);
+            }
+            return false;
+        }
+        let mut prefill_tokens = 0;
+        let mut first_tokens = Vec::with_capacity(prefill.len());
+        for &r in &prefill {
+            prefill_tokens += self.prefill_tokens(r);
+            self.account_prefill(r);
+            let req = &self.reqs[r];
+            let from = req.device_hits + req.loaded.len();
+            let to = (req.prompt_len / self.tpc).min(req.keys.len());
+            self.compute_chunks(r, from, to);
+            let req = &mut self.reqs[r];
+            req.kv_tokens = req.prompt_len;
+            req.generated = 1;
+            first_tokens.push(r);
+        }
+        for &r in &decoding {
+            let req = &mut self.reqs[r];
+            req.generated += 1;
+            req.kv_tokens += 1;
+            if req.kv_tokens % self.tpc == 0 && req.kv_tokens / self.tpc <= req.keys.len() {
+                let c = req.kv_tokens / self.tpc - 1;
+                self.compute_chunks(r, c, c + 1);
+            }
+        }
+        let model = self.cfg.model_time(prefill_tokens, decoding.len());
+        self.m.model_time += model;
+        if let Some(rest) = model.checked_sub(model_start.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        let end = self.now + step_start.elapsed().as_secs_f64();
+        for r in first_tokens {
+            self.m.ttft.push(end - self.reqs[r].arrival);
+        }
+        let finished: Vec<usize> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|&r| self.reqs[r].generated >= self.reqs[r].output_len)
+            .collect();
+        if !finished.is_empty() {
+            self.running.retain(|r| !finished.contains(r));
+            for r in finished {
+                self.m.output_tokens += self.reqs[r].output_len as u64;
+                self.reqs[r].phase = Phase::Finishing;
+                self.finishing.push(r);
+            }
+        }
+        true
+    }
+
+    pub(super) fn account_prefill(&mut self, r: usize) {
+        let tpc = self.tpc as u64;
+        let req = &self.reqs[r];
+        self.m.add_served(Source::Device, req.device_hits as u64 * tpc);
+        for &s in &req.loaded {
+            self.m.add_served(s, tpc);
+        }
+        self.m.computed_tokens += (req.prompt_len - (req.device_hits + req.loaded.len()) * self.tpc) as u64;
+    }
+
+    /// The model writes chunks `from..to` of request `r` into its device blocks.
+    pub(super) fn compute_chunks(&mut self, r: usize, from: usize, to: usize) {
+        for c in from..to {
+            let (key, block) = (self.reqs[r].keys[c], self.reqs[r].blocks[c]);
+            self.memory.with_block(block, |b| fill_chunk(&key, b));
+            self.device.register(block, key);
+        }
+    }
+
+    // ----- the end of the run ----------------------------------------------------------------
+
+    /// Waits for outstanding copies, then steps idly until the manager has no pending work.
+    pub(super) fn drain(&mut self) -> Result<(), SimError> {
+        let deadline = Instant::now() + self.cfg.drain_timeout;
+        loop {
+            let copies = self.copier.as_ref().map_or(0, Copier::outstanding);
+            let pending = match &mut self.off {
+                Some(off) => off.has_pending_work()?,
+                None => false,
+            };
+            if copies == 0 && !pending {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(SimError::Stalled(format!(
+                    "after the last request, {copies} device copies and the tiers' pending work \
+                     did not finish within {:?}",
+                    self.cfg.drain_timeout
+                )));
+            }
+            if let Some(c) = &mut self.copier
+                && copies > 0
+                && let Some(d) = c.wait_one(Duration::from_millis(50))?
+            {
+                self.apply_copy(&d)?;
+            }
+            self.apply_copies()?;
+            let start = Instant::now();
+            self.end_schedule()?;
+            std::thread::sleep(self.cfg.step_base);
+            self.m.steps += 1;
+            self.now += start.elapsed().as_secs_f64();
+        }
+    }
+}

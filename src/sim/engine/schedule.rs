@@ -1,0 +1,175 @@
+//! Step phase (b): loaded requests start prefill; waiting requests are scanned (device prefix
+//! cache, then chunk-by-chunk lookups), admitted with device blocks, and loads prepared.
+
+use super::*;
+
+impl Engine<'_> {
+    pub(super) fn prefill_tokens(&self, r: usize) -> usize {
+        let req = &self.reqs[r];
+        req.prompt_len - (req.device_hits + req.loaded.len()) * self.tpc
+    }
+
+    pub(super) fn active(&self) -> usize {
+        self.running.len() + self.ready.len() + self.loading
+    }
+
+    pub(super) fn schedule(&mut self) -> Result<bool, SimError> {
+        let mut budget = self.cfg.max_batch_tokens;
+        let mut progressed = false;
+        while let Some(&r) = self.ready.front() {
+            let t = self.prefill_tokens(r);
+            if !self.prefill_now.is_empty() && t > budget {
+                break;
+            }
+            self.ready.pop_front();
+            self.start_prefill(r);
+            budget = budget.saturating_sub(t);
+            progressed = true;
+        }
+        let mut keep = VecDeque::with_capacity(self.waiting.len());
+        while let Some(r) = self.waiting.pop_front() {
+            if self.active() >= self.cfg.max_running {
+                keep.push_back(r);
+                break;
+            }
+            match self.try_admit(r, &mut budget)? {
+                Admit::Admitted => progressed = true,
+                Admit::Deferred => keep.push_back(r),
+                Admit::NoRoom => {
+                    keep.push_back(r);
+                    break;
+                }
+            }
+        }
+        keep.extend(self.waiting.drain(..));
+        self.waiting = keep;
+        Ok(progressed)
+    }
+
+    fn try_admit(&mut self, r: usize, budget: &mut usize) -> Result<Admit, SimError> {
+        let limit = self.reqs[r].hit_limit;
+        let d = self.device.cached_prefix(&self.reqs[r].keys[..limit]);
+        let mut hits = 0;
+        let mut defer = false;
+        if let Some(off) = &mut self.off {
+            let req = &self.reqs[r];
+            for key in &req.keys[d..limit] {
+                match off.lookup(key, &req.ctx)? {
+                    LookupResult::Hit => {
+                        if !defer {
+                            hits += 1;
+                        }
+                    }
+                    LookupResult::HitPending => {
+                        hits += 1;
+                        defer = true;
+                    }
+                    // Keep scanning so later chunks start their promotions this step too.
+                    LookupResult::Retry => defer = true,
+                    LookupResult::Miss => break,
+                }
+            }
+            off.touch(&req.keys, &req.ctx)?;
+        }
+        if defer {
+            self.m.deferrals += 1;
+            return Ok(Admit::Deferred);
+        }
+        let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
+        if hits == 0 && !self.prefill_now.is_empty() && prefill > *budget {
+            return Ok(Admit::NoRoom);
+        }
+        let needed = blocks_for(self.reqs[r].prompt_len + self.reqs[r].output_len, self.tpc);
+        let mut blocks = Vec::with_capacity(needed);
+        for key in &self.reqs[r].keys[..d] {
+            match self.device.acquire_cached(key) {
+                Some(b) => blocks.push(b),
+                None => break,
+            }
+        }
+        if blocks.len() != d {
+            // Nothing between the prefix check and here touches the device cache.
+            for b in blocks {
+                self.device.release(b);
+            }
+            return Err(SimError::Stalled(format!(
+                "device prefix cache changed while admitting {}",
+                self.reqs[r].ctx.id()
+            )));
+        }
+        let Some(fresh) = self.device.allocate(needed - blocks.len()) else {
+            for b in blocks {
+                self.device.release(b);
+            }
+            return Ok(Admit::NoRoom);
+        };
+        blocks.extend(fresh);
+        let req = &mut self.reqs[r];
+        req.blocks = blocks;
+        req.device_hits = d;
+        req.stored_upto = match req.policy {
+            OffloadPolicy::ChunkLevel => d + hits,
+            OffloadPolicy::RequestLevel => 0,
+        };
+        if !req.scheduled {
+            req.scheduled = true;
+            self.new_this_step.push(req.ctx.id().clone());
+        }
+        if hits == 0 {
+            *budget = budget.saturating_sub(prefill);
+            self.start_prefill(r);
+            return Ok(Admit::Admitted);
+        }
+        let Some(off) = &mut self.off else {
+            return Ok(Admit::Admitted);
+        };
+        let keys = req.keys[d..d + hits].to_vec();
+        let rows = off.prepare_load(&keys, &req.ctx)?;
+        req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
+        let blocks = req.blocks[d..d + hits].to_vec();
+        req.phase = Phase::Loading;
+        self.loading += 1;
+        self.submit(r, CopyKind::Load, keys, rows, blocks);
+        Ok(Admit::Admitted)
+    }
+
+    pub(super) fn submit(
+        &mut self,
+        req: usize,
+        kind: CopyKind,
+        keys: Vec<OffloadKey>,
+        rows: Vec<u32>,
+        blocks: Vec<u32>,
+    ) {
+        let id = self.next_job;
+        self.next_job += 1;
+        self.outbox.push(CopyJob {
+            id,
+            kind,
+            keys: keys.clone(),
+            rows,
+            blocks: blocks.clone(),
+        });
+        self.jobs.insert(
+            id,
+            Job {
+                req,
+                kind,
+                keys,
+                blocks,
+            },
+        );
+    }
+
+    pub(super) fn start_prefill(&mut self, r: usize) {
+        self.reqs[r].phase = Phase::Running;
+        self.running.push(r);
+        self.prefill_now.push(r);
+    }
+}
+
+enum Admit {
+    Admitted,
+    Deferred,
+    NoRoom,
+}
