@@ -33,6 +33,8 @@ struct ClientReq {
     lookup_open: bool,
     /// Since when some probe has been waiting for an answer.
     waiting_since: Option<Instant>,
+    /// Probes without an answer.
+    unresolved: usize,
     loads: BTreeMap<u64, Load>,
     finished: bool,
 }
@@ -67,6 +69,7 @@ impl ClientRole {
             Some(None) => LookupResult::Retry,
             None => {
                 req.probes.insert(*key, None);
+                req.unresolved += 1;
                 req.unsent.push(*key);
                 req.waiting_since.get_or_insert(now);
                 LookupResult::Retry
@@ -101,9 +104,10 @@ impl ClientRole {
                 && slot.is_none()
             {
                 *slot = Some(h);
+                req.unresolved -= 1;
             }
         }
-        if req.probes.values().all(Option::is_some) {
+        if req.unresolved == 0 {
             req.waiting_since = None;
         }
     }
@@ -127,9 +131,9 @@ impl ClientRole {
         req.lookup_open = false;
         // Once a round is fetched the producer releases its pins and may evict: cached hits go
         // stale. Resolved misses stay, or the same keys would be probed again and again.
-        req.probes.retain(|_, v| *v == Some(false));
+        req.probes.retain(|_, v| *v != Some(true));
         req.unsent.retain(|k| req.probes.contains_key(k));
-        if req.probes.values().all(Option::is_some) {
+        if req.unresolved == 0 {
             req.waiting_since = None;
         }
         let dk = DestKey {
@@ -250,7 +254,9 @@ impl ClientRole {
             // would fetch it again and fail the same way.
             if !req.finished {
                 for k in lost {
-                    req.probes.insert(k, Some(false));
+                    if req.probes.insert(k, Some(false)) == Some(None) {
+                        req.unresolved -= 1;
+                    }
                 }
             }
         }
@@ -285,6 +291,7 @@ impl ClientRole {
         req.probes.clear();
         req.unsent.clear();
         req.waiting_since = None;
+        req.unresolved = 0;
         req.lookup_open = false;
         req.finished = true;
         if req.loads.is_empty() {
@@ -307,6 +314,7 @@ impl ClientRole {
             req.probes.clear();
             req.unsent.clear();
             req.waiting_since = None;
+            req.unresolved = 0;
             req.finished = true;
             failed.push(kv.clone());
         }
@@ -319,6 +327,7 @@ impl ClientRole {
             req.probes.clear();
             req.unsent.clear();
             req.waiting_since = None;
+            req.unresolved = 0;
         }
     }
 

@@ -1,7 +1,7 @@
 //! One session per remote peer: the handshake and send gating, message dispatch, and the two
 //! roles (consumer and producer) over one logical control channel.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tiering_core::ParentManager;
 
@@ -13,6 +13,22 @@ use crate::server::ServerRole;
 use crate::stats::P2pCounters;
 use crate::transport::IoCommand;
 use crate::wire::{Connect, Message, WIRE_VERSION, decode_keys};
+
+/// How often an unanswered `connect` is repeated.
+const CONNECT_RETRANSMIT: Duration = Duration::from_millis(250);
+
+fn our_connect(core: &Core) -> Message {
+    Message::Connect(Connect {
+        wire_version: WIRE_VERSION,
+        peer_id: core.local_id.clone(),
+        instance: core.instance,
+        data_addr: core.data_addr.clone(),
+        chunk_bytes: core.chunk_bytes,
+        num_chunks: core.num_chunks,
+        layout_fingerprint: core.opts.layout_fingerprint.clone(),
+        hash_seed: core.opts.hash_seed.clone(),
+    })
+}
 
 /// Why a session must die.
 #[derive(Debug)]
@@ -30,6 +46,7 @@ pub(crate) struct Session {
     pub(crate) peer: String,
     pub(crate) generation: u64,
     created: Instant,
+    connect_sent: Instant,
     pub(crate) peer_connect: Option<Connect>,
     registered: bool,
     acked: bool,
@@ -48,22 +65,13 @@ impl Session {
             peer: peer.to_owned(),
             generation,
         });
-        let hello = Message::Connect(Connect {
-            wire_version: WIRE_VERSION,
-            peer_id: core.local_id.clone(),
-            instance: core.instance,
-            data_addr: core.data_addr.clone(),
-            chunk_bytes: core.chunk_bytes,
-            num_chunks: core.num_chunks,
-            layout_fingerprint: core.opts.layout_fingerprint.clone(),
-            hash_seed: core.opts.hash_seed.clone(),
-        });
-        core.send(peer, &hello);
+        core.send(peer, &our_connect(core));
         tracing::debug!(%peer, generation, "session opened");
         Self {
             peer: peer.to_owned(),
             generation,
             created: Instant::now(),
+            connect_sent: Instant::now(),
             peer_connect: None,
             registered: false,
             acked: false,
@@ -170,8 +178,14 @@ impl Session {
     }
 
     fn on_connect(&mut self, core: &mut Core, c: Connect) -> Result<(), SessionError> {
-        if self.peer_connect.is_some() {
-            return Err(SessionError::Protocol("duplicate connect after the handshake".into()));
+        if let Some(old) = &self.peer_connect {
+            // An identical retransmission is ignored (it re-registers nothing); a different
+            // `connect` from the same incarnation would re-register the peer and corrupt the
+            // data-plane state.
+            if *old == c {
+                return Ok(());
+            }
+            return Err(SessionError::Protocol("a second, different connect from the same peer".into()));
         }
         if c.peer_id != self.peer {
             return Err(SessionError::Protocol(format!(
@@ -270,8 +284,16 @@ impl Session {
 
     /// Timers and completions. Returns a reason when the session must die.
     pub(crate) fn tick(&mut self, core: &mut Core, now: Instant) -> Option<String> {
-        if self.dead.is_none() && !self.ready() && now.duration_since(self.created) >= core.opts.deadlines.handshake() {
-            return Some("handshake deadline passed".into());
+        if self.dead.is_none() && !self.ready() {
+            if now.duration_since(self.created) >= core.opts.deadlines.handshake() {
+                return Some("handshake deadline passed".into());
+            }
+            // A `connect` can be lost when the peer's socket was being replaced (a restart on
+            // the same address); repeat it until the peer answers.
+            if (self.peer_connect.is_none() || !self.acked) && now.duration_since(self.connect_sent) >= CONNECT_RETRANSMIT {
+                self.connect_sent = now;
+                core.send(&self.peer, &our_connect(core));
+            }
         }
         let (out, cut) = self.client.collect(core, &self.peer, now);
         if cut {
@@ -303,6 +325,7 @@ impl Session {
         core.transport.command(IoCommand::Close {
             peer: self.peer.clone(),
             generation: self.generation,
+            linger: notify_peer,
         });
         // Cutting both data directions is what proves quiescence: receivers check their rows
         // back in, senders fail what they hold and release the source rows.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use crate::error::P2pError;
 use crate::notify::Notifier;
@@ -27,14 +28,22 @@ static MONITOR_SEQ: AtomicU64 = AtomicU64::new(0);
 /// still reach the peer.
 const CLOSE_LINGER_MS: i32 = 200;
 
+/// Longest wait for a retired DEALER's disconnect before it is closed anyway.
+const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
 /// What the tier asks of the I/O thread.
 pub(crate) enum IoCommand {
     /// Open (or replace) the DEALER toward `peer`, tagged with the session generation.
     Connect { peer: String, generation: u64 },
     /// Send one payload to `peer` (dropped, and the peer reported dead, if it has no DEALER).
     Send { peer: String, payload: Vec<u8> },
-    /// Close the DEALER toward `peer` if it still belongs to `generation`.
-    Close { peer: String, generation: u64 },
+    /// Close the DEALER toward `peer` if it still belongs to `generation`; `linger` gives a
+    /// just-queued `disconnect` a moment to leave.
+    Close {
+        peer: String,
+        generation: u64,
+        linger: bool,
+    },
 }
 
 /// What the I/O thread reports.
@@ -178,6 +187,10 @@ struct IoThread {
     ctx: zmq::Context,
     router: zmq::Socket,
     dealers: HashMap<String, Dealer>,
+    /// DEALERs being retired: closed only once their monitor saw the disconnect (or after a
+    /// grace period). Closing a DEALER while libzmq is still tearing its connection down can
+    /// stall the context's I/O thread, and with it every other connection of the node.
+    closing: Vec<(Dealer, Instant)>,
     identity: Vec<u8>,
     heartbeat: Heartbeat,
     send_hwm: i32,
@@ -211,6 +224,7 @@ impl IoThread {
                 ctx,
                 router,
                 dealers: HashMap::new(),
+                closing: Vec::new(),
                 identity: format!("{id_host}:{port}").into_bytes(),
                 heartbeat: hb.clone(),
                 send_hwm,
@@ -239,7 +253,17 @@ impl IoThread {
                         items.push(d.monitor.as_poll_item(zmq::POLLIN));
                     }
                 }
-                if let Err(e) = zmq::poll(&mut items, 1000) {
+                for (d, _) in &self.closing {
+                    items.push(d.monitor.as_poll_item(zmq::POLLIN));
+                }
+                let timeout = self
+                    .closing
+                    .iter()
+                    .map(|(_, t)| t.saturating_duration_since(Instant::now()).as_millis() as i64 + 1)
+                    .min()
+                    .unwrap_or(1000)
+                    .min(1000);
+                if let Err(e) = zmq::poll(&mut items, timeout) {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
                         return;
@@ -252,6 +276,7 @@ impl IoThread {
                     }
                 }
             }
+            self.reap_closing();
             let mut notify = self.drain_router(events, counters);
             for p in disconnected {
                 notify |= self.drain_monitor(&p, events);
@@ -304,6 +329,7 @@ impl IoThread {
             };
             match Message::decode(payload) {
                 Ok(msg) => {
+                    tracing::trace!(%peer, kind = msg.kind(), "received");
                     counters.messages_in.fetch_add(1, Ordering::Relaxed);
                     any = true;
                     let _ = events.send(IoEvent::Message {
@@ -330,6 +356,7 @@ impl IoThread {
                 && head.len() >= 2
             {
                 let event = u16::from_le_bytes([head[0], head[1]]);
+                tracing::trace!(%peer, event = ?zmq::SocketEvent::from_raw(event), "control socket event");
                 if event == zmq::SocketEvent::DISCONNECTED.to_raw() {
                     dead = true;
                 }
@@ -362,6 +389,7 @@ impl IoThread {
         monitor.set_linger(0)?;
         monitor.connect(&endpoint)?;
         socket.connect(&format!("tcp://{peer}"))?;
+        tracing::trace!(%peer, generation, "control connection opened");
         Ok(Dealer {
             socket,
             monitor,
@@ -372,7 +400,10 @@ impl IoThread {
     fn handle(&mut self, cmd: IoCommand, events: &mpsc::Sender<IoEvent>, counters: &TransportCounters) -> bool {
         match cmd {
             IoCommand::Connect { peer, generation } => {
-                self.dealers.remove(&peer);
+                tracing::trace!(%peer, generation, "opening a control connection");
+                if let Some(old) = self.dealers.remove(&peer) {
+                    self.retire(old);
+                }
                 match self.open_dealer(&peer, generation) {
                     Ok(d) => {
                         self.dealers.insert(peer, d);
@@ -400,7 +431,9 @@ impl IoThread {
                     Err(e) => {
                         counters.send_failures.fetch_add(1, Ordering::Relaxed);
                         let generation = d.generation;
-                        self.dealers.remove(&peer);
+                        if let Some(d) = self.dealers.remove(&peer) {
+                            self.retire(d);
+                        }
                         let reason = if e == zmq::Error::EAGAIN {
                             "send queue full (peer unreachable or not reading)".to_owned()
                         } else {
@@ -415,20 +448,55 @@ impl IoThread {
                     }
                 }
             }
-            IoCommand::Close { peer, generation } => {
+            IoCommand::Close {
+                peer,
+                generation,
+                linger,
+            } => {
                 if self.dealers.get(&peer).is_some_and(|d| d.generation == generation)
                     && let Some(d) = self.dealers.remove(&peer)
                 {
-                    // A goodbye (`disconnect`) may still be queued: give it a moment to leave.
-                    // Tier shutdown closes whatever is left with LINGER 0.
-                    let _ = d.socket.set_linger(CLOSE_LINGER_MS);
+                    if linger {
+                        // Our goodbye (`disconnect`) may still be queued: give it a moment to
+                        // leave. Never when the peer left first: a lingering socket would
+                        // reconnect to a restarted peer under our identity.
+                        let _ = d.socket.set_linger(CLOSE_LINGER_MS);
+                    }
+                    self.retire(d);
                 }
                 false
             }
         }
     }
 
+    /// Starts closing a DEALER: it is closed once libzmq reports its disconnect, or after a
+    /// grace period.
+    fn retire(&mut self, d: Dealer) {
+        self.closing.push((d, Instant::now() + CLOSE_GRACE));
+    }
+
+    /// Closes retired DEALERs whose disconnect was seen or whose grace period is over.
+    fn reap_closing(&mut self) {
+        let now = Instant::now();
+        self.closing.retain(|(d, deadline)| {
+            let mut gone = now >= *deadline;
+            while let Ok(frames) = d.monitor.recv_multipart(zmq::DONTWAIT) {
+                if let Some(head) = frames.first()
+                    && head.len() >= 2
+                    && u16::from_le_bytes([head[0], head[1]]) == zmq::SocketEvent::DISCONNECTED.to_raw()
+                {
+                    gone = true;
+                }
+            }
+            !gone
+        });
+    }
+
     fn close_all(&mut self) {
+        for d in self.dealers.values() {
+            let _ = d.socket.set_linger(0);
+        }
         self.dealers.clear();
+        self.closing.clear();
     }
 }
