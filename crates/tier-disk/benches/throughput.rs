@@ -1,6 +1,7 @@
 //! Disk tier store and load throughput against raw positioned I/O of the same volume, chunk
 //! size and thread count on the same filesystem, measured in the same run (`O_DIRECT` for both
-//! when the filesystem accepts it). Prints GB/s for each and the tier/raw ratio.
+//! when the filesystem accepts it). Prints GB/s for each, the tier/raw ratio of the criterion runs,
+//! and the median tier/raw ratio of ABBA-paired runs (robust to drift on a shared device).
 //!
 //! `cargo bench -p tier-disk --bench throughput`. Environment: `KVTIER_BENCH_DIR` (default: the
 //! system temp dir), `KVTIER_BENCH_MIB` (volume per iteration, default 64).
@@ -202,7 +203,14 @@ impl TierRig {
     }
 }
 
-fn bench_chunk(c: &mut Criterion, root: &Path, volume: u64, chunk: usize, tally: &Arc<Mutex<Tally>>) {
+fn bench_chunk(
+    c: &mut Criterion,
+    root: &Path,
+    volume: u64,
+    chunk: usize,
+    tally: &Arc<Mutex<Tally>>,
+    paired: &Mutex<BTreeMap<(String, usize), f64>>,
+) {
     let rows = (volume as usize / chunk).max(KEYS_PER_JOB);
     let volume = (rows * chunk) as u64;
     let arena = ChunkArena::new(rows, chunk).unwrap();
@@ -255,39 +263,43 @@ fn bench_chunk(c: &mut Criterion, root: &Path, volume: u64, chunk: usize, tally:
         });
     }
     group.finish();
-    // The ratio comes from paired runs: raw and tier alternate (ABBA order) on the same volume,
-    // so drift in a shared or virtual device affects both sides alike.
+    // A second ratio comes from paired runs: raw and tier alternate (ABBA order) on the same
+    // volume and the median of the per-pair ratios is reported, so drift or bursts on a shared or
+    // virtual device affect both sides of a pair alike.
     for (direction, write) in [("write", true), ("read", false)] {
+        let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
         for round in 0..PAIRED_ROUNDS {
-            let tier_first = round % 2 == 1;
-            for step in 0..2 {
-                if (step == 0) == tier_first {
-                    let t = if write {
-                        rig.store_volume(&arena)
-                    } else {
-                        rig.load_volume(&arena)
-                    };
-                    record(tally, direction, chunk, "paired-tier", volume as f64, t);
+            let mut run_tier = || {
+                if write {
+                    rig.store_volume(&arena)
                 } else {
-                    let t = raw.run(&arena, write);
-                    record(tally, direction, chunk, "paired-raw", volume as f64, t);
+                    rig.load_volume(&arena)
                 }
-            }
+            };
+            let (tier_t, raw_t) = if round % 2 == 0 {
+                let r = raw.run(&arena, write);
+                (run_tier(), r)
+            } else {
+                let t = run_tier();
+                (t, raw.run(&arena, write))
+            };
+            ratios.push(raw_t.as_secs_f64() / tier_t.as_secs_f64());
+        }
+        ratios.sort_by(f64::total_cmp);
+        let median = (ratios[(PAIRED_ROUNDS - 1) / 2] + ratios[PAIRED_ROUNDS / 2]) / 2.0;
+        if let Ok(mut m) = paired.lock() {
+            m.insert((direction.to_owned(), chunk), median);
         }
     }
 }
 
-fn report(tally: &Tally) {
+fn report(tally: &Tally, paired: &BTreeMap<(String, usize), f64>) {
     println!(
         "\ndisk tier throughput vs raw positioned I/O ({IO_THREADS} threads each, same volume and filesystem)"
     );
     println!(
-        "{:<6} {:>8} {:>10} {:>10} {:>8}   {:>10} {:>10} {:>8}",
-        "dir", "chunk", "raw GB/s", "tier GB/s", "ratio", "raw GB/s", "tier GB/s", "ratio"
-    );
-    println!(
-        "{:<16}{:^30}   {:^30}",
-        "", "paired (ABBA) runs", "criterion runs"
+        "{:<6} {:>8} {:>10} {:>10} {:>8} {:>14}",
+        "dir", "chunk", "raw GB/s", "tier GB/s", "ratio", "paired median"
     );
     for chunk in CHUNK_SIZES {
         for direction in ["write", "read"] {
@@ -296,15 +308,16 @@ fn report(tally: &Tally) {
                     .get(&(direction.to_owned(), chunk, who))
                     .map(|(bytes, t)| bytes / t.as_secs_f64() / 1e9)
             };
-            let cell = |raw: Option<f64>, tier: Option<f64>| match (raw, tier) {
-                (Some(r), Some(t)) => format!("{r:>10.3} {t:>10.3} {:>7.1}%", 100.0 * t / r),
-                _ => format!("{:>30}", "-"),
+            let (Some(raw), Some(tier)) = (rate("raw"), rate("tier")) else {
+                continue;
             };
+            let pair = paired
+                .get(&(direction.to_owned(), chunk))
+                .map_or_else(|| "-".to_owned(), |r| format!("{:.1}%", 100.0 * r));
             println!(
-                "{direction:<6} {:>5}KiB {}   {}",
+                "{direction:<6} {:>5}KiB {raw:>10.3} {tier:>10.3} {:>7.1}% {pair:>14}",
                 chunk >> 10,
-                cell(rate("paired-raw"), rate("paired-tier")),
-                cell(rate("raw"), rate("tier"))
+                100.0 * tier / raw
             );
         }
     }
@@ -317,16 +330,17 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(64);
     let tally = Arc::new(Mutex::new(Tally::new()));
+    let paired = Mutex::new(BTreeMap::new());
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
     for chunk in CHUNK_SIZES {
-        bench_chunk(&mut c, &root, mib << 20, chunk, &tally);
+        bench_chunk(&mut c, &root, mib << 20, chunk, &tally, &paired);
     }
     c.final_summary();
-    if let Ok(t) = tally.lock() {
-        report(&t);
+    if let (Ok(t), Ok(p)) = (tally.lock(), paired.lock()) {
+        report(&t, &p);
     }
 }
