@@ -7,11 +7,14 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{PATIENCE, content, key, options};
+use std::sync::Arc;
+
+use tier_cpu::{CpuTier, PolicyKind};
 use tier_disk::{DiskGeometry, DiskTier};
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{
-    LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, ScheduleEndContext,
-    TieringManager,
+    ChunkArena, LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext,
+    ScheduleEndContext, TieringManager,
 };
 
 const CHUNK: usize = 32 * 1024;
@@ -30,15 +33,15 @@ fn settle(m: &mut TieringManager) {
 }
 
 /// Stores `k` through the engine path: prepare, write the row, complete (which cascades).
-fn engine_store(m: &mut TieringManager, primary: &MemoryPrimary, ctx: &ReqContext, k: OffloadKey) {
+fn engine_store(m: &mut TieringManager, primary: &dyn PrimaryTier, ctx: &ReqContext, k: OffloadKey) {
+    store_into(m, primary.arena(), ctx, k);
+}
+
+fn store_into(m: &mut TieringManager, arena: &Arc<ChunkArena>, ctx: &ReqContext, k: OffloadKey) {
     let out = m.prepare_store(&[k], ctx).unwrap().expect("room in the primary");
     assert_eq!(out.keys_to_store, vec![k]);
     let bytes = content(&k, CHUNK);
-    primary
-        .arena()
-        .write_row(out.chunk_ids[0])
-        .unwrap()
-        .copy_from_slice(&bytes);
+    arena.write_row(out.chunk_ids[0]).unwrap().copy_from_slice(&bytes);
     m.complete_store(&[k], ctx, true).unwrap();
     m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
 }
@@ -191,4 +194,46 @@ fn the_control_plane_thread_completes_cascades_and_promotions() {
     m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
     m.shutdown().unwrap();
     primary.check_invariants().unwrap();
+}
+
+#[test]
+fn tier_cpu_evicts_and_the_disk_tier_promotes_the_same_bytes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpu = CpuTier::new(2, CHUNK, PolicyKind::Lru).unwrap();
+    let arena = Arc::clone(cpu.arena());
+    let disk = DiskTier::open(&options(dir.path(), 16, CHUNK), DiskGeometry::of_arena(&arena)).unwrap();
+    let mut m = TieringManager::new(Box::new(cpu), vec![Box::new(disk)], ManagerConfig::step_driven());
+    let ctx = ReqContext::local("r1");
+    m.on_new_request(&ctx).unwrap();
+    for n in 0..4 {
+        store_into(&mut m, &arena, &ctx, key(n));
+        settle(&mut m);
+    }
+    let stats = m.stats().unwrap();
+    assert_eq!(stats.secondaries[0].stores, 4);
+    assert!(stats.primary.evictions >= 2, "the CPU tier of two chunks evicted");
+    for k in [key(0), key(1)] {
+        assert_eq!(
+            m.lookup(&k, &ctx).unwrap(),
+            LookupResult::HitPending,
+            "{k} comes back from disk"
+        );
+    }
+    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    settle(&mut m);
+    for k in [key(0), key(1)] {
+        assert_eq!(m.lookup(&k, &ctx).unwrap(), LookupResult::Hit);
+    }
+    let rows = m.prepare_load(&[key(0), key(1)], &ctx).unwrap();
+    for (k, row) in [key(0), key(1)].iter().zip(rows) {
+        assert!(
+            *arena.read_row(row).unwrap() == content(k, CHUNK)[..],
+            "{k} bytes differ"
+        );
+    }
+    m.complete_load(&[key(0), key(1)], &ctx).unwrap();
+    m.on_request_finished(&ctx).unwrap();
+    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    assert_eq!(m.stats().unwrap().manager.promoted_keys, 2);
+    m.shutdown().unwrap();
 }
