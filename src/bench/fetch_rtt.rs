@@ -375,7 +375,7 @@ fn pull_all(
 fn raw_control_rtt(n: usize) -> Result<Vec<f64>, BenchError> {
     let zerr = |e: zmq::Error| BenchError::Reference {
         reference: "raw ZeroMQ round trip".into(),
-        source: std::io::Error::other(e.to_string()),
+        error: std::io::Error::other(e.to_string()),
     };
     let ctx = zmq::Context::new();
     let router = ctx.socket(zmq::ROUTER).map_err(zerr)?;
@@ -395,7 +395,7 @@ fn raw_control_rtt(n: usize) -> Result<Vec<f64>, BenchError> {
         })
         .map_err(|e| BenchError::Reference {
             reference: "raw ZeroMQ round trip".into(),
-            source: e,
+            error: e,
         })?;
     let dealer = ctx.socket(zmq::DEALER).map_err(zerr)?;
     dealer.connect(&endpoint).map_err(zerr)?;
@@ -412,7 +412,7 @@ fn raw_control_rtt(n: usize) -> Result<Vec<f64>, BenchError> {
         Err(_) => {
             return Err(BenchError::Reference {
                 reference: "raw ZeroMQ round trip".into(),
-                source: std::io::Error::other("the echo thread panicked"),
+                error: std::io::Error::other("the echo thread panicked"),
             });
         }
     }

@@ -34,12 +34,12 @@ pub enum BenchError {
         message: String,
     },
     /// The reference measurement failed.
-    #[error("reference {reference}: {source}")]
+    #[error("reference {reference}: {error}")]
     Reference {
         /// Which reference.
         reference: String,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// An arena grant failed.
     #[error(transparent)]

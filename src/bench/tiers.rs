@@ -463,9 +463,9 @@ const ALIGN: usize = 4096;
 impl RawFile {
     fn open(dir: &Path, batch: usize, chunk_bytes: usize) -> Result<Self, BenchError> {
         let path = dir.join(format!("kvtier-bench-raw-{}.tmp", std::process::id()));
-        let err = |source| BenchError::Reference {
+        let err = |error| BenchError::Reference {
             reference: format!("scratch file {}", path.display()),
-            source,
+            error,
         };
         let open = |flags: i32| {
             OpenOptions::new()
@@ -504,10 +504,10 @@ impl RawFile {
         }
     }
 
-    fn io_err(&self, source: std::io::Error) -> BenchError {
+    fn io_err(&self, error: std::io::Error) -> BenchError {
         BenchError::Reference {
             reference: format!("{} on {}", self.label(), self.path.display()),
-            source,
+            error,
         }
     }
 

@@ -19,15 +19,16 @@ pub enum SimError {
         reason: String,
     },
     /// The tier chain could not be built.
+    // The cause is part of the message (not a `source`), so `{:#}` does not print it twice.
     #[error("cannot build the tier chain: {0}")]
-    Chain(#[source] BoxError),
+    Chain(BoxError),
     /// The trace file could not be read.
-    #[error("cannot read trace {path}: {source}")]
+    #[error("cannot read trace {path}: {error}")]
     TraceIo {
         /// The trace file.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A trace line is invalid.
     #[error("{path}:{line}: {reason}")]
@@ -57,11 +58,17 @@ pub enum SimError {
     EmptyWorkload,
     /// The manager returned an error to the engine.
     #[error("tiering manager: {0}")]
-    Manager(#[from] ManagerError),
+    Manager(ManagerError),
     /// The device-copy worker failed or disappeared.
     #[error("device-copy worker: {0}")]
     Worker(String),
     /// The run did not finish (no progress, or pending work that never drained).
     #[error("the simulation stalled: {0}")]
     Stalled(String),
+}
+
+impl From<ManagerError> for SimError {
+    fn from(e: ManagerError) -> Self {
+        Self::Manager(e)
+    }
 }

@@ -54,9 +54,9 @@ const MAX_TOKENS: usize = 1 << 20;
 /// The file cannot be read ([`SimError::TraceIo`]) or a line is invalid ([`SimError::TraceLine`],
 /// with its line number).
 pub fn load_trace(path: &Path, seed: u64) -> Result<Vec<RequestSpec>, SimError> {
-    let text = std::fs::read_to_string(path).map_err(|source| SimError::TraceIo {
+    let text = std::fs::read_to_string(path).map_err(|error| SimError::TraceIo {
         path: path.to_owned(),
-        source,
+        error,
     })?;
     parse_trace(&text, path, seed)
 }
