@@ -102,7 +102,7 @@ impl WorkloadSpec {
             rate: 300.0,
             sessions: 400,
             zipf_s: 0.9,
-            prefixes: 4,
+            prefixes: 16,
             max_context: 3072,
         }
     }
