@@ -81,38 +81,56 @@ impl RequestAccess {
         }
     }
 
-    /// Keeps the keys not yet seen as store misses by this request, and remembers them.
-    pub(crate) fn new_store_misses(&mut self, keys: &[OffloadKey], out: &mut Vec<OffloadKey>) {
-        self.flags.reserve(keys.len());
-        for k in keys {
+    /// Marks `key` seen, recording it in order; whether it was new to the request.
+    fn see(flags: &mut u8, key: &OffloadKey, finished: bool, order: &mut Vec<OffloadKey>) -> bool {
+        if *flags & SEEN != 0 {
+            return false;
+        }
+        if finished {
+            // vLLM asserts here; see the crate docs.
+            tracing::debug!(%key, "key observed after its request finished; not recorded");
+            return false;
+        }
+        *flags |= SEEN;
+        order.push(*key);
+        true
+    }
+
+    /// Records a store offer in one pass: `observed` are the offered keys that are not being
+    /// written by someone else, flagged `true` when ready (a reuse) and `false` when new (a store
+    /// miss). Appends to `misses` the store misses this request has not reported before, and to
+    /// `new` the keys observed for the first time.
+    pub(crate) fn record_store(
+        &mut self,
+        observed: &[(OffloadKey, bool)],
+        misses: &mut Vec<OffloadKey>,
+        new: &mut Vec<OffloadKey>,
+    ) {
+        self.flags.reserve(observed.len());
+        for (k, ready) in observed {
             let f = self.flags.entry(*k).or_insert(0);
-            if *f & STORE_MISS == 0 {
+            if !ready && *f & STORE_MISS == 0 {
                 *f |= STORE_MISS;
-                out.push(*k);
+                misses.push(*k);
+            }
+            if Self::see(f, k, self.finished, &mut self.order) {
+                new.push(*k);
+            }
+            // Re-reading a chunk this request inserted is not a reuse.
+            if *ready && *f & INSERTED == 0 {
+                *f |= REUSED;
             }
         }
     }
 
-    /// Records `keys` (in order) and returns through `new` those observed for the first time.
-    /// `reused` keys count as reuses unless this request inserted them itself. After the request
-    /// finished, new keys are not recorded (vLLM asserts here; see the crate docs).
-    pub(crate) fn record(&mut self, keys: &[OffloadKey], reused: &[OffloadKey], new: &mut Vec<OffloadKey>) {
+    /// Records loaded keys (all reuses) in one pass; appends first observations to `new`.
+    pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<OffloadKey>) {
         self.flags.reserve(keys.len());
         for k in keys {
             let f = self.flags.entry(*k).or_insert(0);
-            if *f & SEEN != 0 {
-                continue;
+            if Self::see(f, k, self.finished, &mut self.order) {
+                new.push(*k);
             }
-            if self.finished {
-                tracing::debug!(key = %k, "key observed after its request finished; not recorded");
-                continue;
-            }
-            *f |= SEEN;
-            self.order.push(*k);
-            new.push(*k);
-        }
-        for k in reused {
-            let f = self.flags.entry(*k).or_insert(0);
             if *f & INSERTED == 0 {
                 *f |= REUSED;
             }
@@ -166,11 +184,11 @@ mod tests {
         let mut rec = RequestAccess::fresh(1, 0);
         let mut new = Vec::new();
         let keys = [k(3, 1), k(1, 0), k(2, 0), k(4, 1)];
-        rec.record(&keys, &[], &mut new);
+        rec.record_load(&keys, &mut new);
         assert_eq!(new, keys.to_vec());
         // No positions: group 0 first, first-seen order within groups.
         let mut no_pos = RequestAccess::fresh(1, 0);
-        no_pos.record(&keys, &[], &mut Vec::new());
+        no_pos.record_load(&keys, &mut Vec::new());
         assert_eq!(
             no_pos.finish(&ctx),
             Some(vec![k(1, 0), k(2, 0), k(3, 1), k(4, 1)])
@@ -188,16 +206,30 @@ mod tests {
         let mut rec = RequestAccess::fresh(1, 0);
         rec.mark_inserted(&[k(1, 0)]);
         let mut new = Vec::new();
-        rec.record(&[k(1, 0), k(2, 0)], &[k(1, 0), k(2, 0)], &mut new);
+        rec.record_load(&[k(1, 0), k(2, 0)], &mut new);
         assert!(rec.reused(&k(2, 0)) && !rec.reused(&k(1, 0)));
         assert!(rec.inserted(&k(1, 0)) && !rec.inserted(&k(2, 0)));
+        let (mut misses, mut new) = (Vec::new(), Vec::new());
+        let offer = [
+            (k(5, 0), false),
+            (k(5, 0), false),
+            (k(6, 0), false),
+            (k(2, 0), true),
+        ];
+        rec.record_store(&offer, &mut misses, &mut new);
+        assert_eq!(
+            (misses.clone(), new.clone()),
+            (vec![k(5, 0), k(6, 0)], vec![k(5, 0), k(6, 0)])
+        );
         rec.finish(&ReqContext::local("r"));
+        misses.clear();
         new.clear();
-        rec.record(&[k(9, 0)], &[], &mut new);
-        assert!(new.is_empty());
-        let mut misses = Vec::new();
-        rec.new_store_misses(&[k(5, 0), k(5, 0), k(6, 0)], &mut misses);
-        rec.new_store_misses(&[k(6, 0)], &mut misses);
-        assert_eq!(misses, vec![k(5, 0), k(6, 0)]);
+        rec.record_store(&[(k(6, 0), false), (k(9, 0), false)], &mut misses, &mut new);
+        assert_eq!(
+            misses,
+            vec![k(9, 0)],
+            "store misses still count once per key after finish"
+        );
+        assert!(new.is_empty(), "new keys are not recorded after finish");
     }
 }

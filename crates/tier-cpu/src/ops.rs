@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tiering_core::{
-    ChunkArena, ChunkId, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    ChunkArena, ChunkId, KeyMap, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
     PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
@@ -37,34 +37,31 @@ impl CpuTier {
         }));
     }
 
-    /// Records a request's observation of `keys` and tells the policy about first observations.
-    fn record_access(&mut self, keys: &[OffloadKey], reused: &[OffloadKey], ctx: &ReqContext) {
-        let mut new = std::mem::take(&mut self.buf_keys2);
-        new.clear();
-        RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record(keys, reused, &mut new);
-        });
-        if !new.is_empty() {
-            let mut refs = std::mem::take(&mut self.buf_refs);
-            self.resolve_into(&new, &mut refs);
-            self.policy.on_request_access(&refs, self.table.view(), ctx);
-            self.buf_refs = refs;
+    /// Tells the policy about keys a request observed for the first time.
+    fn announce_first_access(&mut self, new: &[OffloadKey], ctx: &ReqContext) {
+        if new.is_empty() {
+            return;
         }
-        self.buf_keys2 = new;
+        let mut refs = std::mem::take(&mut self.buf_refs);
+        self.resolve_into(new, &mut refs);
+        self.policy.on_request_access(&refs, self.table.view(), ctx);
+        self.buf_refs = refs;
     }
 
-    /// Checks that every key can take one more reader; changes nothing.
-    fn check_pinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
+    /// Resolves every key to a row that can take one more reader, into `out`; changes nothing.
+    fn resolve_pinnable(&self, keys: &[OffloadKey], out: &mut Vec<ChunkId>) -> Result<(), TierError> {
         let headroom = i32::MAX - i32::try_from(keys.len()).unwrap_or(i32::MAX);
         for k in keys {
-            match self.table.get(k) {
-                None => return Err(TierError::NotFound(*k)),
-                Some(e) if e.ref_cnt < 0 => return Err(TierError::NotReady(*k)),
-                Some(e) if e.ref_cnt > headroom => {
-                    return Err(TierError::Other(format!("key {k} has too many readers")));
-                }
-                Some(_) => {}
+            let Some(e) = self.table.get(k) else {
+                return Err(TierError::NotFound(*k));
+            };
+            if e.ref_cnt < 0 {
+                return Err(TierError::NotReady(*k));
             }
+            if e.ref_cnt > headroom {
+                return Err(TierError::Other(format!("key {k} has too many readers")));
+            }
+            out.push(e.chunk);
         }
         Ok(())
     }
@@ -76,36 +73,37 @@ impl CpuTier {
         ctx: &ReqContext,
         record: bool,
     ) -> Result<Vec<ChunkId>, TierError> {
-        self.check_pinnable(keys)?;
         let mut out = Vec::with_capacity(keys.len());
-        for k in keys {
-            if let Some((chunk, edge)) = self.table.pin(k) {
-                if edge {
-                    self.policy.mark_non_evictable(chunk);
-                }
-                out.push(chunk);
+        self.resolve_pinnable(keys, &mut out)?;
+        for &chunk in &out {
+            if self.table.pin(chunk) {
+                self.policy.mark_non_evictable(chunk);
             }
         }
         if record {
             self.counters.loads += keys.len() as u64;
-            self.record_access(keys, keys, ctx);
+            let mut new = std::mem::take(&mut self.buf_keys);
+            new.clear();
+            RequestAccess::with(ctx, self.id, self.generation, |rec| {
+                rec.record_load(keys, &mut new)
+            });
+            self.announce_first_access(&new, ctx);
+            self.buf_keys = new;
         } else {
             self.counters.reads += keys.len() as u64;
         }
         Ok(out)
     }
 
-    /// Checks that every key holds as many readers as it appears in `keys`; changes nothing.
-    fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut big: Option<tiering_core::KeyMap<i32>> = None;
-        if keys.len() > SMALL_BATCH {
-            big = Some(tiering_core::KeyMap::default());
-        }
+    /// Resolves every key to a row holding at least as many readers as the key appears in
+    /// `keys`, into `out`; changes nothing.
+    fn resolve_unpinnable(&self, keys: &[OffloadKey], out: &mut Vec<ChunkId>) -> Result<(), TierError> {
+        let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
         for (i, k) in keys.iter().enumerate() {
             let Some(e) = self.table.get(k) else {
                 return Err(TierError::NotFound(*k));
             };
-            let needed = match big.as_mut() {
+            let needed = match counts.as_mut() {
                 Some(m) => {
                     let n = m.entry(*k).or_insert(0);
                     *n += 1;
@@ -116,29 +114,36 @@ impl CpuTier {
             if e.ref_cnt < needed {
                 return Err(TierError::NotPinned(*k));
             }
+            out.push(e.chunk);
         }
         Ok(())
     }
 
     /// Releases one pin per key (all or nothing).
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.check_unpinnable(keys)?;
-        for k in keys {
-            if let Some((chunk, true)) = self.table.unpin(k) {
-                self.policy.mark_evictable(chunk);
+        let mut chunks = std::mem::take(&mut self.buf_chunks);
+        chunks.clear();
+        let checked = self.resolve_unpinnable(keys, &mut chunks);
+        if checked.is_ok() {
+            for &chunk in &chunks {
+                if self.table.unpin(chunk) {
+                    self.policy.mark_evictable(chunk);
+                }
             }
         }
-        Ok(())
+        self.buf_chunks = chunks;
+        checked
     }
 
-    /// Splits a store offer into new keys (deduplicated, offer order), ready resident keys, and
-    /// the keys the request observes (everything but keys another write has in flight).
+    /// Splits a store offer into new keys (deduplicated, offer order), the keys the request
+    /// observes (all but keys another write has in flight; `true` when ready, a reuse), and the
+    /// rows of the ready ones (protected from this offer's eviction).
     fn partition_offer(
         &self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
-        ready: &mut Vec<OffloadKey>,
-        observed: &mut Vec<OffloadKey>,
+        observed: &mut Vec<(OffloadKey, bool)>,
+        ready_rows: &mut Vec<ChunkId>,
     ) {
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         for (i, k) in keys.iter().enumerate() {
@@ -152,48 +157,43 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                     }
-                    observed.push(*k);
+                    observed.push((*k, false));
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    ready.push(*k);
-                    observed.push(*k);
+                    observed.push((*k, true));
+                    ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
             }
         }
     }
 
-    /// Marks the offer's resident, evictable keys as protected; returns how many there were.
-    fn protect_offer(&mut self, keys: &[OffloadKey]) -> usize {
+    /// Marks the evictable rows among `rows` as protected; returns how many there were.
+    fn protect_rows(&mut self, rows: &[ChunkId]) -> usize {
         let mut n = 0;
-        for k in keys {
-            if let Some(e) = self.table.get(k)
-                && e.ref_cnt == 0
-            {
-                let (word, bit) = (e.chunk as usize / 64, 1u64 << (e.chunk % 64));
-                if self.protect[word] & bit == 0 {
-                    self.protect[word] |= bit;
-                    n += 1;
-                }
+        for &c in rows {
+            let (word, bit) = (c as usize / 64, 1u64 << (c % 64));
+            if self.table.ref_of(c) == 0 && self.protect[word] & bit == 0 {
+                self.protect[word] |= bit;
+                n += 1;
             }
         }
         n
     }
 
-    fn unprotect_offer(&mut self, keys: &[OffloadKey]) {
-        for k in keys {
-            if let Some(e) = self.table.get(k) {
-                self.protect[e.chunk as usize / 64] &= !(1u64 << (e.chunk % 64));
-            }
+    fn unprotect_rows(&mut self, rows: &[ChunkId]) {
+        for &c in rows {
+            self.protect[c as usize / 64] &= !(1u64 << (c % 64));
         }
     }
 
-    /// Frees `need` rows by eviction, or returns `None` with nothing evicted.
-    fn make_room(&mut self, need: usize, offer: &[OffloadKey]) -> Option<Vec<OffloadKey>> {
+    /// Frees `need` rows by eviction, sparing `protected_rows`, or returns `None` with nothing
+    /// evicted.
+    fn make_room(&mut self, need: usize, protected_rows: &[ChunkId]) -> Option<Vec<OffloadKey>> {
         if need > self.table.num_evictable {
             return None;
         }
-        let protected_evictable = self.protect_offer(offer);
+        let protected_evictable = self.protect_rows(protected_rows);
         let mut victims = std::mem::take(&mut self.buf_chunks);
         victims.clear();
         let ok = need <= self.table.num_evictable - protected_evictable
@@ -203,7 +203,7 @@ impl CpuTier {
                 Protected::new(&self.protect),
                 &mut victims,
             );
-        self.unprotect_offer(offer);
+        self.unprotect_rows(protected_rows);
         if !ok || victims.len() != need {
             self.buf_chunks = victims;
             return None;
@@ -212,6 +212,52 @@ impl CpuTier {
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
         Some(evicted)
+    }
+
+    /// The allocating half of `prepare_store`: evicts what is needed, reserves rows for
+    /// `to_store` and inserts them into the policy.
+    fn reserve_rows(
+        &mut self,
+        to_store: Vec<OffloadKey>,
+        ready_rows: &[ChunkId],
+        ctx: &ReqContext,
+    ) -> Option<PrepareStoreOutput> {
+        if to_store.is_empty() {
+            return Some(PrepareStoreOutput::default());
+        }
+        self.counters.alloc_batches += 1;
+        self.counters.alloc_chunks += to_store.len() as u64;
+
+        let need = to_store.len().saturating_sub(self.table.num_free());
+        let evicted = if need > 0 {
+            self.make_room(need, ready_rows)?
+        } else {
+            Vec::new()
+        };
+        if !evicted.is_empty() {
+            let ev = evicted.clone();
+            self.push_event(|| OffloadingEvent::removed(ev, Some(Medium::Cpu), Some(Locality::Local)));
+        }
+
+        let mut chunk_ids = Vec::with_capacity(to_store.len());
+        if !self.table.allocate(to_store.len(), &mut chunk_ids) {
+            // Unreachable: eviction freed exactly the shortfall.
+            tracing::error!(
+                wanted = to_store.len(),
+                "cpu tier allocation failed after eviction"
+            );
+            return None;
+        }
+        for (k, &chunk) in to_store.iter().zip(&chunk_ids) {
+            self.table.insert_writing(*k, chunk);
+            self.policy.insert(chunk, k, self.table.view(), ctx);
+        }
+        RequestAccess::with(ctx, self.id, self.generation, |rec| rec.mark_inserted(&to_store));
+        Some(PrepareStoreOutput {
+            keys_to_store: to_store,
+            chunk_ids,
+            evicted,
+        })
     }
 }
 
@@ -259,65 +305,32 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut ready = std::mem::take(&mut self.buf_ready);
-        let mut observed = std::mem::take(&mut self.buf_keys);
+        let mut observed = std::mem::take(&mut self.buf_observed);
+        let mut ready_rows = std::mem::take(&mut self.buf_rows);
         let mut misses = std::mem::take(&mut self.buf_misses);
-        ready.clear();
+        let mut new = std::mem::take(&mut self.buf_keys);
         observed.clear();
+        ready_rows.clear();
         misses.clear();
-        self.partition_offer(keys, &mut to_store, &mut ready, &mut observed);
-
-        // ARC learns from ghost hits before insertion drops the ghosts; once per key per request.
+        new.clear();
+        self.partition_offer(keys, &mut to_store, &mut observed, &mut ready_rows);
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.new_store_misses(&to_store, &mut misses);
+            rec.record_store(&observed, &mut misses, &mut new);
         });
+        // ARC learns from ghost hits before insertion drops the ghosts (once per key per
+        // request), then the policy sees first observations; both before any early return, as
+        // upstream does.
         if !misses.is_empty() {
             self.policy.on_store_miss(&misses, ctx);
         }
-        // Recorded before any early return, as upstream does.
-        self.record_access(&observed, &ready, ctx);
-        self.buf_keys = observed;
-        self.buf_ready = ready;
+        self.announce_first_access(&new, ctx);
+        self.buf_observed = observed;
         self.buf_misses = misses;
+        self.buf_keys = new;
 
-        if to_store.is_empty() {
-            return Some(PrepareStoreOutput::default());
-        }
-        self.counters.alloc_batches += 1;
-        self.counters.alloc_chunks += to_store.len() as u64;
-
-        let need = to_store.len().saturating_sub(self.table.num_free());
-        let evicted = if need > 0 {
-            self.make_room(need, keys)?
-        } else {
-            Vec::new()
-        };
-        if !evicted.is_empty() {
-            let ev = evicted.clone();
-            self.push_event(|| OffloadingEvent::removed(ev, Some(Medium::Cpu), Some(Locality::Local)));
-        }
-
-        let mut chunk_ids = Vec::with_capacity(to_store.len());
-        if !self.table.allocate(to_store.len(), &mut chunk_ids) {
-            // Unreachable: eviction freed exactly the shortfall.
-            tracing::error!(
-                wanted = to_store.len(),
-                "cpu tier allocation failed after eviction"
-            );
-            return None;
-        }
-        for (k, &chunk) in to_store.iter().zip(&chunk_ids) {
-            self.table.insert_writing(*k, chunk);
-            self.policy.insert(chunk, k, self.table.view(), ctx);
-        }
-        RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.mark_inserted(&to_store);
-        });
-        Some(PrepareStoreOutput {
-            keys_to_store: to_store,
-            chunk_ids,
-            evicted,
-        })
+        let out = self.reserve_rows(to_store, &ready_rows, ctx);
+        self.buf_rows = ready_rows;
+        out
     }
 
     fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {

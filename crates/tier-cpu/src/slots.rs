@@ -1,9 +1,9 @@
 //! The chunk table: which key lives in which arena row, each row's ref count, and the row
 //! allocator.
 //!
-//! The key→row map stores the ref count next to the row id, so a lookup is a single probe; a
-//! copy of each ref count is kept in a dense array indexed by row, which is what eviction
-//! policies scan. Both are updated together by the methods here.
+//! The key→row map holds only row ids (40-byte buckets); ref counts and keys live in dense arrays
+//! indexed by row, which is what eviction policies scan and what a batch mutates after its keys
+//! were resolved once.
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
@@ -15,7 +15,7 @@ use crate::policy::SlotView;
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
 
-/// A resident key's row and ref count.
+/// A resident key's row and ref count (a copy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) chunk: ChunkId,
@@ -24,7 +24,7 @@ pub(crate) struct Entry {
 
 /// See the module docs.
 pub(crate) struct ChunkTable {
-    map: KeyMap<Entry>,
+    map: KeyMap<ChunkId>,
     refs: Vec<i32>,
     keys: Vec<OffloadKey>,
     free: Vec<ChunkId>,
@@ -79,12 +79,24 @@ impl ChunkTable {
     /// The resident entry of `key`.
     #[inline]
     pub(crate) fn get(&self, key: &OffloadKey) -> Option<Entry> {
-        self.map.get(key).copied()
+        self.map.get(key).map(|&chunk| Entry {
+            chunk,
+            ref_cnt: self.refs[chunk as usize],
+        })
+    }
+
+    /// The ref count of a resident row.
+    #[inline]
+    pub(crate) fn ref_of(&self, chunk: ChunkId) -> i32 {
+        self.refs[chunk as usize]
     }
 
     /// Every resident entry, in no particular order.
     pub(crate) fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
-        self.map.values().copied()
+        self.map.values().map(|&chunk| Entry {
+            chunk,
+            ref_cnt: self.refs[chunk as usize],
+        })
     }
 
     /// The policies' view of the rows.
@@ -93,46 +105,42 @@ impl ChunkTable {
         SlotView::new(&self.refs, &self.keys)
     }
 
-    /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
-    /// being evictable (0 → 1).
+    /// Adds one reader to a resident, ready row; whether it just stopped being evictable.
     #[inline]
-    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
-        let edge = e.ref_cnt == 0;
-        e.ref_cnt += 1;
-        self.refs[e.chunk as usize] = e.ref_cnt;
+    pub(crate) fn pin(&mut self, chunk: ChunkId) -> bool {
+        let r = &mut self.refs[chunk as usize];
+        let edge = *r == 0;
+        *r += 1;
         if edge {
             self.num_evictable -= 1;
         }
-        Some((e.chunk, edge))
+        edge
     }
 
-    /// Removes one reader from pinned `key`. Returns its row and whether it just became
-    /// evictable (1 → 0).
+    /// Removes one reader from a pinned row; whether it just became evictable.
     #[inline]
-    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
-        e.ref_cnt -= 1;
-        self.refs[e.chunk as usize] = e.ref_cnt;
-        let edge = e.ref_cnt == 0;
+    pub(crate) fn unpin(&mut self, chunk: ChunkId) -> bool {
+        let r = &mut self.refs[chunk as usize];
+        *r -= 1;
+        let edge = *r == 0;
         if edge {
             self.num_evictable += 1;
         }
-        Some((e.chunk, edge))
+        edge
     }
 
     /// Completes the write of `key` if it is in flight. Returns its row then.
     #[inline]
     pub(crate) fn mark_written(&mut self, key: &OffloadKey) -> Option<ChunkId> {
-        let e = self.map.get_mut(key)?;
-        if e.ref_cnt != WRITING {
+        let chunk = *self.map.get(key)?;
+        let r = &mut self.refs[chunk as usize];
+        if *r != WRITING {
             return None;
         }
-        e.ref_cnt = 0;
-        self.refs[e.chunk as usize] = 0;
+        *r = 0;
         self.num_write_pending -= 1;
         self.num_evictable += 1;
-        Some(e.chunk)
+        Some(chunk)
     }
 
     /// Takes `n` rows: fresh ones ascending, then freed ones LIFO. The caller made room first.
@@ -156,13 +164,7 @@ impl ChunkTable {
 
     /// Makes `key` resident in `chunk` with a write in flight.
     pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.map.insert(
-            key,
-            Entry {
-                chunk,
-                ref_cnt: WRITING,
-            },
-        );
+        self.map.insert(key, chunk);
         self.refs[chunk as usize] = WRITING;
         self.keys[chunk as usize] = key;
         self.num_write_pending += 1;
@@ -194,18 +196,18 @@ impl ChunkTable {
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut owner = vec![false; self.capacity as usize];
         let (mut evictable, mut writing) = (0, 0);
-        for (key, e) in &self.map {
-            let c = e.chunk as usize;
-            if e.chunk >= self.num_allocated {
+        for (key, &chunk) in &self.map {
+            let c = chunk as usize;
+            if chunk >= self.num_allocated {
                 return Err(format!("{key} holds row {c}, never allocated"));
             }
             if std::mem::replace(&mut owner[c], true) {
                 return Err(format!("row {c} owned twice"));
             }
-            if self.refs[c] != e.ref_cnt || self.keys[c] != *key {
-                return Err(format!("row {c} arrays disagree with the map for {key}"));
+            if self.keys[c] != *key {
+                return Err(format!("row {c} holds another key than the map says for {key}"));
             }
-            match e.ref_cnt {
+            match self.refs[c] {
                 WRITING => writing += 1,
                 0 => evictable += 1,
                 r if r > 0 => {}

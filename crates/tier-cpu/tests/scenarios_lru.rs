@@ -249,3 +249,29 @@ fn every_removal_event_precedes_the_store_events_of_the_same_drain() {
         vec![(true, false, vec![1, 2]), (false, false, vec![3, 4])]
     );
 }
+
+#[test]
+fn request_groups_do_not_pile_up_when_contexts_are_dropped_without_finishing() {
+    let mut t = tier(64, Lru);
+    let ctx = ReqContext::local("fill");
+    t.prepare_store(&ks(&[1, 2, 3]), &ctx).unwrap();
+    t.complete_store(&ks(&[1, 2, 3]), &ctx, true);
+    for i in 0..10_000 {
+        let req = ReqContext::local(format!("r{i}"));
+        t.prepare_load(&ks(&[1 + i % 3]), &req).unwrap();
+        t.complete_load(&ks(&[1 + i % 3]), &req).unwrap();
+    }
+    let groups = t.stats().extra["lru_request_groups"];
+    assert!(groups <= 4.0, "{groups} request groups left behind");
+    // Finished requests release theirs at once.
+    let live: Vec<ReqContext> = (0..50).map(|i| ReqContext::local(format!("live{i}"))).collect();
+    for req in &live {
+        t.prepare_load(&ks(&[1]), req).unwrap();
+        t.complete_load(&ks(&[1]), req).unwrap();
+    }
+    assert!(t.stats().extra["lru_request_groups"] >= 50.0);
+    for req in &live {
+        t.on_request_finished(req);
+    }
+    assert!(t.stats().extra["lru_request_groups"] <= 4.0);
+}

@@ -12,9 +12,12 @@
 
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
-use super::ghost::GhostList;
+use super::ghost::Ghosts;
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+
+const B1: usize = 0;
+const B2: usize = 1;
 
 /// vLLM 0.33.0's ARC (see the module docs).
 pub struct ArcPolicy {
@@ -24,8 +27,8 @@ pub struct ArcPolicy {
     t1: List,
     t2: List,
     in_t2: Vec<bool>,
-    b1: GhostList,
-    b2: GhostList,
+    /// B1 (list 0) and B2 (list 1).
+    ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
     picked: Vec<(ChunkId, bool)>,
 }
@@ -41,8 +44,7 @@ impl ArcPolicy {
             t1: List::new(),
             t2: List::new(),
             in_t2: vec![false; capacity],
-            b1: GhostList::new(),
-            b2: GhostList::new(),
+            ghosts: Ghosts::new(),
             picked: Vec::new(),
         }
     }
@@ -54,15 +56,15 @@ impl ArcPolicy {
     }
 
     fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) {
-        if self.b1.contains(key) {
-            let delta = (self.b2.len() as f64 / self.b1.len() as f64).max(1.0);
-            self.target = (self.target + delta).min(self.capacity as f64);
-            self.b1.move_to_back(key);
-        } else if self.b2.contains(key) {
-            let delta = (self.b1.len() as f64 / self.b2.len() as f64).max(1.0);
-            self.target = (self.target - delta).max(0.0);
-            self.b2.move_to_back(key);
+        let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
+        match self.ghosts.list_of(key) {
+            Some(B1) => {
+                self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
+            }
+            Some(_) => self.target = (self.target - (b1 / b2).max(1.0)).max(0.0),
+            None => return,
         }
+        self.ghosts.move_to_back(key);
     }
 
     fn to_t2_back(&mut self, chunk: ChunkId) {
@@ -110,8 +112,7 @@ impl EvictionPolicy for ArcPolicy {
     fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, _slots: SlotView<'_>, _ctx: &ReqContext) {
         self.t1.push_back(&mut self.links, chunk);
         self.in_t2[chunk as usize] = false;
-        self.b1.remove(key);
-        self.b2.remove(key);
+        self.ghosts.remove(key);
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
@@ -187,15 +188,15 @@ impl EvictionPolicy for ArcPolicy {
             let key = slots.key(chunk);
             if from_t1 {
                 self.t1.remove(&mut self.links, chunk);
-                self.b1.push_back(key);
+                self.ghosts.push_back(B1, key);
             } else {
                 self.t2.remove(&mut self.links, chunk);
-                self.b2.push_back(key);
+                self.ghosts.push_back(B2, key);
             }
             out.push(chunk);
         }
-        self.b1.trim_to(self.capacity);
-        self.b2.trim_to(self.capacity);
+        self.ghosts.trim_to(B1, self.capacity);
+        self.ghosts.trim_to(B2, self.capacity);
         true
     }
 
@@ -204,8 +205,7 @@ impl EvictionPolicy for ArcPolicy {
         self.t1.clear();
         self.t2.clear();
         self.links = Links::with_nodes(self.capacity);
-        self.b1.clear();
-        self.b2.clear();
+        self.ghosts.clear();
     }
 
     fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {
@@ -214,8 +214,8 @@ impl EvictionPolicy for ArcPolicy {
             lists: vec![
                 ("t1", keys(&self.t1)),
                 ("t2", keys(&self.t2)),
-                ("b1", self.b1.keys()),
-                ("b2", self.b2.keys()),
+                ("b1", self.ghosts.keys(B1)),
+                ("b2", self.ghosts.keys(B2)),
             ],
             target: Some(self.target),
         }
@@ -225,7 +225,7 @@ impl EvictionPolicy for ArcPolicy {
         out.push(("arc_target_t1", self.target));
         out.push(("arc_t1", self.t1.len() as f64));
         out.push(("arc_t2", self.t2.len() as f64));
-        out.push(("arc_b1", self.b1.len() as f64));
-        out.push(("arc_b2", self.b2.len() as f64));
+        out.push(("arc_b1", self.ghosts.len(B1) as f64));
+        out.push(("arc_b2", self.ghosts.len(B2) as f64));
     }
 }

@@ -1,77 +1,97 @@
 //! Ghost lists: ordered sets of keys that are no longer resident (ARC's B1/B2, S3-FIFO's ghost
-//! queue). Membership, removal, move-to-back and pop-front are O(1).
+//! queue). Several lists share one key index, so asking "is this key a ghost, and of which list"
+//! is a single probe. Membership, removal, move-to-back and pop-front are O(1).
 
 use tiering_core::{KeyMap, OffloadKey};
 
 use super::list::{Links, List, NIL};
 
-/// An insertion-ordered set of keys (front = oldest).
-#[derive(Default)]
-pub(crate) struct GhostList {
+/// `N` insertion-ordered, disjoint sets of keys (front = oldest).
+pub(crate) struct Ghosts<const N: usize> {
     index: KeyMap<u32>,
     keys: Vec<OffloadKey>,
+    owner: Vec<u8>,
     links: Links,
-    list: List,
+    lists: [List; N],
     free: Vec<u32>,
 }
 
-impl GhostList {
-    /// An empty ghost list.
+impl<const N: usize> Default for Ghosts<N> {
+    fn default() -> Self {
+        Self {
+            index: KeyMap::default(),
+            keys: Vec::new(),
+            owner: Vec::new(),
+            links: Links::default(),
+            lists: [List::new(); N],
+            free: Vec::new(),
+        }
+    }
+}
+
+impl<const N: usize> Ghosts<N> {
+    /// Empty lists.
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    /// Number of keys.
-    pub(crate) fn len(&self) -> usize {
-        self.list.len()
+    /// Number of keys in list `l`.
+    pub(crate) fn len(&self, l: usize) -> usize {
+        self.lists[l].len()
     }
 
-    /// Whether `key` is a member.
-    pub(crate) fn contains(&self, key: &OffloadKey) -> bool {
-        self.index.contains_key(key)
+    /// The list holding `key`, if any.
+    #[inline]
+    pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
+        self.index.get(key).map(|&n| usize::from(self.owner[n as usize]))
     }
 
-    /// Appends `key` at the back, or moves it there if already present.
-    pub(crate) fn push_back(&mut self, key: OffloadKey) {
+    /// Appends `key` at the back of list `l` (moving it there from wherever it was).
+    pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
         if let Some(&n) = self.index.get(&key) {
-            self.list.move_to_back(&mut self.links, n);
+            let from = usize::from(self.owner[n as usize]);
+            self.lists[from].remove(&mut self.links, n);
+            self.lists[l].push_back(&mut self.links, n);
+            self.owner[n as usize] = l as u8;
             return;
         }
         let n = if let Some(n) = self.free.pop() {
             self.keys[n as usize] = key;
             n
         } else {
-            let n = u32::try_from(self.keys.len()).unwrap_or(NIL);
-            if n == NIL {
-                // More ghosts than u32 ids: cannot happen below the arena's row limit; drop the
-                // oldest instead of growing.
-                self.pop_front();
-                return self.push_back(key);
-            }
+            let Some(n) = u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) else {
+                // More ghosts than u32 ids cannot happen below the arena's row limit; keep the
+                // structure bounded anyway by forgetting this key.
+                return;
+            };
             self.keys.push(key);
+            self.owner.push(0);
             self.links.grow_to(self.keys.len());
             n
         };
+        self.owner[n as usize] = l as u8;
         self.index.insert(key, n);
-        self.list.push_back(&mut self.links, n);
+        self.lists[l].push_back(&mut self.links, n);
     }
 
-    /// Moves `key` to the back if present; returns whether it was.
+    /// Moves `key` to the back of its list; returns whether it was a ghost.
     pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> bool {
         match self.index.get(key) {
             Some(&n) => {
-                self.list.move_to_back(&mut self.links, n);
+                let l = usize::from(self.owner[n as usize]);
+                self.lists[l].move_to_back(&mut self.links, n);
                 true
             }
             None => false,
         }
     }
 
-    /// Removes `key`; returns whether it was present.
+    /// Forgets `key`; returns whether it was a ghost.
     pub(crate) fn remove(&mut self, key: &OffloadKey) -> bool {
         match self.index.remove(key) {
             Some(n) => {
-                self.list.remove(&mut self.links, n);
+                let l = usize::from(self.owner[n as usize]);
+                self.lists[l].remove(&mut self.links, n);
                 self.free.push(n);
                 true
             }
@@ -79,38 +99,34 @@ impl GhostList {
         }
     }
 
-    /// Removes and returns the oldest key.
-    pub(crate) fn pop_front(&mut self) -> Option<OffloadKey> {
-        let n = self.list.front();
+    /// Removes and returns the oldest key of list `l`.
+    pub(crate) fn pop_front(&mut self, l: usize) -> Option<OffloadKey> {
+        let n = self.lists[l].front();
         if n == NIL {
             return None;
         }
         let key = self.keys[n as usize];
-        self.list.remove(&mut self.links, n);
+        self.lists[l].remove(&mut self.links, n);
         self.index.remove(&key);
         self.free.push(n);
         Some(key)
     }
 
-    /// Drops the oldest keys until at most `cap` remain.
-    pub(crate) fn trim_to(&mut self, cap: usize) {
-        while self.len() > cap {
-            self.pop_front();
+    /// Drops the oldest keys of list `l` until at most `cap` remain.
+    pub(crate) fn trim_to(&mut self, l: usize, cap: usize) {
+        while self.len(l) > cap {
+            self.pop_front(l);
         }
     }
 
     /// Forgets every key.
     pub(crate) fn clear(&mut self) {
-        self.index.clear();
-        self.keys.clear();
-        self.links = Links::default();
-        self.list.clear();
-        self.free.clear();
+        *self = Self::default();
     }
 
-    /// The keys, oldest first (for tests and diagnostics).
-    pub(crate) fn keys(&self) -> Vec<OffloadKey> {
-        self.list
+    /// The keys of list `l`, oldest first (for tests and diagnostics).
+    pub(crate) fn keys(&self, l: usize) -> Vec<OffloadKey> {
+        self.lists[l]
             .iter(&self.links)
             .map(|n| self.keys[n as usize])
             .collect()
@@ -126,26 +142,31 @@ mod tests {
     }
 
     #[test]
-    fn keeps_insertion_order_and_reuses_nodes() {
-        let mut g = GhostList::new();
+    fn keeps_insertion_order_per_list_and_reuses_nodes() {
+        let mut g = Ghosts::<2>::new();
         for n in 1..=4 {
-            g.push_back(k(n));
+            g.push_back(0, k(n));
         }
+        g.push_back(1, k(9));
         assert!(g.move_to_back(&k(2)));
-        assert!(!g.move_to_back(&k(9)));
-        assert_eq!(g.keys(), vec![k(1), k(3), k(4), k(2)]);
+        assert!(!g.move_to_back(&k(8)));
+        assert_eq!(g.keys(0), vec![k(1), k(3), k(4), k(2)]);
+        assert_eq!(
+            (g.list_of(&k(9)), g.list_of(&k(1)), g.list_of(&k(8))),
+            (Some(1), Some(0), None)
+        );
         assert!(g.remove(&k(3)));
         assert!(!g.remove(&k(3)));
-        g.push_back(k(5));
-        assert_eq!(g.keys(), vec![k(1), k(4), k(2), k(5)]);
-        g.push_back(k(1));
-        assert_eq!(g.keys(), vec![k(4), k(2), k(5), k(1)]);
-        g.trim_to(2);
-        assert_eq!(g.keys(), vec![k(5), k(1)]);
-        assert!(g.contains(&k(5)) && !g.contains(&k(4)));
-        assert_eq!(g.pop_front(), Some(k(5)));
+        g.push_back(0, k(5));
+        assert_eq!(g.keys(0), vec![k(1), k(4), k(2), k(5)]);
+        g.push_back(1, k(1));
+        assert_eq!((g.keys(0), g.keys(1)), (vec![k(4), k(2), k(5)], vec![k(9), k(1)]));
+        g.trim_to(0, 2);
+        assert_eq!(g.keys(0), vec![k(2), k(5)]);
+        assert_eq!(g.pop_front(1), Some(k(9)));
+        assert_eq!((g.len(0), g.len(1)), (2, 1));
         g.clear();
-        assert_eq!(g.len(), 0);
-        assert_eq!(g.pop_front(), None);
+        assert_eq!(g.pop_front(0), None);
+        assert_eq!(g.list_of(&k(2)), None);
     }
 }

@@ -18,7 +18,7 @@
 //! A group's sentinel is recycled once the group is empty and its request can no longer add
 //! members (finished, or its context was dropped — detected through a `Weak` token).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -80,6 +80,9 @@ pub struct LruPolicy {
     grouped: Vec<bool>,
     next_rank: u64,
     groups: HashMap<u64, Group, KeyBuildHasher>,
+    /// Group ranks in creation order, swept a little at every creation so groups of requests
+    /// that were dropped without finishing do not pile up.
+    sweep: VecDeque<u64>,
     free_sentinels: Vec<u32>,
     num_sentinels: u32,
 }
@@ -101,6 +104,7 @@ impl LruPolicy {
             grouped: vec![false; n],
             next_rank: 0,
             groups: HashMap::default(),
+            sweep: VecDeque::new(),
             free_sentinels: Vec::new(),
             num_sentinels: 0,
         }
@@ -143,6 +147,7 @@ impl LruPolicy {
                 closed: false,
             },
         );
+        self.sweep_groups(rank);
         // The first `with_state` above left a value of this type in the context: overwrite it in
         // place rather than boxing a new one.
         ctx.with_state(RequestRank::unset, |s| {
@@ -154,6 +159,22 @@ impl LruPolicy {
             };
         });
         Some(rank)
+    }
+
+    /// Queues the new group `rank` and examines the two oldest queued groups: reclaimed ones
+    /// leave the queue, reclaimable ones are reclaimed, live ones go to the back. Each creation
+    /// adds one entry and removes up to two, so the queue (and the garbage) stays proportional to
+    /// the number of live requests.
+    fn sweep_groups(&mut self, rank: u64) {
+        self.sweep.push_back(rank);
+        for _ in 0..2 {
+            let Some(old) = self.sweep.pop_front() else { break };
+            match self.groups.get(&old) {
+                None => {}
+                Some(g) if g.reclaimable() => self.reclaim_group(old),
+                Some(_) => self.sweep.push_back(old),
+            }
+        }
     }
 
     fn alloc_sentinel(&mut self) -> Option<u32> {
@@ -367,6 +388,7 @@ impl EvictionPolicy for LruPolicy {
         self.next_rank = 0;
         self.order.clear();
         self.groups.clear();
+        self.sweep.clear();
         self.free_sentinels.clear();
         self.num_sentinels = 0;
         let n = self.capacity as usize;

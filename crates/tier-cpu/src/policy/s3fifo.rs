@@ -13,7 +13,7 @@
 
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
-use super::ghost::GhostList;
+use super::ghost::Ghosts;
 use super::list::{Links, List};
 use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
 
@@ -28,7 +28,7 @@ pub struct S3FifoPolicy {
     main: List,
     in_main: Vec<bool>,
     freq: Vec<u8>,
-    ghost: GhostList,
+    ghost: Ghosts<1>,
 }
 
 impl S3FifoPolicy {
@@ -43,7 +43,7 @@ impl S3FifoPolicy {
             main: List::new(),
             in_main: vec![false; capacity],
             freq: vec![0; capacity],
-            ghost: GhostList::new(),
+            ghost: Ghosts::new(),
         }
     }
 
@@ -163,9 +163,9 @@ impl EvictionPolicy for S3FifoPolicy {
             }
         }
         for chunk in from_small {
-            self.ghost.push_back(slots.key(chunk));
+            self.ghost.push_back(0, slots.key(chunk));
         }
-        self.ghost.trim_to(self.capacity);
+        self.ghost.trim_to(0, self.capacity);
         true
     }
 
@@ -182,7 +182,7 @@ impl EvictionPolicy for S3FifoPolicy {
             lists: vec![
                 ("small", keys(&self.small)),
                 ("main", keys(&self.main)),
-                ("ghost", self.ghost.keys()),
+                ("ghost", self.ghost.keys(0)),
             ],
             target: None,
         }
@@ -191,6 +191,6 @@ impl EvictionPolicy for S3FifoPolicy {
     fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
         out.push(("s3fifo_small", self.small.len() as f64));
         out.push(("s3fifo_main", self.main.len() as f64));
-        out.push(("s3fifo_ghost", self.ghost.len() as f64));
+        out.push(("s3fifo_ghost", self.ghost.len(0) as f64));
     }
 }
