@@ -135,21 +135,22 @@ pub(crate) fn locality_from(c: FfiEnum) -> Option<Locality> {
     }
 }
 
-/// A request context laid out for the C ABI; [`EncodedReq::ffi`] borrows it.
-pub(crate) struct EncodedReq {
+/// A request context laid out for the C ABI; [`EncodedReq::ffi`] borrows it (and the context).
+/// The id strings are borrowed, so encoding allocates only for parameters and matchers.
+pub(crate) struct EncodedReq<'a> {
     remote: bool,
-    peer: String,
-    id: String,
+    peer: &'a str,
+    id: &'a str,
     params: String,
     filter_all: bool,
     matchers: Vec<FfiMatcher>,
 }
 
-impl EncodedReq {
-    pub(crate) fn new(ctx: &ReqContext) -> Self {
+impl<'a> EncodedReq<'a> {
+    pub(crate) fn new(ctx: &'a ReqContext) -> Self {
         let (remote, peer, id) = match ctx.id() {
-            RequestId::Local(id) => (false, String::new(), id.clone()),
-            RequestId::Remote { peer, id } => (true, peer.clone(), id.clone()),
+            RequestId::Local(id) => (false, "", id.as_str()),
+            RequestId::Remote { peer, id } => (true, peer.as_str(), id.as_str()),
         };
         let params = if ctx.params().is_empty() {
             String::new()
@@ -181,14 +182,34 @@ impl EncodedReq {
     pub(crate) fn ffi(&self) -> FfiReq {
         FfiReq {
             remote: u8::from(self.remote),
-            peer: FfiStr::new(&self.peer),
-            id: FfiStr::new(&self.id),
+            peer: FfiStr::new(self.peer),
+            id: FfiStr::new(self.id),
             params_json: FfiStr::new(&self.params),
             filter_all: u8::from(self.filter_all),
             matchers: self.matchers.as_ptr(),
             n_matchers: self.matchers.len(),
         }
     }
+}
+
+/// Whether `req` names the request `id` (compared in place, without allocating).
+///
+/// # Safety
+/// The strings of `req` must be valid for the call.
+pub(crate) unsafe fn names_request(req: &FfiReq, id: &RequestId) -> bool {
+    // SAFETY: guaranteed by the caller.
+    let (peer, rid) = unsafe { (req.peer.to_str(), req.id.to_str()) };
+    match id {
+        RequestId::Local(l) => req.remote == 0 && rid == Some(l.as_str()),
+        RequestId::Remote { peer: p, id: i } => {
+            req.remote != 0 && peer == Some(p.as_str()) && rid == Some(i.as_str())
+        }
+    }
+}
+
+/// The position `ctx` records for `key`, or [`NO_POSITION`].
+pub(crate) fn position_of(ctx: &ReqContext, key: &OffloadKey) -> u64 {
+    ctx.key_position(key).unwrap_or(NO_POSITION)
 }
 
 /// The request id an [`FfiReq`] names.

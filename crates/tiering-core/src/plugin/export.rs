@@ -14,8 +14,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::convert::{
-    EncodedReq, ErrorText, apply_positions, build_context, key_from_ffi, key_to_ffi, panic_message,
-    positions_of, push_error, push_event, push_info, push_result, push_stats, request_id, sink, slice,
+    EncodedReq, ErrorText, apply_positions, build_context, key_from_ffi, key_to_ffi, names_request,
+    panic_message, position_of, positions_of, push_error, push_event, push_info, push_result, push_stats,
+    request_id, sink, slice,
 };
 use super::ffi::{
     ABI_VERSION, ErrSink, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey, FfiParent, FfiReq,
@@ -162,6 +163,9 @@ struct LibraryTier {
     /// This side's context per request, so a tier's per-request scratch state survives between
     /// calls.
     requests: HashMap<RequestId, ReqContext>,
+    /// The context of the last call: consecutive calls usually name the same request, and
+    /// comparing in place avoids building a `RequestId` to probe `requests`.
+    last: Option<ReqContext>,
     /// Jobs this shim reported failed after the tier panicked while taking them; a later report
     /// from the tier for one of them is dropped, so each job is still reported exactly once.
     abandoned: HashSet<JobId>,
@@ -176,14 +180,24 @@ impl LibraryTier {
     /// # Safety
     /// `req`'s pointers must be valid for the call.
     unsafe fn context(&mut self, req: &FfiReq) -> Result<ReqContext, Failure> {
+        if let Some(last) = &self.last
+            // SAFETY: guaranteed by the caller.
+            && unsafe { names_request(req, last.id()) }
+        {
+            return Ok(last.clone());
+        }
         // SAFETY: guaranteed by the caller.
         let id = unsafe { request_id(req) }.map_err(fail)?;
-        if let Some(ctx) = self.requests.get(&id) {
-            return Ok(ctx.clone());
-        }
-        // SAFETY: as above.
-        let ctx = unsafe { build_context(req) }.map_err(fail)?;
-        self.requests.insert(id, ctx.clone());
+        let ctx = match self.requests.get(&id) {
+            Some(ctx) => ctx.clone(),
+            None => {
+                // SAFETY: as above.
+                let ctx = unsafe { build_context(req) }.map_err(fail)?;
+                self.requests.insert(id, ctx.clone());
+                ctx
+            }
+        };
+        self.last = Some(ctx.clone());
         Ok(ctx)
     }
 
@@ -281,6 +295,7 @@ pub unsafe fn create(
             tier,
             arena,
             requests: HashMap::new(),
+            last: None,
             abandoned: HashSet::new(),
             synthetic: Vec::new(),
             buf: Vec::new(),
@@ -498,6 +513,7 @@ unsafe extern "C" fn on_new_request(
         let id = unsafe { request_id(req) }.map_err(fail)?;
         // A new request under a known id starts over with a fresh context.
         st.requests.remove(&id);
+        st.last = None;
         // SAFETY: as above.
         let ctx = unsafe { st.context(req) }?;
         let policy = tier_call("on_new_request", || st.tier.on_new_request(&ctx))?;
@@ -517,6 +533,7 @@ unsafe extern "C" fn on_request_finished(state: TierState, req: *const FfiReq, e
         // SAFETY: as above.
         let ctx = unsafe { st.context(req) }?;
         st.requests.remove(ctx.id());
+        st.last = None;
         tier_call("on_request_finished", || st.tier.on_request_finished(&ctx))
     })
 }
@@ -640,7 +657,7 @@ impl ParentManager for ParentAdapter<'_> {
 
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupResult, ManagerError> {
         let k = key_to_ffi(key);
-        let position = positions_of(ctx, std::slice::from_ref(key))[0];
+        let position = position_of(ctx, key);
         let mut out = lookup::MISS;
         // SAFETY: as in `on_new_request`.
         self.call(ctx, |p, req, e| unsafe {

@@ -11,7 +11,8 @@ use parking_lot::Mutex;
 use super::PluginError;
 use super::convert::{
     EncodedReq, ErrorText, build_context, event_from_ffi, info_from_ffi, key_from_ffi, key_to_ffi,
-    panic_message, positions_of, push_error, request_id, result_from_ffi, sink, slice, stats_from_ffi,
+    panic_message, position_of, positions_of, push_error, request_id, result_from_ffi, sink, slice,
+    stats_from_ffi,
 };
 use super::ffi::{
     ErrSink, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey, FfiParent, FfiReq, FfiSink,
@@ -252,7 +253,7 @@ impl SecondaryTier for PluginTier {
 
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
         let k = key_to_ffi(key);
-        let position = positions_of(ctx, std::slice::from_ref(key))[0];
+        let position = position_of(ctx, key);
         let enc = EncodedReq::new(ctx);
         let req = enc.ffi();
         let mut out = lookup::MISS;
