@@ -153,7 +153,8 @@ pub struct Begin {
     pub count: u32,
 }
 
-/// One chunk header; `len` payload bytes follow.
+/// One chunk header; `len` payload bytes follow, then the 8-byte [`checksum`] of the payload
+/// (a trailer, so both sides hash each piece while it is still in cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkHeader {
     /// Position in the transfer.
@@ -162,10 +163,17 @@ pub struct ChunkHeader {
     pub dst_row: u32,
     /// The chunk's key.
     pub key: OffloadKey,
-    /// [`checksum`] of the payload.
-    pub checksum: u64,
     /// Payload length.
     pub len: u32,
+}
+
+/// Bytes hashed and sent (or received and hashed) at a time.
+pub const PIECE: usize = 256 * 1024;
+
+/// The streaming form of [`checksum`].
+#[must_use]
+pub fn hasher(key: &OffloadKey) -> xxhash_rust::xxh3::Xxh3 {
+    xxhash_rust::xxh3::Xxh3::with_seed(key.digest())
 }
 
 /// What the consumer reads next.
@@ -196,21 +204,55 @@ pub fn write_begin(w: &mut impl Write, b: &Begin) -> io::Result<()> {
     w.write_all(&buf)
 }
 
-/// Writes a `CHUNK` header followed by its payload.
+/// Writes a `CHUNK`: header, payload, checksum trailer. `tamper` is applied to the checksum
+/// (fault injection; identity otherwise). Returns the checksum sent.
 ///
 /// # Errors
 /// I/O errors.
-pub fn write_chunk(w: &mut impl Write, h: &ChunkHeader, payload: &[u8]) -> io::Result<()> {
-    let mut buf = [0u8; 1 + 4 + 4 + KEY_BYTES + 8 + 4];
+pub fn write_chunk(
+    w: &mut impl Write,
+    h: &ChunkHeader,
+    payload: &[u8],
+    tamper: impl FnOnce(u64) -> u64,
+) -> io::Result<u64> {
+    let mut buf = [0u8; 1 + 4 + 4 + KEY_BYTES + 4];
     buf[0] = TAG_CHUNK;
     buf[1..5].copy_from_slice(&h.index.to_le_bytes());
     buf[5..9].copy_from_slice(&h.dst_row.to_le_bytes());
     buf[9..9 + KEY_BYTES].copy_from_slice(&h.key.to_bytes());
     let o = 9 + KEY_BYTES;
-    buf[o..o + 8].copy_from_slice(&h.checksum.to_le_bytes());
-    buf[o + 8..o + 12].copy_from_slice(&h.len.to_le_bytes());
+    buf[o..o + 4].copy_from_slice(&h.len.to_le_bytes());
     w.write_all(&buf)?;
-    w.write_all(payload)
+    let mut sum = hasher(&h.key);
+    for piece in payload.chunks(PIECE) {
+        sum.update(piece);
+        w.write_all(piece)?;
+    }
+    let sum = tamper(sum.digest());
+    w.write_all(&sum.to_le_bytes())?;
+    Ok(sum)
+}
+
+/// Reads a chunk's payload into `dst` (exactly `dst.len()` bytes) and its checksum trailer;
+/// returns whether the checksum matches.
+///
+/// # Errors
+/// I/O errors.
+pub fn read_payload(r: &mut impl Read, key: &OffloadKey, dst: &mut [u8]) -> io::Result<bool> {
+    let mut sum = hasher(key);
+    for piece in dst.chunks_mut(PIECE) {
+        r.read_exact(piece)?;
+        sum.update(piece);
+    }
+    Ok(read_u64(r)? == sum.digest())
+}
+
+/// Reads and discards a chunk's payload of `len` bytes and its trailer.
+///
+/// # Errors
+/// I/O errors.
+pub fn skip_payload(r: &mut impl Read, len: u32) -> io::Result<()> {
+    skip(r, u64::from(len) + 8)
 }
 
 /// Writes an `END`.
@@ -251,13 +293,11 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
             let mut kb = [0u8; KEY_BYTES];
             r.read_exact(&mut kb)?;
             let key = OffloadKey::from_bytes(&kb).ok_or_else(|| bad("bad key"))?;
-            let checksum = read_u64(r)?;
             let len = read_u32(r)?;
             Ok(Frame::Chunk(ChunkHeader {
                 index,
                 dst_row,
                 key,
-                checksum,
                 len,
             }))
         }
@@ -336,17 +376,23 @@ mod tests {
             index: 0,
             dst_row: 4,
             key,
-            checksum: checksum(&key, &payload),
             len: 16,
         };
-        write_chunk(&mut buf, &ch, &payload).unwrap();
+        let sent = write_chunk(&mut buf, &ch, &payload, |s| s).unwrap();
+        assert_eq!(sent, checksum(&key, &payload), "streamed and one-shot checksums agree");
+        let ch2 = ChunkHeader { index: 1, ..ch };
+        write_chunk(&mut buf, &ch2, &payload, |s| s ^ 1).unwrap();
         write_end(&mut buf, 1).unwrap();
         write_ack(&mut buf, 1, &[ChunkStatus::Ok, ChunkStatus::ChecksumMismatch]).unwrap();
         let mut r = buf.as_slice();
         assert_eq!(read_hello(&mut r).unwrap(), h);
         assert_eq!(read_frame(&mut r).unwrap(), Frame::Begin(b));
         assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch));
-        skip(&mut r, 16).unwrap();
+        let mut dst = [0u8; 16];
+        assert!(read_payload(&mut r, &key, &mut dst).unwrap());
+        assert_eq!(dst, payload);
+        assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch2));
+        assert!(!read_payload(&mut r, &key, &mut dst).unwrap(), "a tampered trailer fails");
         assert_eq!(read_frame(&mut r).unwrap(), Frame::End { sent: 1 });
         assert_eq!(
             read_ack(&mut r).unwrap(),

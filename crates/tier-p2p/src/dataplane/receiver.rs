@@ -198,20 +198,22 @@ fn receive_chunk(
         Err(status) => {
             counters.chunks_rejected.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(peer = %dk.peer, req = %dk.req, row = h.dst_row, "rejected a chunk for a row not reserved for it");
-            frame::skip(reader, u64::from(h.len))?;
+            frame::skip_payload(reader, h.len)?;
             return Ok(status);
         }
     };
     if h.len as usize != grant.len() {
         dest.checkin(dk, grant, false);
-        frame::skip(reader, u64::from(h.len))?;
+        frame::skip_payload(reader, h.len)?;
         return Ok(ChunkStatus::BadLength);
     }
-    if let Err(e) = io::Read::read_exact(reader, &mut grant[..]) {
-        dest.checkin(dk, grant, false);
-        return Err(e);
-    }
-    let ok = frame::checksum(&h.key, &grant) == h.checksum;
+    let ok = match frame::read_payload(reader, &h.key, &mut grant[..]) {
+        Ok(ok) => ok,
+        Err(e) => {
+            dest.checkin(dk, grant, false);
+            return Err(e);
+        }
+    };
     dest.checkin(dk, grant, ok);
     if ok {
         counters.chunks_received.fetch_add(1, Ordering::Relaxed);

@@ -195,18 +195,14 @@ fn push(
         }
         reg.faults.before_chunk(stop)?;
         let payload: &[u8] = &item.src;
-        let mut sum = frame::checksum(&item.key, payload);
-        if reg.faults.corrupts(&item.key) {
-            sum ^= 1;
-        }
         let header = ChunkHeader {
             index: u32::try_from(i).unwrap_or(u32::MAX),
             dst_row: item.dst_row,
             key: item.key,
-            checksum: sum,
             len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
         };
-        frame::write_chunk(w, &header, payload)?;
+        let corrupt = reg.faults.corrupts(&item.key);
+        frame::write_chunk(w, &header, payload, |s| if corrupt { s ^ 1 } else { s })?;
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
             .bytes_sent

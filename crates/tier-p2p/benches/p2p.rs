@@ -1,0 +1,320 @@
+//! The p2p tier against raw transports, measured in the same run.
+//!
+//! - `control_rtt`: a consumer's lookup → the producer's `lookup_resp` (idle peers; the
+//!   producer answers from its control-plane thread) versus a raw ZeroMQ DEALER/ROUTER
+//!   ping-pong of a message of the same size. Target: ≤ 2× raw.
+//! - `data_plane`: one fetch of 16 chunks of 2 MiB (fetch → push → acks → `transfer_done`)
+//!   versus a raw loopback TCP stream of the same volume with one ack. Target: ≥ 80 % of raw.
+//!
+//! After criterion's figures, the bench prints both ratios from its own paired medians.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group};
+use tier_p2p::wire::{Message, encode_keys};
+use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
+use tiering_core::testing::MemoryPrimary;
+use tiering_core::{
+    ChunkArena, ControlWaker, JobId, JobKind, JobResult, LookupResult, ManagerConfig, OffloadKey, OffloadingManager,
+    PrimaryTier, ReqContext, RequestId, RowGrant, ScheduleEndContext, SecondaryTier, TieringManager,
+    TransferJob,
+};
+
+const BIG_CHUNK: usize = 2 << 20;
+const BIG_COUNT: usize = 16;
+const SMALL_CHUNK: usize = 4096;
+
+fn opts() -> P2pTierOptions {
+    let mut o = P2pTierOptions::loopback();
+    o.hash_seed = "bench".into();
+    o
+}
+
+struct Producer {
+    /// Kept alive: its control thread serves the consumer.
+    _mgr: TieringManager,
+    handle: P2pHandle,
+}
+
+fn producer(chunk: usize, keys: &[OffloadKey]) -> Producer {
+    let primary = MemoryPrimary::new(keys.len().max(4), chunk);
+    let tier = P2pTier::new(opts(), primary.arena()).unwrap();
+    let handle = tier.handle();
+    let arena = primary.arena().clone();
+    let mut mgr = TieringManager::new(Box::new(primary), vec![Box::new(tier)], ManagerConfig::default());
+    let ctx = ReqContext::local("store");
+    mgr.on_new_request(&ctx).unwrap();
+    if !keys.is_empty() {
+        let out = mgr.prepare_store(keys, &ctx).unwrap().unwrap();
+        for (i, &c) in out.chunk_ids.iter().enumerate() {
+            arena.write_row(c).unwrap().fill(i as u8 ^ 0x5a);
+        }
+        mgr.complete_store(&out.keys_to_store, &ctx, true).unwrap();
+    }
+    mgr.on_request_finished(&ctx).unwrap();
+    // The last engine call: from here on the producer's control thread does everything.
+    mgr.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    Producer { _mgr: mgr, handle }
+}
+
+/// A consumer driven directly (no manager), so the measurement is the tier's own path.
+struct Consumer {
+    waker: ControlWaker,
+    tier: P2pTier,
+    arena: Arc<ChunkArena>,
+    ctx: ReqContext,
+    next_job: u64,
+    out: Vec<JobResult>,
+}
+
+fn consumer(chunk: usize, rows: usize, from: &P2pHandle) -> Consumer {
+    let arena = ChunkArena::new(rows, chunk).unwrap();
+    let mut tier = P2pTier::new(opts(), &arena).unwrap();
+    // Wait like the manager's control thread does: on the tier's waker, not in a spin that
+    // would steal one of the two cores from the data-plane threads.
+    let waker = ControlWaker::new();
+    tier.set_waker(waker.clone());
+    let params = serde_json::json!({"remote_kv_source": {
+        "kv_request_id": "bench", "host": from.host(), "port": from.port()}});
+    let serde_json::Value::Object(m) = params else { unreachable!() };
+    let ctx = ReqContext::builder(RequestId::local("bench")).params(m).build();
+    tier.on_new_request(&ctx);
+    Consumer {
+        waker,
+        tier,
+        arena,
+        ctx,
+        next_job: 0,
+        out: Vec::new(),
+    }
+}
+
+impl Consumer {
+    /// Probes `keys` and waits for every answer.
+    fn probe(&mut self, keys: &[OffloadKey]) -> Vec<LookupResult> {
+        for k in keys {
+            let _ = self.tier.lookup(k, &self.ctx);
+        }
+        self.tier.on_schedule_end();
+        loop {
+            self.tier.poll_finished(&mut self.out);
+            let r: Vec<LookupResult> = keys.iter().map(|k| self.tier.lookup(k, &self.ctx)).collect();
+            if r.iter().all(|v| *v != LookupResult::Retry) {
+                return r;
+            }
+            self.waker.wait(Duration::from_millis(1));
+        }
+    }
+
+    /// Fetches `keys` (already probed as hits) into rows 0.. and waits for the result.
+    fn fetch(&mut self, keys: &[OffloadKey]) -> JobResult {
+        let ids: Vec<u32> = (0..keys.len() as u32).collect();
+        let id = JobId(self.next_job);
+        self.next_job += 1;
+        self.tier.submit_load(TransferJob {
+            id,
+            kind: JobKind::Promotion,
+            keys: keys.to_vec(),
+            chunk_ids: ids.clone(),
+            req: self.ctx.clone(),
+            rows: RowGrant::Write(self.arena.write_rows(&ids).unwrap()),
+        });
+        loop {
+            self.tier.poll_finished(&mut self.out);
+            if let Some(i) = self.out.iter().position(|r| r.id == id) {
+                return self.out.swap_remove(i);
+            }
+            self.waker.wait(Duration::from_millis(1));
+        }
+    }
+}
+
+/// One lookup → lookup_resp over the tier (a key the producer lacks, so no pinning).
+fn tier_rtt(c: &mut Consumer, n: &mut u64) -> Duration {
+    *n += 1;
+    let key = OffloadKey::from_u64(1 << 40 | *n);
+    let t = Instant::now();
+    let r = c.probe(&[key]);
+    let d = t.elapsed();
+    assert_eq!(r, [LookupResult::Miss]);
+    d
+}
+
+struct RawZmq {
+    _ctx: zmq::Context,
+    dealer: zmq::Socket,
+    payload: Vec<u8>,
+}
+
+fn raw_zmq() -> RawZmq {
+    let ctx = zmq::Context::new();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.set_linger(0).unwrap();
+    router.bind("tcp://127.0.0.1:*").unwrap();
+    let ep = router.get_last_endpoint().unwrap().unwrap();
+    std::thread::spawn(move || {
+        while let Ok(frames) = router.recv_multipart(0) {
+            if router.send_multipart(frames, 0).is_err() {
+                return;
+            }
+        }
+    });
+    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    dealer.set_identity(b"127.0.0.1:1").unwrap();
+    dealer.set_linger(0).unwrap();
+    dealer.connect(&ep).unwrap();
+    let payload = Message::Lookup {
+        kv_request_id: "bench".into(),
+        keys: encode_keys(&[OffloadKey::from_u64(1)]),
+        round_seq: 0,
+    }
+    .encode();
+    RawZmq {
+        _ctx: ctx,
+        dealer,
+        payload,
+    }
+}
+
+fn raw_rtt(z: &RawZmq) -> Duration {
+    let t = Instant::now();
+    z.dealer.send(&z.payload, 0).unwrap();
+    let _ = z.dealer.recv_bytes(0).unwrap();
+    t.elapsed()
+}
+
+struct RawTcp {
+    go: mpsc::Sender<()>,
+    rx: TcpStream,
+    buf: Vec<u8>,
+}
+
+fn raw_tcp() -> RawTcp {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (go, go_rx) = mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_nodelay(true).unwrap();
+        let chunk = vec![0xa5u8; BIG_CHUNK];
+        let mut ack = [0u8; 1];
+        while go_rx.recv().is_ok() {
+            for _ in 0..BIG_COUNT {
+                s.write_all(&chunk).unwrap();
+            }
+            s.read_exact(&mut ack).unwrap();
+        }
+    });
+    let (rx, _) = listener.accept().unwrap();
+    rx.set_nodelay(true).unwrap();
+    RawTcp {
+        go,
+        rx,
+        buf: vec![0u8; BIG_CHUNK * BIG_COUNT],
+    }
+}
+
+fn raw_stream(r: &mut RawTcp) -> Duration {
+    let t = Instant::now();
+    r.go.send(()).unwrap();
+    for c in r.buf.chunks_mut(BIG_CHUNK) {
+        r.rx.read_exact(c).unwrap();
+    }
+    r.rx.write_all(&[1]).unwrap();
+    t.elapsed()
+}
+
+fn tier_fetch(c: &mut Consumer, keys: &[OffloadKey]) -> Duration {
+    let r = c.probe(keys);
+    assert!(r.iter().all(|v| *v == LookupResult::Hit), "{r:?}");
+    let t = Instant::now();
+    let res = c.fetch(keys);
+    let d = t.elapsed();
+    assert_eq!(res.outcome, tiering_core::JobOutcome::Ok);
+    d
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn benches(c: &mut Criterion) {
+    let p_small = producer(SMALL_CHUNK, &[]);
+    let mut con = consumer(SMALL_CHUNK, 4, &p_small.handle);
+    let mut n = 0;
+    for _ in 0..50 {
+        tier_rtt(&mut con, &mut n);
+    }
+    let z = raw_zmq();
+    for _ in 0..50 {
+        raw_rtt(&z);
+    }
+    let mut g = c.benchmark_group("control_rtt");
+    g.bench_function("p2p_lookup_round_trip", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| tier_rtt(&mut con, &mut n)).sum());
+    });
+    g.bench_function("raw_zmq_dealer_router_ping_pong", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| raw_rtt(&z)).sum());
+    });
+    g.finish();
+
+    let keys: Vec<OffloadKey> = (0..BIG_COUNT as u64).map(OffloadKey::from_u64).collect();
+    let p_big = producer(BIG_CHUNK, &keys);
+    let mut con_big = consumer(BIG_CHUNK, BIG_COUNT, &p_big.handle);
+    tier_fetch(&mut con_big, &keys);
+    let mut raw = raw_tcp();
+    raw_stream(&mut raw);
+    let mut g = c.benchmark_group("data_plane");
+    g.throughput(Throughput::Bytes((BIG_CHUNK * BIG_COUNT) as u64));
+    g.sample_size(20);
+    g.bench_function("p2p_fetch_16x2MiB", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| tier_fetch(&mut con_big, &keys)).sum());
+    });
+    g.bench_function("raw_loopback_tcp_16x2MiB", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| raw_stream(&mut raw)).sum());
+    });
+    g.finish();
+
+    // Paired medians for the ratios (interleaved so both see the same machine state).
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..300 {
+        a.push(tier_rtt(&mut con, &mut n));
+        b.push(raw_rtt(&z));
+    }
+    let (tier_us, raw_us) = (median(a), median(b));
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..15 {
+        a.push(tier_fetch(&mut con_big, &keys));
+        b.push(raw_stream(&mut raw));
+    }
+    let (tier_d, raw_d) = (median(a), median(b));
+    let gib = (BIG_CHUNK * BIG_COUNT) as f64 / f64::from(1u32 << 30);
+    println!(
+        "RESULT control_rtt: p2p {:.1} µs, raw zmq {:.1} µs, ratio {:.2} (target <= 2.0)",
+        tier_us.as_secs_f64() * 1e6,
+        raw_us.as_secs_f64() * 1e6,
+        tier_us.as_secs_f64() / raw_us.as_secs_f64()
+    );
+    println!(
+        "RESULT data_plane: p2p {:.2} GiB/s, raw tcp {:.2} GiB/s, ratio {:.2} (target >= 0.80)",
+        gib / tier_d.as_secs_f64(),
+        gib / raw_d.as_secs_f64(),
+        raw_d.as_secs_f64() / tier_d.as_secs_f64()
+    );
+    drop((con, con_big, p_small, p_big));
+}
+
+criterion_group! {
+    name = p2p;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = benches
+}
+
+fn main() {
+    p2p();
+    Criterion::default().configure_from_args().final_summary();
+}
