@@ -53,7 +53,7 @@ pub struct RunMetrics {
     pub corrupt_chunks: u64,
     /// Manager time on the scheduler thread, per step that called it.
     pub step_manager: Vec<Duration>,
-    /// Time to first token per request, in (simulated) seconds.
+    /// Time to first token per request on the simulated clock, in seconds.
     pub ttft: Vec<f64>,
     /// Scheduler steps (including the drain at the end).
     pub steps: u64,
@@ -61,7 +61,8 @@ pub struct RunMetrics {
     pub model_time: Duration,
     /// Wall-clock time of the run.
     pub wall: Duration,
-    /// Simulated time (busy steps plus idle gaps between arrivals).
+    /// Simulated time: per step the measured scheduling time plus the modelled model time,
+    /// plus the idle gaps skipped between arrivals.
     pub simulated: f64,
     /// Device blocks still referenced after the run (must be 0).
     pub leaked_device_blocks: u64,

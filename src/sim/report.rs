@@ -35,7 +35,8 @@ pub struct Report {
     pub paths: Vec<PathRow>,
     /// Manager time on the scheduler thread per step, in microseconds.
     pub manager_step_us: Percentiles,
-    /// Time to first token (arrival → end of the prefill step), in milliseconds.
+    /// Time-to-first-token proxy (arrival → end of the prefill step on the simulated clock:
+    /// measured scheduling time plus modelled model time per step), in milliseconds.
     pub ttft_ms: Percentiles,
     /// Lookup verdicts the engine received.
     pub lookups: LookupCounts,
@@ -212,7 +213,8 @@ pub struct Timing {
     pub steps: u64,
     /// Wall time of the offloading run, seconds.
     pub wall_s: f64,
-    /// Simulated time (busy steps plus skipped idle gaps), seconds.
+    /// Simulated time (measured scheduling plus modelled model time per step, plus skipped idle
+    /// gaps), seconds.
     pub simulated_s: f64,
     /// Modelled model-execution time, seconds.
     pub model_s: f64,

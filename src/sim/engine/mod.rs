@@ -191,10 +191,10 @@ impl<'a> Engine<'a> {
             progressed |= self.schedule()?;
             progressed |= self.stores_and_finishes()?;
             self.end_schedule()?;
-            let worked = self.execute_model(step_start);
+            let (worked, cost) = self.execute_model(step_start.elapsed());
             progressed |= worked;
             self.m.steps += 1;
-            self.now += step_start.elapsed().as_secs_f64();
+            self.now += cost.as_secs_f64();
             if let Some(p) = self.progress {
                 p.set_position(self.done as u64);
             }

@@ -4,8 +4,11 @@
 use super::*;
 
 impl Engine<'_> {
-    /// Runs the step's model work; returns whether there was any.
-    pub(super) fn execute_model(&mut self, step_start: Instant) -> bool {
+    /// Runs the step's model work. Returns whether there was any, and the step's cost on the
+    /// simulated clock: the measured scheduling time plus the modelled model time (an idle tick
+    /// costs `step_base`), so other load on the machine does not leak into the TTFT proxy
+    /// beyond the scheduler's own work.
+    pub(super) fn execute_model(&mut self, scheduling: Duration) -> (bool, Duration) {
         let model_start = Instant::now();
         let prefill: Vec<usize> = std::mem::take(&mut self.prefill_now);
         let decoding: Vec<usize> = self
@@ -21,8 +24,9 @@ impl Engine<'_> {
             if pending {
                 // An idle tick: let copies and promotions progress before the next look.
                 std::thread::sleep(self.cfg.step_base);
+                return (false, scheduling + self.cfg.step_base);
             }
-            return false;
+            return (false, scheduling);
         }
         let mut prefill_tokens = 0;
         let mut first_tokens = Vec::with_capacity(prefill.len());
@@ -52,7 +56,7 @@ impl Engine<'_> {
         if let Some(rest) = model.checked_sub(model_start.elapsed()) {
             std::thread::sleep(rest);
         }
-        let end = self.now + step_start.elapsed().as_secs_f64();
+        let end = self.now + (scheduling + model).as_secs_f64();
         for r in first_tokens {
             self.m.ttft.push(end - self.reqs[r].arrival);
         }
@@ -70,7 +74,7 @@ impl Engine<'_> {
                 self.finishing.push(r);
             }
         }
-        true
+        (true, scheduling + model)
     }
 
     pub(super) fn account_prefill(&mut self, r: usize) {
@@ -122,9 +126,10 @@ impl Engine<'_> {
             self.apply_copies()?;
             let start = Instant::now();
             self.end_schedule()?;
+            let scheduling = start.elapsed();
             std::thread::sleep(self.cfg.step_base);
             self.m.steps += 1;
-            self.now += start.elapsed().as_secs_f64();
+            self.now += (scheduling + self.cfg.step_base).as_secs_f64();
         }
     }
 }
