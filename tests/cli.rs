@@ -171,3 +171,63 @@ fn check_loads_libraries_named_by_a_chain() {
         assert!(t.contains("implements tier ABI version 999"), "{t}");
     }
 }
+
+#[test]
+fn the_binary_links_every_tier_crate_it_names() {
+    // `use tier_disk as _;` in main.rs is what keeps tier-disk's registration: losing it would
+    // silently drop the type.
+    let out = kvtier(&["tiers"]);
+    let t = text(&out);
+    let disk = t
+        .lines()
+        .find(|l| l.starts_with("disk "))
+        .expect("disk is listed");
+    assert!(disk.contains("linked in (crate tier-disk)"), "{disk}");
+    assert!(
+        t.lines().any(|l| l.starts_with("cpu ") && l.contains("primary")),
+        "{t}"
+    );
+}
+
+#[test]
+fn check_build_constructs_the_tiers_and_reports_bad_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.toml");
+    std::fs::write(
+        &good,
+        "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"example\"\ncapacity = \"1MiB\"\n",
+    )
+    .unwrap();
+    let out = kvtier(&[
+        "check",
+        "--build",
+        "--chunk-bytes",
+        "65536",
+        good.to_str().unwrap(),
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("[[secondary]] #1 type \"example\" — linked in (crate tier-example)"),
+        "{t}"
+    );
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"example\"\ncapacity = \"1MiB\"\nlru = true\n",
+    )
+    .unwrap();
+    // Without --build only the chain's own structure and types are checked.
+    assert!(kvtier(&["check", bad.to_str().unwrap()]).status.success());
+    let out = kvtier(&["check", "--build", bad.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(!out.status.success(), "{t}");
+    assert!(
+        t.contains(&format!(
+            "{}:8: [[secondary]] #1 (type \"example\"): key `lru`",
+            bad.display()
+        )),
+        "{t}"
+    );
+}
