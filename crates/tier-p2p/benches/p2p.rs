@@ -18,9 +18,9 @@ use tier_p2p::wire::{Message, encode_keys};
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobResult, LookupResult, ManagerConfig, OffloadKey, OffloadingManager,
-    PrimaryTier, ReqContext, RequestId, RowGrant, ScheduleEndContext, SecondaryTier, TieringManager,
-    TransferJob,
+    ChunkArena, ControlWaker, JobId, JobKind, JobResult, LookupResult, ManagerConfig, OffloadKey,
+    OffloadingManager, PrimaryTier, ReqContext, RequestId, RowGrant, ScheduleEndContext, SecondaryTier,
+    TieringManager, TransferJob,
 };
 
 const BIG_CHUNK: usize = 2 << 20;
@@ -79,7 +79,9 @@ fn consumer(chunk: usize, rows: usize, from: &P2pHandle) -> Consumer {
     tier.set_waker(waker.clone());
     let params = serde_json::json!({"remote_kv_source": {
         "kv_request_id": "bench", "host": from.host(), "port": from.port()}});
-    let serde_json::Value::Object(m) = params else { unreachable!() };
+    let serde_json::Value::Object(m) = params else {
+        unreachable!()
+    };
     let ctx = ReqContext::builder(RequestId::local("bench")).params(m).build();
     tier.on_new_request(&ctx);
     Consumer {

@@ -231,7 +231,12 @@ impl ClientRole {
                     .verified
                     .iter()
                     .enumerate()
-                    .map(|(i, &v)| v && load.producer_ok.as_ref().is_none_or(|p| p.get(i).copied().unwrap_or(false)))
+                    .map(|(i, &v)| {
+                        v && load
+                            .producer_ok
+                            .as_ref()
+                            .is_none_or(|p| p.get(i).copied().unwrap_or(false))
+                    })
                     .collect();
                 let good = ok.iter().filter(|&&o| o).count() as u64;
                 lost.extend(load.keys.iter().zip(&ok).filter(|(_, o)| !**o).map(|(k, _)| *k));

@@ -81,7 +81,10 @@ impl Core {
     ) -> Self {
         let (data_tx, data_rx) = mpsc::channel();
         let local_id = transport.local_id.clone();
-        let host = local_id.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h).to_owned();
+        let host = local_id
+            .rsplit_once(':')
+            .map_or("127.0.0.1", |(h, _)| h)
+            .to_owned();
         let data_addr = format!("{host}:{}", receiver.local_addr().port());
         let instance = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -29,6 +29,7 @@ mod handle;
 mod notify;
 mod options;
 mod params;
+mod registration;
 mod server;
 mod session;
 mod stats;

@@ -87,7 +87,8 @@ mod tests {
                 eager: false
             })
         );
-        let c = ctx(json!({"remote_prefiller": {"kv_request_id": "k", "remote_host": "h", "remote_port": "9"}}));
+        let c =
+            ctx(json!({"remote_prefiller": {"kv_request_id": "k", "remote_host": "h", "remote_port": "9"}}));
         assert!(params(&c).source.unwrap().eager);
         let c = ctx(json!({"remote_decoder": {"kv_request_id": "d"}}));
         assert_eq!(params(&c).decoder, Some(Some("d".into())));

@@ -81,11 +81,18 @@ impl ServerRole {
 
     /// Whether a lookup waits to be served.
     pub(crate) fn wants_serving(&self) -> bool {
-        self.reqs.values().any(|r| !r.raw.is_empty() || !r.active.is_empty())
+        self.reqs
+            .values()
+            .any(|r| !r.raw.is_empty() || !r.active.is_empty())
     }
 
     /// Serves queued lookups and re-polls parked ones; returns the answers to send.
-    pub(crate) fn serve(&mut self, core: &mut Core, peer: &str, parent: &mut dyn ParentManager) -> Vec<Message> {
+    pub(crate) fn serve(
+        &mut self,
+        core: &mut Core,
+        peer: &str,
+        parent: &mut dyn ParentManager,
+    ) -> Vec<Message> {
         let mut out = Vec::new();
         let now = Instant::now();
         for (kv, req) in &mut self.reqs {
@@ -113,7 +120,11 @@ impl ServerRole {
                 let round = req.rounds.entry(lu.round).or_default();
                 resolve_lookup(core, parent, &mut lu, round, now);
                 if lu.answers.values().all(Option::is_some) {
-                    let hits: Vec<bool> = lu.keys.iter().map(|k| lu.answers.get(k) == Some(&Some(true))).collect();
+                    let hits: Vec<bool> = lu
+                        .keys
+                        .iter()
+                        .map(|k| lu.answers.get(k) == Some(&Some(true)))
+                        .collect();
                     out.push(Message::LookupResp {
                         kv_request_id: kv.clone(),
                         round_seq: lu.round,
@@ -320,7 +331,9 @@ impl ServerRole {
             let stale: Vec<u64> = req
                 .rounds
                 .iter()
-                .filter(|(_, r)| r.transfer.is_none() && r.since.is_some_and(|s| now.duration_since(s) >= limit))
+                .filter(|(_, r)| {
+                    r.transfer.is_none() && r.since.is_some_and(|s| now.duration_since(s) >= limit)
+                })
                 .map(|(k, _)| *k)
                 .collect();
             for r in stale {
@@ -363,7 +376,11 @@ impl ServerRole {
 
     /// Whether anything is pinned or in flight for the peer.
     pub(crate) fn has_work(&self) -> bool {
-        !self.transfers.is_empty() || self.reqs.values().any(|r| !r.rounds.is_empty() || !r.raw.is_empty() || !r.active.is_empty())
+        !self.transfers.is_empty()
+            || self
+                .reqs
+                .values()
+                .any(|r| !r.rounds.is_empty() || !r.raw.is_empty() || !r.active.is_empty())
     }
 }
 

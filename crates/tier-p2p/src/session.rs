@@ -130,7 +130,10 @@ impl Session {
                 Ok(())
             }
             Message::LookupResp {
-                kv_request_id, keys, hits, ..
+                kv_request_id,
+                keys,
+                hits,
+                ..
             } => {
                 let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
                 self.client.on_lookup_resp(&kv_request_id, &keys, &hits);
@@ -145,7 +148,14 @@ impl Session {
                 let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
                 let out = self
                     .server
-                    .on_fetch(core, self.sender.as_ref(), &kv_request_id, round_seq, &keys, &block_indexes)
+                    .on_fetch(
+                        core,
+                        self.sender.as_ref(),
+                        &kv_request_id,
+                        round_seq,
+                        &keys,
+                        &block_indexes,
+                    )
                     .map_err(|e| SessionError::Protocol(e.0))?;
                 self.send_all(core, out);
                 Ok(())
@@ -185,7 +195,9 @@ impl Session {
             if *old == c {
                 return Ok(());
             }
-            return Err(SessionError::Protocol("a second, different connect from the same peer".into()));
+            return Err(SessionError::Protocol(
+                "a second, different connect from the same peer".into(),
+            ));
         }
         if c.peer_id != self.peer {
             return Err(SessionError::Protocol(format!(
@@ -194,9 +206,15 @@ impl Session {
             )));
         }
         let mismatch = if c.wire_version != WIRE_VERSION {
-            Some(format!("wire version {} (this node speaks {WIRE_VERSION})", c.wire_version))
+            Some(format!(
+                "wire version {} (this node speaks {WIRE_VERSION})",
+                c.wire_version
+            ))
         } else if c.chunk_bytes != core.chunk_bytes {
-            Some(format!("chunk size {} bytes (this node uses {})", c.chunk_bytes, core.chunk_bytes))
+            Some(format!(
+                "chunk size {} bytes (this node uses {})",
+                c.chunk_bytes, core.chunk_bytes
+            ))
         } else if c.layout_fingerprint != core.opts.layout_fingerprint {
             Some(format!(
                 "layout fingerprint {:?} (this node has {:?})",
@@ -211,7 +229,10 @@ impl Session {
             None
         };
         if let Some(m) = mismatch {
-            return Err(SessionError::Handshake(format!("peer {} is incompatible: {m}", self.peer)));
+            return Err(SessionError::Handshake(format!(
+                "peer {} is incompatible: {m}",
+                self.peer
+            )));
         }
         let reg = Registration {
             peer: self.peer.clone(),
@@ -274,9 +295,16 @@ impl Session {
         self.send_all(core, out);
     }
 
-    pub(crate) fn on_transfer_finished(&mut self, core: &mut Core, transfer_id: u64, statuses: &[ChunkStatus]) {
+    pub(crate) fn on_transfer_finished(
+        &mut self,
+        core: &mut Core,
+        transfer_id: u64,
+        statuses: &[ChunkStatus],
+    ) {
         let answer = self.dead.is_none();
-        let out = self.server.on_transfer_finished(core, transfer_id, statuses, answer);
+        let out = self
+            .server
+            .on_transfer_finished(core, transfer_id, statuses, answer);
         if answer {
             self.send_all(core, out);
         }
@@ -290,7 +318,9 @@ impl Session {
             }
             // A `connect` can be lost when the peer's socket was being replaced (a restart on
             // the same address); repeat it until the peer answers.
-            if (self.peer_connect.is_none() || !self.acked) && now.duration_since(self.connect_sent) >= CONNECT_RETRANSMIT {
+            if (self.peer_connect.is_none() || !self.acked)
+                && now.duration_since(self.connect_sent) >= CONNECT_RETRANSMIT
+            {
                 self.connect_sent = now;
                 core.send(&self.peer, &our_connect(core));
             }

@@ -205,7 +205,11 @@ impl P2pTier {
                 generation,
                 reason,
             } => {
-                if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                if self
+                    .sessions
+                    .get(&peer)
+                    .is_some_and(|s| s.generation == generation)
+                {
                     self.kill(&peer, &format!("data-plane registration failed: {reason}"), true);
                 }
             }
@@ -216,7 +220,10 @@ impl P2pTier {
                 statuses,
             } => {
                 tracing::debug!(%peer, generation, transfer_id, ?statuses, "transfer finished");
-                let live = self.sessions.get_mut(&peer).filter(|s| s.generation == generation);
+                let live = self
+                    .sessions
+                    .get_mut(&peer)
+                    .filter(|s| s.generation == generation);
                 let target = match live {
                     Some(s) => Some(s),
                     None => self
@@ -235,7 +242,11 @@ impl P2pTier {
                 }
             }
             DataEvent::SenderLost { peer, generation } => {
-                if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                if self
+                    .sessions
+                    .get(&peer)
+                    .is_some_and(|s| s.generation == generation)
+                {
                     self.kill(&peer, "data connection lost", false);
                 }
             }
@@ -252,7 +263,11 @@ impl P2pTier {
                     generation,
                     reason,
                 } => {
-                    if self.sessions.get(&peer).is_some_and(|s| s.generation == generation) {
+                    if self
+                        .sessions
+                        .get(&peer)
+                        .is_some_and(|s| s.generation == generation)
+                    {
                         self.kill(&peer, &reason, false);
                     }
                 }
@@ -427,7 +442,8 @@ impl SecondaryTier for P2pTier {
             return;
         }
         let id = (src.peer.clone(), src.kv_request_id.clone());
-        let live = !self.failed_reqs.contains(&id) && self.sessions.get(&src.peer).is_some_and(|s| s.dead.is_none());
+        let live =
+            !self.failed_reqs.contains(&id) && self.sessions.get(&src.peer).is_some_and(|s| s.dead.is_none());
         if !live {
             self.failed_reqs.insert(id);
             self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
@@ -436,7 +452,10 @@ impl SecondaryTier for P2pTier {
         let Some(s) = self.sessions.get_mut(&src.peer) else {
             return;
         };
-        match s.client.start_load(&mut self.core, &src.peer, &src.kv_request_id, job) {
+        match s
+            .client
+            .start_load(&mut self.core, &src.peer, &src.kv_request_id, job)
+        {
             Ok(fetch) => s.send(&mut self.core, fetch),
             Err(result) => self.core.finished.push(result),
         }
@@ -510,12 +529,20 @@ impl SecondaryTier for P2pTier {
             self.kill(&p, "draining", true);
         }
         if !self.wait_outstanding(drain) {
-            tracing::error!(outstanding = self.outstanding(), "p2p jobs still outstanding after the drain");
+            tracing::error!(
+                outstanding = self.outstanding(),
+                "p2p jobs still outstanding after the drain"
+            );
         }
     }
 
     fn stats(&self) -> TierStats {
-        crate::handle::tier_stats(&self.info.name, &self.handle(), self.sessions.len(), self.retiring.len())
+        crate::handle::tier_stats(
+            &self.info.name,
+            &self.handle(),
+            self.sessions.len(),
+            self.retiring.len(),
+        )
     }
 
     fn shutdown(&mut self) -> Result<(), TierError> {

@@ -124,7 +124,9 @@ impl ControlTransport {
             Ok(Ok(port)) => port,
             Ok(Err(e)) => {
                 let _ = thread.join();
-                return Err(P2pError::Zmq(format!("cannot bind the control socket on {bind}: {e}")));
+                return Err(P2pError::Zmq(format!(
+                    "cannot bind the control socket on {bind}: {e}"
+                )));
             }
             Err(_) => {
                 let _ = thread.join();
@@ -211,9 +213,7 @@ impl IoThread {
         // A restarted peer reuses its identity; hand the route over to the new connection.
         router.set_router_handover(true)?;
         router.bind(endpoint)?;
-        let last = router
-            .get_last_endpoint()?
-            .map_err(|_| zmq::Error::EINVAL)?;
+        let last = router.get_last_endpoint()?.map_err(|_| zmq::Error::EINVAL)?;
         let port = last
             .rsplit(':')
             .next()
@@ -320,7 +320,10 @@ impl IoThread {
             };
             let [identity, payload] = frames.as_slice() else {
                 counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(frames = frames.len(), "dropped a control message with a bad frame count");
+                tracing::warn!(
+                    frames = frames.len(),
+                    "dropped a control message with a bad frame count"
+                );
                 continue;
             };
             let Ok(peer) = std::str::from_utf8(identity) else {
@@ -397,7 +400,12 @@ impl IoThread {
         })
     }
 
-    fn handle(&mut self, cmd: IoCommand, events: &mpsc::Sender<IoEvent>, counters: &TransportCounters) -> bool {
+    fn handle(
+        &mut self,
+        cmd: IoCommand,
+        events: &mpsc::Sender<IoEvent>,
+        counters: &TransportCounters,
+    ) -> bool {
         match cmd {
             IoCommand::Connect { peer, generation } => {
                 tracing::trace!(%peer, generation, "opening a control connection");
@@ -453,7 +461,10 @@ impl IoThread {
                 generation,
                 linger,
             } => {
-                if self.dealers.get(&peer).is_some_and(|d| d.generation == generation)
+                if self
+                    .dealers
+                    .get(&peer)
+                    .is_some_and(|d| d.generation == generation)
                     && let Some(d) = self.dealers.remove(&peer)
                 {
                     if linger {

@@ -216,7 +216,11 @@ impl Message {
             Self::LookupResp { keys, hits, .. } => {
                 decode_keys(keys)?;
                 if keys.len() != hits.len() {
-                    return err(format!("lookup_resp with {} keys and {} hits", keys.len(), hits.len()));
+                    return err(format!(
+                        "lookup_resp with {} keys and {} hits",
+                        keys.len(),
+                        hits.len()
+                    ));
                 }
             }
             Self::Fetch {
@@ -254,8 +258,7 @@ pub fn encode_keys(keys: &[OffloadKey]) -> Vec<Bin> {
 pub fn decode_keys(keys: &[Bin]) -> Result<Vec<OffloadKey>, ProtocolError> {
     keys.iter()
         .map(|b| {
-            OffloadKey::from_bytes(&b.0)
-                .ok_or_else(|| ProtocolError(format!("a key of {} bytes", b.0.len())))
+            OffloadKey::from_bytes(&b.0).ok_or_else(|| ProtocolError(format!("a key of {} bytes", b.0.len())))
         })
         .collect()
 }
@@ -281,7 +284,9 @@ mod tests {
                 layout_fingerprint: "fp".into(),
                 hash_seed: "0".into(),
             }),
-            Message::ConnectAck { peer_id: "a:1".into() },
+            Message::ConnectAck {
+                peer_id: "a:1".into(),
+            },
             Message::Disconnect { reason: "bye".into() },
             Message::Lookup {
                 kv_request_id: "r".into(),

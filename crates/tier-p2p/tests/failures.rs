@@ -29,10 +29,16 @@ fn checksum_mismatch_fails_that_key_only() {
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &ks);
     assert_eq!(trace[0].last(), Some(&LookupResult::Hit));
-    assert_eq!(trace[1], [LookupResult::Retry, LookupResult::HitPending, LookupResult::Miss]);
+    assert_eq!(
+        trace[1],
+        [LookupResult::Retry, LookupResult::HitPending, LookupResult::Miss]
+    );
     assert_eq!(trace[2].last(), Some(&LookupResult::Hit));
     let stats = b.mgr.stats().unwrap();
-    assert_eq!(stats.manager.promoted_keys, 2, "a Partial result promoted the good keys");
+    assert_eq!(
+        stats.manager.promoted_keys, 2,
+        "a Partial result promoted the good keys"
+    );
     assert_eq!(stats.manager.failed_promotion_keys, 1);
     assert_eq!(b.p2p.checksum_failures(), 1);
     let good = [ks[0], ks[2]];
@@ -56,7 +62,12 @@ fn hash_seed_mismatch_fails_the_handshake_loudly_and_the_consumer_misses() {
     let ctx = b.pull_ctx("b-req", &a.p2p);
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &ks);
-    assert!(trace.iter().all(|t| t == &[LookupResult::Retry, LookupResult::Miss]), "{trace:?}");
+    assert!(
+        trace
+            .iter()
+            .all(|t| t == &[LookupResult::Retry, LookupResult::Miss]),
+        "{trace:?}"
+    );
     wait_for("both sides to refuse", || {
         count(&a.p2p.counters().handshake_failures) >= 1 && count(&b.p2p.counters().handshake_failures) >= 1
     });
@@ -97,15 +108,28 @@ fn a_peer_that_never_answers_hits_the_lookup_deadline() {
     let mut o = opts();
     o.deadlines.lookup_ms = 300;
     let mut b = Node::new(o, ManagerConfig::default());
-    let params = serde_json::json!({"remote_kv_source": {"kv_request_id": "r", "host": "127.0.0.1", "port": port}});
-    let serde_json::Value::Object(m) = params else { unreachable!() };
-    let ctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("b")).params(m).build();
+    let params =
+        serde_json::json!({"remote_kv_source": {"kv_request_id": "r", "host": "127.0.0.1", "port": port}});
+    let serde_json::Value::Object(m) = params else {
+        unreachable!()
+    };
+    let ctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("b"))
+        .params(m)
+        .build();
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &keys(0, 2));
-    assert!(trace.iter().all(|t| t == &[LookupResult::Retry, LookupResult::Miss]), "{trace:?}");
+    assert!(
+        trace
+            .iter()
+            .all(|t| t == &[LookupResult::Retry, LookupResult::Miss]),
+        "{trace:?}"
+    );
     assert_eq!(count(&b.p2p.counters().lookup_timeouts), 1);
     // The request keeps missing; no retry storm.
-    assert_eq!(b.step(&ctx, &keys(0, 2)), [LookupResult::Miss, LookupResult::Miss]);
+    assert_eq!(
+        b.step(&ctx, &keys(0, 2)),
+        [LookupResult::Miss, LookupResult::Miss]
+    );
     b.finish(&ctx);
     b.wait_clean();
     drop(silent);
@@ -153,7 +177,10 @@ fn write_to_rows_never_reserved_is_rejected_and_nothing_is_written() {
     assert_eq!(b.p2p.chunks_rejected(), 2);
     let arena = b.primary.arena().clone();
     for row in [3, 4] {
-        assert!(arena.read_row(row).unwrap().iter().all(|&x| x == 0), "row {row} was written");
+        assert!(
+            arena.read_row(row).unwrap().iter().all(|&x| x == 0),
+            "row {row} was written"
+        );
     }
     b.wait_clean();
 }
@@ -190,7 +217,11 @@ fn malformed_frames_are_counted_and_a_malformed_message_drops_only_its_session()
     evil.send(&b"\xc1garbage"[..], 0).unwrap();
     evil.send_multipart([&b"two"[..], &b"frames"[..]], 0).unwrap();
     wait_for("malformed frames to be counted", || a.p2p.malformed_frames() >= 2);
-    assert_eq!(count(&a.p2p.counters().protocol_errors), 0, "frames never reach a session");
+    assert_eq!(
+        count(&a.p2p.counters().protocol_errors),
+        0,
+        "frames never reach a session"
+    );
     let connect = Message::Connect(Connect {
         wire_version: WIRE_VERSION,
         peer_id: id.clone(),
@@ -208,7 +239,9 @@ fn malformed_frames_are_counted_and_a_malformed_message_drops_only_its_session()
         round_seq: 0,
     };
     evil.send(bad.encode(), 0).unwrap();
-    wait_for("the evil session to be dropped", || count(&a.p2p.counters().protocol_errors) == 1);
+    wait_for("the evil session to be dropped", || {
+        count(&a.p2p.counters().protocol_errors) == 1
+    });
 
     // The other session is unaffected.
     a.store("a-req2", &second);
@@ -291,7 +324,11 @@ fn consumer_killed_mid_transfer() {
     let mut b = consumer.join().unwrap();
     let b_arena = b.primary.arena().clone();
     b.mgr.shutdown().unwrap();
-    assert_eq!(b_arena.granted_rows(), 0, "the dead consumer's rows are quiescent");
+    assert_eq!(
+        b_arena.granted_rows(),
+        0,
+        "the dead consumer's rows are quiescent"
+    );
     drop(b);
     // The producer notices, its held sender fails, and every pin comes back.
     a.wait_clean();
@@ -308,11 +345,17 @@ fn producer_restarting_on_the_same_address_serves_the_next_request() {
     a.store("a-req", &ks);
     let ctx = b.pull_ctx("b-1", &a.p2p);
     b.mgr.on_new_request(&ctx).unwrap();
-    assert!(b.pull_until_settled(&ctx, &ks).iter().all(|t| t.last() == Some(&LookupResult::Hit)));
+    assert!(
+        b.pull_until_settled(&ctx, &ks)
+            .iter()
+            .all(|t| t.last() == Some(&LookupResult::Hit))
+    );
     b.finish(&ctx);
     a.mgr.shutdown().unwrap();
     drop(a);
-    wait_for("the consumer to notice", || count(&b.p2p.counters().sessions_lost) >= 1);
+    wait_for("the consumer to notice", || {
+        count(&b.p2p.counters().sessions_lost) >= 1
+    });
 
     let mut o = opts();
     o.bind = format!("127.0.0.1:{port}");

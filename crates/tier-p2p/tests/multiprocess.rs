@@ -50,7 +50,13 @@ impl Drop for ChildGuard {
 
 fn spawn_producer(mode: &str) -> (ChildGuard, String, u16) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_producer", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "child_producer",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(CHILD_ENV, mode)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -91,7 +97,10 @@ fn two_processes_pull_over_loopback() {
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &ks);
     for t in &trace {
-        assert_eq!(t, &[LookupResult::Retry, LookupResult::HitPending, LookupResult::Hit]);
+        assert_eq!(
+            t,
+            &[LookupResult::Retry, LookupResult::HitPending, LookupResult::Hit]
+        );
     }
     for (k, got) in ks.iter().zip(b.read_hits(&ctx, &ks)) {
         assert_eq!(got, pattern(k));
@@ -116,7 +125,9 @@ fn producer_process_killed_mid_transfer() {
         let trace = b.pull_until_settled(&ctx, &ks);
         (b, ctx, ks, trace)
     });
-    wait_for("two chunks from the producer process", || hb.chunks_received() == 2);
+    wait_for("two chunks from the producer process", || {
+        hb.chunks_received() == 2
+    });
     child.child.kill().unwrap();
     let _ = child.child.wait();
     let (mut b, ctx, ks, trace) = consumer.join().unwrap();

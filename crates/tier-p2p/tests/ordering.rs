@@ -36,7 +36,10 @@ fn run(producer: ManagerConfig, busy: Duration) -> Vec<Event> {
         let trace = b.pull_until_settled(&ctx, &ks);
         blog.lock().push(Event::ConsumerDone);
         let _ = done_tx.send(());
-        assert!(trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)), "{trace:?}");
+        assert!(
+            trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
+            "{trace:?}"
+        );
         let bytes = b.read_hits(&ctx, &ks);
         for (k, got) in ks.iter().zip(&bytes) {
             assert_eq!(got, &pattern(k));
@@ -57,8 +60,7 @@ fn run(producer: ManagerConfig, busy: Duration) -> Vec<Event> {
     }
     consumer.join().unwrap();
     a.wait_clean();
-    let events = log.lock().clone();
-    events
+    log.lock().clone()
 }
 
 #[test]

@@ -84,7 +84,12 @@ impl DestTable {
     }
 
     /// Takes the grant of `row` for writing `key`, if that row is whitelisted for it.
-    pub(crate) fn checkout(&self, dk: &DestKey, row: ChunkId, key: &OffloadKey) -> Result<RowWrite, ChunkStatus> {
+    pub(crate) fn checkout(
+        &self,
+        dk: &DestKey,
+        row: ChunkId,
+        key: &OffloadKey,
+    ) -> Result<RowWrite, ChunkStatus> {
         let mut loads = self.loads.lock();
         let Some(load) = loads.get_mut(dk) else {
             return Err(ChunkStatus::Rejected);

@@ -379,7 +379,11 @@ mod tests {
             len: 16,
         };
         let sent = write_chunk(&mut buf, &ch, &payload, |s| s).unwrap();
-        assert_eq!(sent, checksum(&key, &payload), "streamed and one-shot checksums agree");
+        assert_eq!(
+            sent,
+            checksum(&key, &payload),
+            "streamed and one-shot checksums agree"
+        );
         let ch2 = ChunkHeader { index: 1, ..ch };
         write_chunk(&mut buf, &ch2, &payload, |s| s ^ 1).unwrap();
         write_end(&mut buf, 1).unwrap();
@@ -392,7 +396,10 @@ mod tests {
         assert!(read_payload(&mut r, &key, &mut dst).unwrap());
         assert_eq!(dst, payload);
         assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch2));
-        assert!(!read_payload(&mut r, &key, &mut dst).unwrap(), "a tampered trailer fails");
+        assert!(
+            !read_payload(&mut r, &key, &mut dst).unwrap(),
+            "a tampered trailer fails"
+        );
         assert_eq!(read_frame(&mut r).unwrap(), Frame::End { sent: 1 });
         assert_eq!(
             read_ack(&mut r).unwrap(),

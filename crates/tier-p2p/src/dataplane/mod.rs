@@ -109,7 +109,10 @@ impl Faults {
             self.held.store(true, Ordering::Release);
             if stop.load(Ordering::Acquire) {
                 self.held.store(false, Ordering::Release);
-                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed while held"));
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    "closed while held",
+                ));
             }
             let _ = self.cond.wait_for(&mut released, Duration::from_millis(5));
         }

@@ -149,7 +149,9 @@ fn serve_connection(
     // Idle connections wait for the next transfer indefinitely; a stalled producer is cut by
     // `disconnect_peer` when its fetch times out.
     stream.set_read_timeout(None)?;
-    conns.lock().insert(id, (hello.peer_id.clone(), stream.try_clone()?));
+    conns
+        .lock()
+        .insert(id, (hello.peer_id.clone(), stream.try_clone()?));
     let mut writer = BufWriter::new(stream);
     loop {
         let begin = match frame::read_frame(&mut reader)? {
@@ -171,13 +173,19 @@ fn serve_connection(
             match frame::read_frame(&mut reader)? {
                 Frame::Chunk(h) => {
                     let Some(slot) = statuses.get_mut(h.index as usize) else {
-                        return Err(io::Error::new(io::ErrorKind::InvalidData, "chunk index out of range"));
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "chunk index out of range",
+                        ));
                     };
                     *slot = receive_chunk(&mut reader, dest, &dk, &h, counters)?;
                 }
                 Frame::End { .. } => break,
                 Frame::Begin(_) => {
-                    return Err(io::Error::new(io::ErrorKind::InvalidData, "BEGIN inside a transfer"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "BEGIN inside a transfer",
+                    ));
                 }
             }
         }
@@ -217,7 +225,9 @@ fn receive_chunk(
     dest.checkin(dk, grant, ok);
     if ok {
         counters.chunks_received.fetch_add(1, Ordering::Relaxed);
-        counters.bytes_received.fetch_add(u64::from(h.len), Ordering::Relaxed);
+        counters
+            .bytes_received
+            .fetch_add(u64::from(h.len), Ordering::Relaxed);
         Ok(ChunkStatus::Ok)
     } else {
         counters.checksum_failures.fetch_add(1, Ordering::Relaxed);

@@ -75,7 +75,7 @@ pub(crate) struct Registration {
 pub(crate) fn spawn_registration(reg: Registration) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name("kvtier-p2p-send".into())
-        .spawn(move || run_registration(reg))
+        .spawn(move || run_registration(&reg))
 }
 
 fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
@@ -90,7 +90,7 @@ fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     Err(last)
 }
 
-fn run_registration(reg: Registration) {
+fn run_registration(reg: &Registration) {
     let setup = || -> io::Result<TcpStream> {
         let mut stream = connect(&reg.data_addr, reg.connect_timeout)?;
         stream.set_nodelay(true)?;
@@ -126,7 +126,7 @@ fn run_registration(reg: Registration) {
         handle,
     });
     reg.notifier.wake();
-    send_loop(stream, &rx, &reg, &stop);
+    send_loop(stream, &rx, reg, &stop);
 }
 
 fn send_loop(stream: TcpStream, jobs: &mpsc::Receiver<WriteJob>, reg: &Registration, stop: &AtomicBool) {
@@ -215,7 +215,10 @@ fn push(
     if id != job.transfer_id || statuses.len() != job.items.len() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("ack for transfer {id} does not match transfer {}", job.transfer_id),
+            format!(
+                "ack for transfer {id} does not match transfer {}",
+                job.transfer_id
+            ),
         ));
     }
     Ok(statuses)

@@ -39,7 +39,9 @@ pub fn opts() -> P2pTierOptions {
 /// The bytes the producer stores for `key`.
 pub fn pattern(key: &OffloadKey) -> Vec<u8> {
     let seed = key.digest();
-    (0..CHUNK).map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8)).collect()
+    (0..CHUNK)
+        .map(|i| (seed.rotate_left((i % 64) as u32) as u8) ^ (i as u8))
+        .collect()
 }
 
 pub fn keys(from: u64, n: u64) -> Vec<OffloadKey> {
@@ -71,7 +73,11 @@ impl Node {
     pub fn store(&mut self, req: &str, keys: &[OffloadKey]) {
         let ctx = ReqContext::local(req);
         self.mgr.on_new_request(&ctx).unwrap();
-        let out = self.mgr.prepare_store(keys, &ctx).unwrap().expect("room to store");
+        let out = self
+            .mgr
+            .prepare_store(keys, &ctx)
+            .unwrap()
+            .expect("room to store");
         let arena = self.primary.arena().clone();
         for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
             arena.write_row(c).unwrap().copy_from_slice(&pattern(k));
@@ -93,7 +99,9 @@ impl Node {
             "host": host,
             "port": port,
         }});
-        let serde_json::Value::Object(m) = params else { unreachable!() };
+        let serde_json::Value::Object(m) = params else {
+            unreachable!()
+        };
         ReqContext::builder(RequestId::local(req)).params(m).build()
     }
 
@@ -116,11 +124,16 @@ impl Node {
                     t.push(*v);
                 }
             }
-            if r.iter().all(|v| matches!(v, LookupResult::Hit | LookupResult::Miss)) {
+            if r.iter()
+                .all(|v| matches!(v, LookupResult::Hit | LookupResult::Miss))
+            {
                 return trace;
             }
             if start.elapsed() >= PATIENCE {
-                let tails: Vec<_> = trace.iter().map(|t| (t.len(), &t[t.len().saturating_sub(3)..])).collect();
+                let tails: Vec<_> = trace
+                    .iter()
+                    .map(|t| (t.len(), &t[t.len().saturating_sub(3)..]))
+                    .collect();
                 panic!("pull did not settle: (changes, last verdicts) per key: {tails:?}");
             }
             std::thread::sleep(Duration::from_millis(1));
@@ -131,7 +144,10 @@ impl Node {
     pub fn read_hits(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) -> Vec<Vec<u8>> {
         let chunks = self.mgr.prepare_load(keys, ctx).unwrap();
         let arena = self.primary.arena().clone();
-        let bytes = chunks.iter().map(|&c| arena.read_row(c).unwrap().to_vec()).collect();
+        let bytes = chunks
+            .iter()
+            .map(|&c| arena.read_row(c).unwrap().to_vec())
+            .collect();
         self.mgr.complete_load(keys, ctx).unwrap();
         bytes
     }
