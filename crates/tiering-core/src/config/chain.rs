@@ -139,6 +139,14 @@ impl Lines<'_> {
     fn of_span(&self, span: &Range<usize>) -> usize {
         self.of(span.start)
     }
+
+    /// The nearest line at or above `line` (1-based) that starts with `header`.
+    fn header_at_or_above(&self, line: usize, header: &str) -> Option<usize> {
+        let all: Vec<&str> = self.0.lines().collect();
+        (1..=line.min(all.len()))
+            .rev()
+            .find(|&l| all[l - 1].trim_start().starts_with(header))
+    }
 }
 
 /// Expands `${tmpdir}` and `${pid}` in every string of `value`.
@@ -230,12 +238,16 @@ impl ChainConfig {
                             )
                             .at_line(Some(item_line)));
                         };
-                        // A table's span starts at its first key; the header is the line above.
-                        let header = t
+                        // The header is the nearest `[[secondary]]` line at or above the
+                        // table's first key (comments or blank lines may sit between).
+                        let first_key = t
                             .iter()
                             .map(|(k, _)| lines.of_span(&k.span()))
                             .min()
-                            .map_or(item_line, |l| l.saturating_sub(1).max(1));
+                            .unwrap_or(item_line);
+                        let header = lines
+                            .header_at_or_above(first_key, "[[secondary]]")
+                            .unwrap_or(first_key);
                         secondaries.push(Self::tier(source, &lines, TierPosition::Secondary(i), header, t)?);
                     }
                 }

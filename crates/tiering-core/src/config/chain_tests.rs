@@ -93,6 +93,8 @@ name = "one"
 capacity = "64GiB"
 
 [[secondary]]
+# the second secondary tier
+
 type = "chain-test-scripted"
 library = "x/liby.so"
 same_build = true
@@ -115,6 +117,7 @@ idle_wait = "250us"
     assert_eq!(c.secondaries[0].position, TierPosition::Secondary(0));
     assert_eq!(c.secondaries[0].line, 6);
     assert_eq!(c.secondaries[0].key_line("capacity"), Some(9));
+    assert_eq!(c.secondaries[1].line, 11, "the header line, above a comment");
     assert_eq!(
         c.secondaries[1].library.as_deref(),
         Some(std::path::Path::new("x/liby.so"))
