@@ -19,6 +19,7 @@ use std::time::Duration;
 use parking_lot::lock_api::ArcMutexGuard;
 use parking_lot::{Mutex, MutexGuard, RawMutex};
 
+use crate::arena::ChunkArena;
 use crate::error::ManagerError;
 use crate::event::OffloadingEvent;
 use crate::key::OffloadKey;
@@ -86,6 +87,7 @@ type StepGuard = ArcMutexGuard<RawMutex, TieringState>;
 /// The engine-facing tiering manager. See the module docs for the locking rules.
 pub struct TieringManager {
     shared: Arc<Shared>,
+    arena: Arc<ChunkArena>,
     step: Option<StepGuard>,
     control: Option<ControlThread>,
     config: ManagerConfig,
@@ -116,6 +118,7 @@ impl TieringManager {
             tier.set_waker(waker.clone());
         }
         let thread_enabled = config.control_plane_thread && !secondaries.is_empty();
+        let arena = Arc::clone(primary.arena());
         let mut state = TieringState::new(primary, secondaries);
         state.off_step = config.off_step;
         Self {
@@ -126,12 +129,26 @@ impl TieringManager {
                 failure: Mutex::new(None),
                 waker,
             }),
+            arena,
             step: None,
             control: None,
             config,
             thread_enabled,
             shut_down: false,
         }
+    }
+
+    /// The primary tier's arena: the rows `prepare_store` and `prepare_load` name, which the
+    /// engine's device copier reads and writes through row grants.
+    #[must_use]
+    pub fn arena(&self) -> &Arc<ChunkArena> {
+        &self.arena
+    }
+
+    /// The construction options.
+    #[must_use]
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
     }
 
     /// The waker the tiers signal.
