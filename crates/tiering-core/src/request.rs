@@ -231,6 +231,17 @@ impl ReqContext {
         self.0.positions.lock().get(key).copied()
     }
 
+    /// The recorded positions of `keys`, appended to `out` in key order, taking the lock once
+    /// (tiers resolve a whole batch with one call instead of one lock per key).
+    pub fn key_positions_into(&self, keys: &[OffloadKey], out: &mut Vec<Option<u64>>) {
+        let positions = self.0.positions.lock();
+        if positions.is_empty() {
+            out.extend(std::iter::repeat_n(None, keys.len()));
+        } else {
+            out.extend(keys.iter().map(|k| positions.get(k).copied()));
+        }
+    }
+
     /// Stores `value` in the scratch map under its type, replacing any previous value.
     pub fn set_state<T: Any + Send>(&self, value: T) {
         self.0.scratch.lock().insert(TypeId::of::<T>(), Box::new(value));
@@ -380,7 +391,13 @@ mod tests {
         assert_eq!(ctx.state::<u32>(), None);
         let k = OffloadKey::from_u64(1);
         assert_eq!(ctx.key_position(&k), None);
+        let mut batch = Vec::new();
+        ctx.key_positions_into(&[k, k], &mut batch);
+        assert_eq!(batch, vec![None, None]);
         ctx.set_key_position(k, 64);
         assert_eq!(ctx.clone().key_position(&k), Some(64));
+        batch.clear();
+        ctx.key_positions_into(&[OffloadKey::from_u64(2), k], &mut batch);
+        assert_eq!(batch, vec![None, Some(64)]);
     }
 }
