@@ -145,8 +145,9 @@ impl RequestAccess {
             return None;
         }
         self.finished = true;
-        let mut all: Vec<(OffloadKey, Option<u64>)> =
-            self.order.iter().map(|k| (*k, ctx.key_position(k))).collect();
+        let mut positions = Vec::with_capacity(self.order.len());
+        ctx.key_positions_into(&self.order, &mut positions);
+        let mut all: Vec<(OffloadKey, Option<u64>)> = self.order.iter().copied().zip(positions).collect();
         // Stable: first-observed order within each group.
         all.sort_by_key(|(k, _)| k.group());
         let mut start = 0;

@@ -28,12 +28,13 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `buf_refs`.
+    /// Resolves keys to their resident rows into `out`.
     fn resolve_into(&self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
         out.clear();
         out.extend(keys.iter().map(|k| KeyRef {
             key: *k,
             chunk: self.table.get(k).map(|e| e.chunk),
+            position: None,
         }));
     }
 
@@ -43,9 +44,16 @@ impl CpuTier {
             return;
         }
         let mut refs = std::mem::take(&mut self.buf_refs);
+        let mut positions = std::mem::take(&mut self.buf_positions);
         self.resolve_into(new, &mut refs);
+        positions.clear();
+        ctx.key_positions_into(new, &mut positions);
+        for (r, p) in refs.iter_mut().zip(&positions) {
+            r.position = *p;
+        }
         self.policy.on_request_access(&refs, self.table.view(), ctx);
         self.buf_refs = refs;
+        self.buf_positions = positions;
     }
 
     /// Resolves every key to a row that can take one more reader, into `out`; changes nothing.
@@ -248,10 +256,14 @@ impl CpuTier {
             );
             return None;
         }
-        for (k, &chunk) in to_store.iter().zip(&chunk_ids) {
+        let mut positions = std::mem::take(&mut self.buf_positions);
+        positions.clear();
+        ctx.key_positions_into(&to_store, &mut positions);
+        for ((k, &chunk), &position) in to_store.iter().zip(&chunk_ids).zip(&positions) {
             self.table.insert_writing(*k, chunk);
-            self.policy.insert(chunk, k, self.table.view(), ctx);
+            self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
+        self.buf_positions = positions;
         RequestAccess::with(ctx, self.id, self.generation, |rec| rec.mark_inserted(&to_store));
         Some(PrepareStoreOutput {
             keys_to_store: to_store,

@@ -47,6 +47,7 @@ pub struct CpuTier {
     pub(crate) buf_observed: Vec<(OffloadKey, bool)>,
     pub(crate) buf_rows: Vec<ChunkId>,
     pub(crate) buf_misses: Vec<OffloadKey>,
+    pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
     pub(crate) buf_chunks: Vec<ChunkId>,
 }
@@ -144,6 +145,7 @@ impl CpuTier {
             buf_observed: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
+            buf_positions: Vec::new(),
             buf_refs: Vec::new(),
             buf_chunks: Vec::new(),
         }

@@ -109,7 +109,14 @@ impl EvictionPolicy for ArcPolicy {
         }
     }
 
-    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, _slots: SlotView<'_>, _ctx: &ReqContext) {
+    fn insert(
+        &mut self,
+        chunk: ChunkId,
+        key: &OffloadKey,
+        _position: Option<u64>,
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
         self.t1.push_back(&mut self.links, chunk);
         self.in_t2[chunk as usize] = false;
         self.ghosts.remove(key);

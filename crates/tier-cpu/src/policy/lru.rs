@@ -289,8 +289,7 @@ impl EvictionPolicy for LruPolicy {
             return;
         };
         for k in keys {
-            let Some(chunk) = k.chunk else { continue };
-            let Some(position) = ctx.key_position(&k.key) else {
+            let (Some(chunk), Some(position)) = (k.chunk, k.position) else {
                 continue;
             };
             let lo = position_rank(position);
@@ -304,9 +303,16 @@ impl EvictionPolicy for LruPolicy {
         }
     }
 
-    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, slots: SlotView<'_>, ctx: &ReqContext) {
+    fn insert(
+        &mut self,
+        chunk: ChunkId,
+        _key: &OffloadKey,
+        position: Option<u64>,
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    ) {
         self.grouped[chunk as usize] = false;
-        match ctx.key_position(key) {
+        match position {
             None => self.place_global(chunk),
             Some(position) => match self.request_rank(ctx) {
                 Some(rank) => self.place_in_group(chunk, rank, position_rank(position), slots),

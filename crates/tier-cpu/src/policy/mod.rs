@@ -85,13 +85,17 @@ impl<'a> Protected<'a> {
     }
 }
 
-/// A key as the tier resolved it: the chunk holding it, or `None` when it is not resident.
+/// A key as the tier resolved it: the chunk holding it (`None` when it is not resident) and, for
+/// the hooks that use it, the end-token position the request recorded for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyRef {
     /// The key.
     pub key: OffloadKey,
     /// Its chunk, when resident.
     pub chunk: Option<ChunkId>,
+    /// The request's recorded position of the key ([`EvictionPolicy::on_request_access`] only;
+    /// `None` elsewhere).
+    pub position: Option<u64>,
 }
 
 /// A resident key a finishing request observed, in head-to-tail prefix order.
@@ -148,8 +152,16 @@ pub trait EvictionPolicy: Send {
         let _ = (keys, slots, ctx);
     }
 
-    /// A chunk was reserved for `key` (write in flight). `slots` already maps `chunk` to `key`.
-    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, slots: SlotView<'_>, ctx: &ReqContext);
+    /// A chunk was reserved for `key` (write in flight); `position` is the request's recorded
+    /// position of the key. `slots` already maps `chunk` to `key`.
+    fn insert(
+        &mut self,
+        chunk: ChunkId,
+        key: &OffloadKey,
+        position: Option<u64>,
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    );
 
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);

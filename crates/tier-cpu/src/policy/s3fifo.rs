@@ -81,7 +81,14 @@ impl EvictionPolicy for S3FifoPolicy {
         }
     }
 
-    fn insert(&mut self, chunk: ChunkId, key: &OffloadKey, _slots: SlotView<'_>, _ctx: &ReqContext) {
+    fn insert(
+        &mut self,
+        chunk: ChunkId,
+        key: &OffloadKey,
+        _position: Option<u64>,
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
         self.freq[chunk as usize] = 0;
         if self.ghost.remove(key) {
             self.push_main(chunk);
