@@ -259,6 +259,7 @@ impl ServerRole {
 
     /// The consumer cancels a round; the ack goes out only once nothing of it is in flight.
     pub(crate) fn on_abort_fetch(&mut self, core: &mut Core, kv: &str, round: u64) -> Vec<Message> {
+        tracing::debug!(%kv, round, known = self.reqs.contains_key(kv), "abort_fetch");
         let ack = Message::AbortAck {
             kv_request_id: kv.to_owned(),
             round_seq: round,

@@ -371,3 +371,110 @@ fn producer_restarting_on_the_same_address_serves_the_next_request() {
     b.wait_clean();
     a2.wait_clean();
 }
+
+#[test]
+fn a_stalled_fetch_is_aborted_at_the_load_deadline_and_acked_once_quiescent() {
+    init_tracing();
+    let mut a = Node::new(opts(), ManagerConfig::default());
+    let mut ob = opts();
+    ob.deadlines.load_ms = 300;
+    let mut b = Node::new(ob, ManagerConfig::default());
+    let ks = keys(0, 4);
+    a.store("a-req", &ks);
+    a.p2p.faults().hold_after_chunks(1);
+    let ctx = b.pull_ctx("b-req", &a.p2p);
+    b.mgr.on_new_request(&ctx).unwrap();
+    let trace = b.pull_until_settled(&ctx, &ks);
+    // The chunk that arrived before the stall is verified and kept; the rest miss.
+    assert_eq!(trace[0].last(), Some(&LookupResult::Hit), "{trace:?}");
+    for t in &trace[1..] {
+        assert_eq!(t.last(), Some(&LookupResult::Miss), "{trace:?}");
+    }
+    assert_eq!(count(&b.p2p.counters().aborts_sent), 1);
+    assert_eq!(
+        count(&b.p2p.counters().sessions_lost),
+        0,
+        "an abort is not a session failure"
+    );
+    assert_eq!(b.read_hits(&ctx, &ks[..1])[0], pattern(&ks[0]));
+    b.finish(&ctx);
+    b.wait_clean();
+    a.wait_clean();
+}
+
+#[test]
+fn parked_chunks_of_a_remote_decoder_request_are_pulled_by_its_prefiller_consumer() {
+    init_tracing();
+    let mut a = Node::new(opts(), ManagerConfig::default());
+    let mut b = Node::new(opts(), ManagerConfig::default());
+    let ks = keys(0, 3);
+    // The producer (a prefill leg) parks every chunk of the request for whoever fetches "pd-1".
+    let pctx = {
+        let serde_json::Value::Object(m) = serde_json::json!({"remote_decoder": {"kv_request_id": "pd-1"}})
+        else {
+            unreachable!()
+        };
+        tiering_core::ReqContext::builder(tiering_core::RequestId::local("prefill"))
+            .params(m)
+            .build()
+    };
+    assert_eq!(
+        a.mgr.on_new_request(&pctx).unwrap(),
+        tiering_core::OffloadPolicy::RequestLevel
+    );
+    let out = a.mgr.prepare_store(&ks, &pctx).unwrap().unwrap();
+    let arena = a.primary.arena().clone();
+    for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+        arena.write_row(c).unwrap().copy_from_slice(&pattern(k));
+    }
+    a.mgr.complete_store(&out.keys_to_store, &pctx, true).unwrap();
+    a.mgr.on_request_finished(&pctx).unwrap();
+    a.mgr.on_schedule_end(&end()).unwrap();
+    // The decoder pulls without probing.
+    let dctx = {
+        let serde_json::Value::Object(m) = serde_json::json!({"remote_prefiller": {
+            "kv_request_id": "pd-1", "host": a.p2p.host(), "port": a.p2p.port()}})
+        else {
+            unreachable!()
+        };
+        tiering_core::ReqContext::builder(tiering_core::RequestId::local("decode"))
+            .params(m)
+            .build()
+    };
+    b.mgr.on_new_request(&dctx).unwrap();
+    let trace = b.pull_until_settled(&dctx, &ks);
+    for t in &trace {
+        assert_eq!(t, &[LookupResult::HitPending, LookupResult::Hit], "{trace:?}");
+    }
+    for (k, got) in ks.iter().zip(b.read_hits(&dctx, &ks)) {
+        assert_eq!(got, pattern(k));
+    }
+    b.finish(&dctx);
+    b.wait_clean();
+    a.wait_clean();
+    assert_eq!(count(&a.p2p.counters().lookups_served), 0, "no probe round trip");
+}
+
+#[test]
+fn parked_chunks_nobody_fetches_are_released_at_the_deadline() {
+    init_tracing();
+    let mut o = opts();
+    o.deadlines.unbound_park_ms = 200;
+    let mut a = Node::new(o, ManagerConfig::default());
+    let serde_json::Value::Object(m) = serde_json::json!({"remote_decoder": {"kv_request_id": "pd-x"}})
+    else {
+        unreachable!()
+    };
+    let pctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("prefill"))
+        .params(m)
+        .build();
+    a.mgr.on_new_request(&pctx).unwrap();
+    let ks = keys(0, 2);
+    let out = a.mgr.prepare_store(&ks, &pctx).unwrap().unwrap();
+    a.mgr.complete_store(&out.keys_to_store, &pctx, true).unwrap();
+    a.mgr.on_request_finished(&pctx).unwrap();
+    a.mgr.on_schedule_end(&end()).unwrap();
+    wait_for("the parked pins to be taken", || a.primary.total_pins() == 2);
+    a.wait_clean();
+    assert_eq!(count(&a.p2p.counters().supply_released), 2);
+}

@@ -96,7 +96,7 @@ impl Faults {
         self.corrupt.lock().as_ref() == Some(key)
     }
 
-    pub(crate) fn before_chunk(&self, stop: &AtomicBool) -> io::Result<()> {
+    pub(crate) fn before_chunk(&self, stop: &AtomicBool, cancel: &AtomicBool) -> io::Result<()> {
         let n = self.sent.fetch_add(1, Ordering::AcqRel);
         let Some(limit) = *self.hold_after.lock() else {
             return Ok(());
@@ -113,6 +113,10 @@ impl Faults {
                     io::ErrorKind::ConnectionAborted,
                     "closed while held",
                 ));
+            }
+            if cancel.load(Ordering::Acquire) {
+                // The sender sees the cancel flag itself right after.
+                break;
             }
             let _ = self.cond.wait_for(&mut released, Duration::from_millis(5));
         }

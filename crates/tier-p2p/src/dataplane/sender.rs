@@ -193,7 +193,10 @@ fn push(
         if job.cancel.load(Ordering::Acquire) {
             break;
         }
-        reg.faults.before_chunk(stop)?;
+        reg.faults.before_chunk(stop, &job.cancel)?;
+        if job.cancel.load(Ordering::Acquire) {
+            break;
+        }
         let payload: &[u8] = &item.src;
         let header = ChunkHeader {
             index: u32::try_from(i).unwrap_or(u32::MAX),
