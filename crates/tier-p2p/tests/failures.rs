@@ -478,3 +478,43 @@ fn parked_chunks_nobody_fetches_are_released_at_the_deadline() {
     a.wait_clean();
     assert_eq!(count(&a.p2p.counters().supply_released), 2);
 }
+
+#[test]
+fn an_unreachable_peer_fills_the_bounded_send_queue_and_is_marked_dead_without_blocking() {
+    init_tracing();
+    // A port nobody listens on: libzmq queues the sends until the high-water mark.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut o = opts();
+    o.send_hwm = 1;
+    let mut b = Node::new(o, ManagerConfig::default());
+    let params =
+        serde_json::json!({"remote_kv_source": {"kv_request_id": "r", "host": "127.0.0.1", "port": port}});
+    let serde_json::Value::Object(m) = params else {
+        unreachable!()
+    };
+    let ctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("b"))
+        .params(m)
+        .build();
+    b.mgr.on_new_request(&ctx).unwrap();
+    let trace = b.pull_until_settled(&ctx, &keys(0, 2));
+    assert!(
+        trace
+            .iter()
+            .all(|t| t == &[LookupResult::Retry, LookupResult::Miss]),
+        "{trace:?}"
+    );
+    assert!(
+        count(&b.p2p.counters().sessions_lost) >= 1,
+        "the full queue marked the peer dead"
+    );
+    assert_eq!(
+        count(&b.p2p.counters().lookup_timeouts),
+        0,
+        "it did not need the lookup deadline"
+    );
+    b.finish(&ctx);
+    b.wait_clean();
+}
