@@ -84,6 +84,9 @@ pub struct ControlPlaneSpec {
     pub starvation_warning: Duration,
     /// Shutdown join timeout (`join_timeout`, default 2s).
     pub join_timeout: Duration,
+    /// Complete worker-reported stores and submit peer-driven promotions off the step boundary
+    /// (`off_step`, default false; see `ManagerConfig::off_step`).
+    pub off_step: bool,
 }
 
 impl Default for ControlPlaneSpec {
@@ -95,6 +98,7 @@ impl Default for ControlPlaneSpec {
             lock_timeout: d.lock_timeout,
             starvation_warning: d.starvation_warning,
             join_timeout: d.join_timeout,
+            off_step: d.off_step,
         }
     }
 }
@@ -109,6 +113,7 @@ impl ControlPlaneSpec {
             lock_timeout: self.lock_timeout,
             starvation_warning: self.starvation_warning,
             join_timeout: self.join_timeout,
+            off_step: self.off_step,
             ..ManagerConfig::default()
         }
     }
@@ -384,13 +389,17 @@ impl ChainConfig {
                 }
             };
             match name.as_str() {
-                "thread" => {
+                "thread" | "off_step" => {
                     let toml::Value::Boolean(b) = v else {
-                        return Err(err(ChainErrorKind::Invalid(
-                            "`thread` must be true or false".into(),
-                        )));
+                        return Err(err(ChainErrorKind::Invalid(format!(
+                            "`{name}` must be true or false"
+                        ))));
                     };
-                    spec.thread = b;
+                    if name == "thread" {
+                        spec.thread = b;
+                    } else {
+                        spec.off_step = b;
+                    }
                 }
                 "idle_wait" => spec.idle_wait = duration(v)?,
                 "lock_timeout" => spec.lock_timeout = duration(v)?,
@@ -399,7 +408,7 @@ impl ChainConfig {
                 other => {
                     return Err(err(ChainErrorKind::UnknownKey {
                         key: other.to_owned(),
-                        expected: "thread, idle_wait, lock_timeout, starvation_warning, join_timeout",
+                        expected: "thread, off_step, idle_wait, lock_timeout, starvation_warning, join_timeout",
                     }));
                 }
             }

@@ -102,6 +102,7 @@ name = "two"
 
 [control_plane]
 thread = false
+off_step = true
 idle_wait = "250us"
 "#,
     )
@@ -126,6 +127,7 @@ idle_wait = "250us"
     assert!(!c.secondaries[1].options.contains_key("library"));
     let mc = c.control_plane.manager_config();
     assert!(!mc.control_plane_thread);
+    assert!(mc.off_step);
     assert_eq!(mc.idle_wait, Duration::from_micros(250));
     assert_eq!(
         c.secondaries[1].describe(),

@@ -405,6 +405,18 @@ impl OffloadingManager for TieringManager {
     }
 }
 
+impl std::fmt::Debug for TieringManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TieringManager")
+            .field("config", &self.config)
+            .field("arena", &self.arena)
+            .field("in_step", &self.step.is_some())
+            .field("control_thread_running", &self.control_thread_running())
+            .field("shut_down", &self.shut_down)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Drop for TieringManager {
     fn drop(&mut self) {
         if !self.shut_down
