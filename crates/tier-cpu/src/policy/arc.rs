@@ -31,6 +31,10 @@ pub struct ArcPolicy {
     ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
     picked: Vec<(ChunkId, bool)>,
+    /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
+    /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
+    /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
+    not_ghosts: Vec<OffloadKey>,
 }
 
 impl ArcPolicy {
@@ -46,6 +50,7 @@ impl ArcPolicy {
             in_t2: vec![false; capacity],
             ghosts: Ghosts::new(),
             picked: Vec::new(),
+            not_ghosts: Vec::new(),
         }
     }
 
@@ -55,16 +60,18 @@ impl ArcPolicy {
         self.target
     }
 
-    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) {
+    /// Adapts the target if `key` is a ghost; returns whether it was.
+    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) -> bool {
         let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
         match self.ghosts.list_of(key) {
             Some(B1) => {
                 self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
             }
             Some(_) => self.target = (self.target - (b1 / b2).max(1.0)).max(0.0),
-            None => return,
+            None => return false,
         }
         self.ghosts.move_to_back(key);
+        true
     }
 
     fn to_t2_back(&mut self, chunk: ChunkId) {
@@ -104,8 +111,11 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
+        self.not_ghosts.clear();
         for key in keys.iter().rev() {
-            self.adapt_to_ghost_hit(key);
+            if !self.adapt_to_ghost_hit(key) {
+                self.not_ghosts.push(*key);
+            }
         }
     }
 
@@ -119,7 +129,11 @@ impl EvictionPolicy for ArcPolicy {
     ) {
         self.t1.push_back(&mut self.links, chunk);
         self.in_t2[chunk as usize] = false;
-        self.ghosts.remove(key);
+        if let Some(i) = self.not_ghosts.iter().position(|k| k == key) {
+            self.not_ghosts.swap_remove(i);
+        } else {
+            self.ghosts.remove(key);
+        }
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
@@ -136,7 +150,9 @@ impl EvictionPolicy for ArcPolicy {
                 Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => self.to_t2_back(chunk),
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
-                None => self.adapt_to_ghost_hit(&k.key),
+                None => {
+                    self.adapt_to_ghost_hit(&k.key);
+                }
             }
         }
     }
@@ -209,6 +225,7 @@ impl EvictionPolicy for ArcPolicy {
 
     fn clear(&mut self) {
         self.target = 0.0;
+        self.not_ghosts.clear();
         self.t1.clear();
         self.t2.clear();
         self.links = Links::with_nodes(self.capacity);
