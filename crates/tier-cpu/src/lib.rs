@@ -39,12 +39,15 @@
 //! [`CpuTier::from_options`] takes a [`CpuTierOptions`] table (capacity as a size or a chunk
 //! count, eviction policy, optional shared-memory file, events, pre-faulting, huge pages) and
 //! rejects a zero capacity, a capacity beyond the machine's memory, and unknown policy names with
-//! a [`CpuTierError`].
+//! a [`CpuTierError`]. The crate registers the tier type `cpu` with
+//! [`tiering_core::register_tier!`]; a binary that builds chains from files names the crate
+//! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
 mod ops;
 mod options;
 pub mod policy;
+mod registration;
 mod slots;
 mod tier;
 
