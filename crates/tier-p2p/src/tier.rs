@@ -39,6 +39,9 @@ pub struct P2pTier {
     failed_reqs: HashSet<(String, String)>,
     info: TierInfo,
     shut_down: bool,
+    /// Inbound messages taken from the I/O thread so far (compared with its counter, so an
+    /// idle step-driven engine keeps stepping while a peer's message waits).
+    consumed: u64,
 }
 
 impl P2pTier {
@@ -93,6 +96,7 @@ impl P2pTier {
             failed_reqs: HashSet::new(),
             info,
             shut_down: false,
+            consumed: 0,
         };
         for p in peers {
             tier.session(&p);
@@ -257,7 +261,10 @@ impl P2pTier {
     fn pump(&mut self) {
         while let Some(ev) = self.core.transport.try_event() {
             match ev {
-                IoEvent::Message { peer, msg } => self.on_message(&peer, msg),
+                IoEvent::Message { peer, msg } => {
+                    self.consumed += 1;
+                    self.on_message(&peer, msg);
+                }
                 IoEvent::Dead {
                     peer,
                     generation,
@@ -473,6 +480,13 @@ impl SecondaryTier for P2pTier {
             || !self.core.parked.is_empty()
             || !self.retiring.is_empty()
             || self.sessions.values().any(Session::has_work)
+            || self
+                .core
+                .transport
+                .counters
+                .messages_in
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > self.consumed
     }
 
     fn on_new_request(&mut self, ctx: &ReqContext) -> OffloadPolicy {

@@ -82,3 +82,44 @@ fn step_driven_the_pull_waits_for_the_producers_next_step() {
         [Event::ProducerBusy, Event::ProducerNextStep, Event::ConsumerDone]
     );
 }
+
+#[test]
+fn a_step_driven_idle_producer_steps_only_while_has_pending_work_and_still_serves() {
+    init_tracing();
+    let mut a = Node::new(opts(), ManagerConfig::step_driven());
+    let mut b = Node::new(opts(), ManagerConfig::default());
+    let ks = keys(0, 4);
+    a.store("a-req", &ks);
+    let (done_tx, done_rx) = mpsc::channel();
+    let ha = a.p2p.clone();
+    let consumer = std::thread::spawn(move || {
+        let ctx = b.pull_ctx("b-req", &ha);
+        b.mgr.on_new_request(&ctx).unwrap();
+        let trace = b.pull_until_settled(&ctx, &ks);
+        let _ = done_tx.send(());
+        b.finish(&ctx);
+        b.wait_clean();
+        trace
+    });
+    // An idle engine: it steps only when the manager says there is work.
+    let mut steps = 0;
+    while done_rx.try_recv().is_err() {
+        if a.mgr.has_pending_work().unwrap() {
+            a.mgr.on_schedule_end(&end()).unwrap();
+            steps += 1;
+        } else {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let trace = consumer.join().unwrap();
+    assert!(
+        trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
+        "{trace:?}"
+    );
+    assert!(steps > 0);
+    wait_for("the producer to become idle", || {
+        a.mgr.on_schedule_end(&end()).unwrap();
+        !a.mgr.has_pending_work().unwrap()
+    });
+    a.wait_clean();
+}
