@@ -93,7 +93,7 @@ impl CpuTier {
             let mut new = std::mem::take(&mut self.buf_keys);
             new.clear();
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
-                rec.record_load(keys, &mut new)
+                rec.record_load(keys, &mut new);
             });
             self.announce_first_access(&new, ctx);
             self.buf_keys = new;

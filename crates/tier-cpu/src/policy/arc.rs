@@ -74,7 +74,7 @@ impl ArcPolicy {
         true
     }
 
-    fn to_t2_back(&mut self, chunk: ChunkId) {
+    fn move_to_t2_back(&mut self, chunk: ChunkId) {
         if self.in_t2[chunk as usize] {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
@@ -84,7 +84,7 @@ impl ArcPolicy {
         }
     }
 
-    fn to_own_back(&mut self, chunk: ChunkId) {
+    fn move_to_own_back(&mut self, chunk: ChunkId) {
         if self.in_t2[chunk as usize] {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
@@ -147,7 +147,9 @@ impl EvictionPolicy for ArcPolicy {
     fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
         for k in keys.iter().rev() {
             match k.chunk {
-                Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => self.to_t2_back(chunk),
+                Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => {
+                    self.move_to_t2_back(chunk)
+                }
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
                 None => {
@@ -161,9 +163,9 @@ impl EvictionPolicy for ArcPolicy {
         for k in keys.iter().rev() {
             if k.insertion_only {
                 // Inserting is not a reuse: keep the list, refresh recency only.
-                self.to_own_back(k.chunk);
+                self.move_to_own_back(k.chunk);
             } else if k.reused {
-                self.to_t2_back(k.chunk);
+                self.move_to_t2_back(k.chunk);
             }
         }
     }

@@ -383,8 +383,8 @@ impl EvictionPolicy for LruPolicy {
             out.truncate(start);
             return false;
         }
-        for i in start..out.len() {
-            self.detach(out[i]);
+        for &chunk in &out[start..] {
+            self.detach(chunk);
         }
         true
     }
