@@ -29,10 +29,14 @@ fn registry() -> &'static Registry {
 }
 
 fn chain_file(dir: &std::path::Path, cpu: &str, disk: &str) -> ChainConfig {
+    chain_file_with(dir, cpu, disk, false)
+}
+
+fn chain_file_with(dir: &std::path::Path, cpu: &str, disk: &str, off_step: bool) -> ChainConfig {
     let text = format!(
         "[primary]\ntype = \"cpu\"\ncapacity = \"{cpu}\"\n\n\
          [[secondary]]\ntype = \"disk\"\nname = \"disk\"\npath = \"{}\"\ncapacity = \"{disk}\"\n\n\
-         [control_plane]\nthread = true\n",
+         [control_plane]\nthread = true\noff_step = {off_step}\n",
         dir.display()
     );
     ChainConfig::parse("test-chain.toml", &text).unwrap()
@@ -70,6 +74,36 @@ fn a_cpu_tier_that_overflows_serves_prefixes_from_disk() {
     assert!(report.manager.promoted_keys > 0);
     assert!(report.manager.cascade_jobs > 0);
     assert_eq!(report.copy_jobs.completed, report.copy_jobs.submitted);
+}
+
+#[test]
+fn off_step_completions_keep_every_identity() {
+    // The copy worker reports finished stores straight to the manager and the engine reports
+    // them again at its next step: each store must still complete (and cascade) exactly once.
+    let dir = tempfile::tempdir().unwrap();
+    let config = chain_file_with(dir.path(), "1MiB", "64MiB", true);
+    let mut spec = WorkloadSpec::new(WorkloadKind::Chat, 150, 3);
+    spec.sessions = 30;
+    spec.max_context = 1024;
+    let report = run_simulation(
+        &config_chain(config, registry()),
+        &quick_config(),
+        &Workload::generate(&spec),
+    )
+    .unwrap();
+    assert!(report.identities_hold(), "{report}");
+    assert!(report.source_tokens("disk") > 0, "no disk hits:\n{report}");
+    assert_eq!(report.copy_jobs.completed, report.copy_jobs.submitted);
+    assert!(report.manager.cascade_jobs > 0);
+    let m = &report.manager;
+    assert!(
+        m.off_step_store_completions > 0,
+        "the worker's reports were used: {m:?}"
+    );
+    assert!(
+        m.duplicate_store_reports > 0,
+        "the second report of each store was absorbed: {m:?}"
+    );
 }
 
 #[test]

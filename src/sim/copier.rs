@@ -10,7 +10,8 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tiering_core::{ChunkArena, ChunkId, OffloadKey};
+use tiering_core::manager::StoreCompletionSender;
+use tiering_core::{ChunkArena, ChunkId, OffloadKey, ReqContext};
 
 use super::device::DeviceMemory;
 use super::error::SimError;
@@ -38,6 +39,8 @@ pub struct CopyJob {
     pub rows: Vec<ChunkId>,
     /// Their device blocks.
     pub blocks: Vec<u32>,
+    /// The request, for a store the worker reports straight to the manager (off-step mode).
+    pub ctx: Option<ReqContext>,
 }
 
 /// What the worker reports for a job.
@@ -66,11 +69,18 @@ pub struct Copier {
 }
 
 impl Copier {
-    /// Starts the worker over `arena` and the device memory.
+    /// Starts the worker over `arena` and the device memory. With `reporter`, the worker also
+    /// reports each finished store straight to the manager (off-step mode), so the manager's
+    /// control thread can complete and cascade it before the engine's next step.
     ///
     /// # Errors
     /// The thread could not be spawned.
-    pub fn start(arena: Arc<ChunkArena>, device: Arc<DeviceMemory>, verify: bool) -> Result<Self, SimError> {
+    pub fn start(
+        arena: Arc<ChunkArena>,
+        device: Arc<DeviceMemory>,
+        verify: bool,
+        reporter: Option<StoreCompletionSender>,
+    ) -> Result<Self, SimError> {
         let (job_tx, job_rx) = mpsc::channel::<CopyJob>();
         let (done_tx, done_rx) = mpsc::channel::<CopyDone>();
         let handle = std::thread::Builder::new()
@@ -78,6 +88,9 @@ impl Copier {
             .spawn(move || {
                 for job in job_rx {
                     let done = run_job(&arena, &device, verify, &job);
+                    if let (Some(reporter), Some(ctx), CopyKind::Store) = (&reporter, &job.ctx, job.kind) {
+                        reporter.report(job.keys.clone(), ctx.clone(), done.ok);
+                    }
                     if done_tx.send(done).is_err() {
                         break;
                     }
@@ -243,13 +256,14 @@ mod tests {
         let device = Arc::new(DeviceMemory::new(4, 64));
         let k = OffloadKey::from_u64(3);
         device.with_block(1, |b| fill_chunk(&k, b));
-        let mut c = Copier::start(Arc::clone(&arena), Arc::clone(&device), true).unwrap();
+        let mut c = Copier::start(Arc::clone(&arena), Arc::clone(&device), true, None).unwrap();
         c.submit(CopyJob {
             id: 1,
             kind: CopyKind::Store,
             keys: vec![k],
             rows: vec![2],
             blocks: vec![1],
+            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -260,6 +274,7 @@ mod tests {
             keys: vec![k],
             rows: vec![2],
             blocks: vec![3],
+            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -277,7 +292,7 @@ mod tests {
     fn wrong_content_and_busy_rows_fail_the_job() {
         let arena = ChunkArena::new(2, 64).unwrap();
         let device = Arc::new(DeviceMemory::new(2, 64));
-        let mut c = Copier::start(Arc::clone(&arena), device, true).unwrap();
+        let mut c = Copier::start(Arc::clone(&arena), device, true, None).unwrap();
         // Row 0 holds zeros, not the chunk's content.
         c.submit(CopyJob {
             id: 1,
@@ -285,6 +300,7 @@ mod tests {
             keys: vec![OffloadKey::from_u64(1)],
             rows: vec![0],
             blocks: vec![0],
+            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -296,6 +312,7 @@ mod tests {
             keys: vec![OffloadKey::from_u64(2)],
             rows: vec![1],
             blocks: vec![0],
+            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -310,6 +327,7 @@ mod tests {
             keys: vec![OffloadKey::from_u64(2)],
             rows: vec![9],
             blocks: vec![0],
+            ctx: None,
         })
         .unwrap();
         assert!(!wait(&mut c).ok);

@@ -11,6 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tiering_core::manager::StoreCompletionSender;
 use tiering_core::{
     ChunkArena, ChunkId, KeyMap, LookupResult, ManagerStats, OffloadKey, OffloadPolicy, OffloadingManager,
     PrepareStoreOutput, ReqContext, ScheduleEndContext, TieringManager,
@@ -103,6 +104,15 @@ impl Offload {
             events: EventCounts::default(),
             primary_lookups_at_start: stats.primary.hits + stats.primary.misses,
         })
+    }
+
+    /// A sender for the copy worker when the manager runs in off-step mode (`off_step = true`
+    /// in the chain's `[control_plane]`): the worker then reports finished stores directly.
+    pub fn completion_sender(&mut self) -> Option<StoreCompletionSender> {
+        self.mgr
+            .config()
+            .off_step
+            .then(|| self.mgr.store_completion_sender())
     }
 
     /// The primary tier's arena.

@@ -153,6 +153,10 @@ pub struct ManagerRow {
     pub cascade_jobs: u64,
     /// Control-plane sweeps.
     pub sweeps: u64,
+    /// Stores completed from the copy worker's report, ahead of the engine's step (off-step).
+    pub off_step_store_completions: u64,
+    /// Second reports of a store, absorbed as no-ops (off-step).
+    pub duplicate_store_reports: u64,
 }
 
 /// One tier's counters.
@@ -411,6 +415,8 @@ impl Report {
                 promotion_alloc_failures: c.promotion_alloc_failures,
                 cascade_jobs: c.cascade_jobs,
                 sweeps: c.sweeps,
+                off_step_store_completions: c.off_step_store_completions,
+                duplicate_store_reports: c.duplicate_store_reports,
             },
             tiers: std::iter::once(&stats.primary)
                 .chain(&stats.secondaries)

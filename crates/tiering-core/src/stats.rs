@@ -58,6 +58,10 @@ pub struct ManagerCounters {
     pub cascade_jobs: u64,
     /// Store jobs created for peers through `ParentManager::create_store_job`.
     pub peer_store_jobs: u64,
+    /// Device→primary stores completed from the worker's report, ahead of the engine's step.
+    pub off_step_store_completions: u64,
+    /// Second reports of a store (worker then engine, or the reverse), absorbed as no-ops.
+    pub duplicate_store_reports: u64,
     /// Control-plane sweeps run (off the scheduler thread or at step end).
     pub sweeps: u64,
     /// Job results processed.

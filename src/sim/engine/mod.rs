@@ -114,11 +114,13 @@ impl<'a> Engine<'a> {
             reason: "does not fit in 32 bits".into(),
         })?;
         let memory = Arc::new(DeviceMemory::new(cfg.device_blocks, cfg.chunk_bytes));
-        let copier = match &off {
+        let mut off = off;
+        let copier = match &mut off {
             Some(o) => Some(Copier::start(
                 Arc::clone(o.arena()),
                 Arc::clone(&memory),
                 cfg.verify_loads,
+                o.completion_sender(),
             )?),
             None => None,
         };

@@ -124,9 +124,13 @@ impl TieringState {
         source: CompletionSource,
     ) -> Result<(), ManagerError> {
         if self.ledger.is_duplicate(ctx.id(), keys, source) {
+            self.counters.duplicate_store_reports += 1;
             return Ok(());
         }
         self.complete_store_unlocked(keys, ctx, success)?;
+        if source == CompletionSource::Worker {
+            self.counters.off_step_store_completions += 1;
+        }
         self.ledger.record(ctx.id(), keys, source);
         Ok(())
     }
