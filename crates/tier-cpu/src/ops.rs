@@ -83,8 +83,8 @@ impl CpuTier {
     ) -> Result<Vec<ChunkId>, TierError> {
         let mut out = Vec::with_capacity(keys.len());
         self.resolve_pinnable(keys, &mut out)?;
-        for &chunk in &out {
-            if self.table.pin(chunk) {
+        for k in keys {
+            if let Some((chunk, true)) = self.table.pin(k) {
                 self.policy.mark_non_evictable(chunk);
             }
         }
@@ -133,8 +133,8 @@ impl CpuTier {
         chunks.clear();
         let checked = self.resolve_unpinnable(keys, &mut chunks);
         if checked.is_ok() {
-            for &chunk in &chunks {
-                if self.table.unpin(chunk) {
+            for k in keys {
+                if let Some((chunk, true)) = self.table.unpin(k) {
                     self.policy.mark_evictable(chunk);
                 }
             }

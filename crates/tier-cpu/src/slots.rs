@@ -1,9 +1,10 @@
 //! The chunk table: which key lives in which arena row, each row's ref count, and the row
 //! allocator.
 //!
-//! The key→row map holds only row ids (40-byte buckets); ref counts and keys live in dense arrays
-//! indexed by row, which is what eviction policies scan and what a batch mutates after its keys
-//! were resolved once.
+//! The key→row map holds each resident key's row and ref count, so a lookup reads one bucket and
+//! nothing else (it stays within a hair of a bare hash-map probe). Eviction policies scan rows,
+//! not keys, so the ref counts are mirrored in a dense array indexed by row, next to the row's
+//! key; every mutation here updates both copies.
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
@@ -24,7 +25,7 @@ pub(crate) struct Entry {
 
 /// See the module docs.
 pub(crate) struct ChunkTable {
-    map: KeyMap<ChunkId>,
+    map: KeyMap<Entry>,
     refs: Vec<i32>,
     keys: Vec<OffloadKey>,
     free: Vec<ChunkId>,
@@ -79,10 +80,7 @@ impl ChunkTable {
     /// The resident entry of `key`.
     #[inline]
     pub(crate) fn get(&self, key: &OffloadKey) -> Option<Entry> {
-        self.map.get(key).map(|&chunk| Entry {
-            chunk,
-            ref_cnt: self.refs[chunk as usize],
-        })
+        self.map.get(key).copied()
     }
 
     /// The ref count of a resident row.
@@ -93,10 +91,7 @@ impl ChunkTable {
 
     /// Every resident entry, in no particular order.
     pub(crate) fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
-        self.map.values().map(|&chunk| Entry {
-            chunk,
-            ref_cnt: self.refs[chunk as usize],
-        })
+        self.map.values().copied()
     }
 
     /// The policies' view of the rows.
@@ -105,42 +100,46 @@ impl ChunkTable {
         SlotView::new(&self.refs, &self.keys)
     }
 
-    /// Adds one reader to a resident, ready row; whether it just stopped being evictable.
+    /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
+    /// being evictable (0 → 1).
     #[inline]
-    pub(crate) fn pin(&mut self, chunk: ChunkId) -> bool {
-        let r = &mut self.refs[chunk as usize];
-        let edge = *r == 0;
-        *r += 1;
+    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
+        let e = self.map.get_mut(key)?;
+        let edge = e.ref_cnt == 0;
+        e.ref_cnt += 1;
+        self.refs[e.chunk as usize] = e.ref_cnt;
         if edge {
             self.num_evictable -= 1;
         }
-        edge
+        Some((e.chunk, edge))
     }
 
-    /// Removes one reader from a pinned row; whether it just became evictable.
+    /// Removes one reader from pinned `key`. Returns its row and whether it just became
+    /// evictable (1 → 0).
     #[inline]
-    pub(crate) fn unpin(&mut self, chunk: ChunkId) -> bool {
-        let r = &mut self.refs[chunk as usize];
-        *r -= 1;
-        let edge = *r == 0;
+    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
+        let e = self.map.get_mut(key)?;
+        e.ref_cnt -= 1;
+        self.refs[e.chunk as usize] = e.ref_cnt;
+        let edge = e.ref_cnt == 0;
         if edge {
             self.num_evictable += 1;
         }
-        edge
+        Some((e.chunk, edge))
     }
 
     /// Completes the write of `key` if it is in flight. Returns its row then.
     #[inline]
     pub(crate) fn mark_written(&mut self, key: &OffloadKey) -> Option<ChunkId> {
-        let chunk = *self.map.get(key)?;
-        let r = &mut self.refs[chunk as usize];
-        if *r != WRITING {
+        let e = self.map.get_mut(key)?;
+        if e.ref_cnt != WRITING {
             return None;
         }
-        *r = 0;
+        e.ref_cnt = 0;
+        self.refs[e.chunk as usize] = 0;
         self.num_write_pending -= 1;
         self.num_evictable += 1;
-        Some(chunk)
+        Some(e.chunk)
     }
 
     /// Takes `n` rows: fresh ones ascending, then freed ones LIFO. The caller made room first.
@@ -164,7 +163,13 @@ impl ChunkTable {
 
     /// Makes `key` resident in `chunk` with a write in flight.
     pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.map.insert(key, chunk);
+        self.map.insert(
+            key,
+            Entry {
+                chunk,
+                ref_cnt: WRITING,
+            },
+        );
         self.refs[chunk as usize] = WRITING;
         self.keys[chunk as usize] = key;
         self.num_write_pending += 1;
@@ -196,16 +201,16 @@ impl ChunkTable {
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut owner = vec![false; self.capacity as usize];
         let (mut evictable, mut writing) = (0, 0);
-        for (key, &chunk) in &self.map {
-            let c = chunk as usize;
+        for (key, e) in &self.map {
+            let (chunk, c) = (e.chunk, e.chunk as usize);
             if chunk >= self.num_allocated {
                 return Err(format!("{key} holds row {c}, never allocated"));
             }
             if std::mem::replace(&mut owner[c], true) {
                 return Err(format!("row {c} owned twice"));
             }
-            if self.keys[c] != *key {
-                return Err(format!("row {c} holds another key than the map says for {key}"));
+            if self.keys[c] != *key || self.refs[c] != e.ref_cnt {
+                return Err(format!("row {c} arrays disagree with the map for {key}"));
             }
             match self.refs[c] {
                 WRITING => writing += 1,

@@ -148,7 +148,7 @@ impl EvictionPolicy for ArcPolicy {
         for k in keys.iter().rev() {
             match k.chunk {
                 Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => {
-                    self.move_to_t2_back(chunk)
+                    self.move_to_t2_back(chunk);
                 }
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
