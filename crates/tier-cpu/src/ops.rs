@@ -103,9 +103,9 @@ impl CpuTier {
         Ok(out)
     }
 
-    /// Resolves every key to a row holding at least as many readers as the key appears in
-    /// `keys`, into `out`; changes nothing.
-    fn resolve_unpinnable(&self, keys: &[OffloadKey], out: &mut Vec<ChunkId>) -> Result<(), TierError> {
+    /// Checks that every key holds at least as many readers as it appears in `keys`; changes
+    /// nothing.
+    fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
         let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
         for (i, k) in keys.iter().enumerate() {
             let Some(e) = self.table.get(k) else {
@@ -122,25 +122,19 @@ impl CpuTier {
             if e.ref_cnt < needed {
                 return Err(TierError::NotPinned(*k));
             }
-            out.push(e.chunk);
         }
         Ok(())
     }
 
     /// Releases one pin per key (all or nothing).
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut chunks = std::mem::take(&mut self.buf_chunks);
-        chunks.clear();
-        let checked = self.resolve_unpinnable(keys, &mut chunks);
-        if checked.is_ok() {
-            for k in keys {
-                if let Some((chunk, true)) = self.table.unpin(k) {
-                    self.policy.mark_evictable(chunk);
-                }
+        self.check_unpinnable(keys)?;
+        for k in keys {
+            if let Some((chunk, true)) = self.table.unpin(k) {
+                self.policy.mark_evictable(chunk);
             }
         }
-        self.buf_chunks = chunks;
-        checked
+        Ok(())
     }
 
     /// Splits a store offer into new keys (deduplicated, offer order), the keys the request
