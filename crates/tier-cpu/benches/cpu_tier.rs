@@ -8,8 +8,9 @@
 //! - `touch16`: `touch` of 16 resident keys
 //!
 //! Chunks are 64 bytes (one page per row); the arena is not pre-faulted, so 1M rows map 4 GiB of
-//! untouched virtual memory. `KVTIER_BENCH_SIZES=100000` limits the sizes; the default run is
-//! kept short (small sample size and measurement time).
+//! untouched virtual memory. `KVTIER_BENCH_SIZES=100000` limits the sizes and
+//! `KVTIER_BENCH_POLICIES=lru,arc` the policies; the default run is kept short (20 samples, 1 s
+//! each; criterion's `--measurement-time` lengthens it).
 
 use std::hint::black_box;
 use std::time::Duration;
@@ -62,8 +63,8 @@ fn bench_size(c: &mut Criterion, n: usize) {
     let mut group = c.benchmark_group(format!("cpu_tier/{n}"));
     group
         .sample_size(20)
-        .measurement_time(Duration::from_secs(2))
-        .warm_up_time(Duration::from_millis(500));
+        .measurement_time(Duration::from_secs(1))
+        .warm_up_time(Duration::from_millis(300));
 
     // The reference: a plain map with the same hasher and the same keys.
     let map: KeyMap<u32> = resident.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
