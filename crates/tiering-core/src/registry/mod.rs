@@ -1,4 +1,4 @@
-//! The static tier registry: tier crates register named factories with [`register_tier!`], and
+//! The static tier registry: tier crates register named factories with [`register_tier!`](crate::register_tier), and
 //! the chain builder looks tier types up by name.
 //!
 //! Registration uses `inventory`, so it happens before `main` without any central list. The
@@ -109,7 +109,7 @@ impl fmt::Debug for TierFactory {
     }
 }
 
-/// One registration, as submitted by [`register_tier!`].
+/// One registration, as submitted by [`register_tier!`](crate::register_tier).
 #[derive(Debug)]
 pub struct TierRegistration {
     /// The tier type name used in chain files (`type = "…"`).
@@ -121,7 +121,7 @@ pub struct TierRegistration {
 }
 
 impl TierRegistration {
-    /// A primary-tier registration (what [`register_tier!`] expands to).
+    /// A primary-tier registration (what [`register_tier!`](crate::register_tier) expands to).
     #[must_use]
     pub const fn primary(name: &'static str, crate_name: &'static str, factory: PrimaryFactory) -> Self {
         Self {
@@ -131,7 +131,7 @@ impl TierRegistration {
         }
     }
 
-    /// A secondary-tier registration (what [`register_tier!`] expands to).
+    /// A secondary-tier registration (what [`register_tier!`](crate::register_tier) expands to).
     #[must_use]
     pub const fn secondary(name: &'static str, crate_name: &'static str, factory: SecondaryFactory) -> Self {
         Self {
@@ -192,7 +192,7 @@ pub struct Registry {
 static GLOBAL: OnceLock<Result<Registry, RegistryError>> = OnceLock::new();
 
 impl Registry {
-    /// Every type registered with [`register_tier!`] in the linked crates.
+    /// Every type registered with [`register_tier!`](crate::register_tier) in the linked crates.
     ///
     /// # Errors
     /// Two crates registered the same type name.
