@@ -77,6 +77,14 @@ impl ClientRole {
         })
     }
 
+    /// Whether `key` already failed to load for this request (an eager source skips probing
+    /// but must not fetch such a key again).
+    pub(crate) fn failed_before(&self, kv: &str, key: &OffloadKey) -> bool {
+        self.reqs
+            .get(kv)
+            .is_some_and(|r| r.probes.get(key) == Some(&Some(false)))
+    }
+
     /// One `lookup` per request with new probes (called once per step).
     pub(crate) fn flush(&mut self) -> Vec<Message> {
         let mut out = Vec::new();
@@ -112,7 +120,8 @@ impl ClientRole {
         }
     }
 
-    /// Starts a fetch round for `job`: whitelists its rows and returns the `fetch`. On failure
+    /// Starts a fetch round for `job`: whitelists its rows and returns the `fetch` (a hand-off
+    /// fetch with `await_stores`: the producer may not have stored the chunks yet). On failure
     /// the job's result is returned instead.
     pub(crate) fn start_load(
         &mut self,
@@ -120,6 +129,7 @@ impl ClientRole {
         peer: &str,
         kv: &str,
         job: TransferJob,
+        await_stores: bool,
     ) -> Result<Message, JobResult> {
         let grants = match job.rows {
             RowGrant::Write(w) if w.len() == job.keys.len() => w,
@@ -147,6 +157,7 @@ impl ClientRole {
             round_seq: round,
             keys: encode_keys(&job.keys),
             block_indexes: job.chunk_ids.clone(),
+            await_stores,
         };
         req.loads.insert(
             round,
@@ -291,6 +302,7 @@ impl ClientRole {
                 round_seq: req.round,
                 keys: Vec::new(),
                 block_indexes: Vec::new(),
+                await_stores: false,
             });
         }
         req.probes.clear();

@@ -135,6 +135,9 @@ pub(crate) fn tier_stats(name: &str, h: &P2pHandle, sessions: usize, retiring: u
     put("keys_offered", g(&c.keys_offered));
     put("aborts_sent", g(&c.aborts_sent));
     put("supply_released", g(&c.supply_released));
+    put("fetches_waited", g(&c.fetches_waited));
+    put("keys_handed_off", g(&c.keys_handed_off));
+    put("wait_timeouts", g(&c.wait_timeouts));
     put("malformed_frames", h.malformed_frames());
     put("chunks_sent", h.chunks_sent());
     put("chunks_received", h.chunks_received());

@@ -20,6 +20,12 @@
 //! Request parameters: `remote_kv_source = {kv_request_id, host, port}` (probe, then pull the
 //! hits), `remote_prefiller = {…}` (pull everything, no probe) and `remote_decoder =
 //! {kv_request_id}` (park this request's stored chunks for whoever fetches that id).
+//!
+//! The prefill→decode hand-off: a `remote_prefiller` fetch may reach the producer before the
+//! producer stored the chunks. Its missing keys then wait (up to the producer's load deadline)
+//! and leave from inside the `submit_store` that brings them — the cascade of the producer's
+//! store, which with the manager's off-step completions runs on the control thread as soon as
+//! the device copy finished, without waiting for the producer's next scheduler step.
 
 mod client;
 mod core;

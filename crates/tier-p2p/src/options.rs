@@ -14,7 +14,9 @@ pub struct Deadlines {
     pub lookup_ms: u64,
     /// A producer-side key still pending (write in flight, promotion) by then is answered `Miss`.
     pub straggler_ms: u64,
-    /// A consumer fetch not completed by then is aborted.
+    /// A consumer fetch not completed by then is aborted. On the producer, also the longest a
+    /// hand-off fetch (`remote_prefiller`) waits, from its arrival, for chunks not stored yet;
+    /// keys still missing then fail and the rest are reported per key.
     pub load_ms: u64,
     /// An aborted fetch whose `abort_ack` has not come by then is torn down (the data connection
     /// is closed first, so the rows are quiescent before they are released).

@@ -3,13 +3,13 @@
 
 use std::time::{Duration, Instant};
 
-use tiering_core::ParentManager;
+use tiering_core::{OffloadKey, ParentManager};
 
 use crate::client::ClientRole;
 use crate::core::Core;
 use crate::dataplane::frame::{ChunkStatus, Hello};
 use crate::dataplane::sender::{Registration, SenderHandle, spawn_registration};
-use crate::server::ServerRole;
+use crate::server::{Fetch, ServerRole, Supply};
 use crate::stats::P2pCounters;
 use crate::transport::IoCommand;
 use crate::wire::{Connect, Message, WIRE_VERSION, decode_keys};
@@ -144,18 +144,19 @@ impl Session {
                 round_seq,
                 keys,
                 block_indexes,
+                await_stores,
             } => {
                 let keys = decode_keys(&keys).map_err(|e| SessionError::Protocol(e.0))?;
+                let fetch = Fetch {
+                    kv: &kv_request_id,
+                    round: round_seq,
+                    keys: &keys,
+                    rows: &block_indexes,
+                    await_stores,
+                };
                 let out = self
                     .server
-                    .on_fetch(
-                        core,
-                        self.sender.as_ref(),
-                        &kv_request_id,
-                        round_seq,
-                        &keys,
-                        &block_indexes,
-                    )
+                    .on_fetch(core, self.sender.as_ref(), &fetch)
                     .map_err(|e| SessionError::Protocol(e.0))?;
                 self.send_all(core, out);
                 Ok(())
@@ -332,8 +333,41 @@ impl Session {
         if self.dead.is_none() {
             self.send_all(core, out);
         }
-        self.server.collect(core, now);
+        let answers = self.server.collect(core, now);
+        if self.dead.is_none() {
+            self.send_all(core, answers);
+        }
         None
+    }
+
+    /// Whether a fetch of the peer waits for chunks of `kv` not stored yet.
+    pub(crate) fn waits_for(&self, kv: &str) -> bool {
+        self.dead.is_none() && self.server.waits_for(kv)
+    }
+
+    /// Chunks of `kv` just stored: a fetch of the peer waiting for them gets them now. Returns
+    /// the chunks it did not name.
+    pub(crate) fn offer(
+        &mut self,
+        core: &mut Core,
+        kv: &str,
+        items: Vec<(OffloadKey, Supply)>,
+    ) -> Vec<(OffloadKey, Supply)> {
+        if self.dead.is_some() {
+            return items;
+        }
+        let (answers, rest) = self.server.offer(core, self.sender.as_ref(), kv, items);
+        self.send_all(core, answers);
+        rest
+    }
+
+    /// Drain: release every pin not in flight and fail every waiting key, answering the rounds
+    /// that are complete now.
+    pub(crate) fn release_idle(&mut self, core: &mut Core) {
+        let answers = self.server.release_idle(core);
+        if self.dead.is_none() {
+            self.send_all(core, answers);
+        }
     }
 
     /// Tears the session down: no more messages either way, every pin not in flight released,
@@ -369,7 +403,8 @@ impl Session {
         self.dead = Some(reason.to_owned());
         P2pCounters::bump(&core.counters.sessions_lost);
         let failed = self.client.on_session_lost(core, &self.peer);
-        self.server.on_session_lost(core);
+        // Nothing is answered any more: the rounds' answers are dropped.
+        let _ = self.server.release_idle(core);
         failed
     }
 

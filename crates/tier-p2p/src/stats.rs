@@ -34,6 +34,12 @@ pub struct P2pCounters {
     pub aborts_sent: AtomicU64,
     /// Producer-side pins released without a fetch (deadline, terminal fetch, session loss).
     pub supply_released: AtomicU64,
+    /// Hand-off fetches that arrived before some of their chunks were stored, and waited.
+    pub fetches_waited: AtomicU64,
+    /// Chunks a store handed straight to a fetch waiting for them (from `submit_store`).
+    pub keys_handed_off: AtomicU64,
+    /// Keys a waiting fetch never got: not stored by the producer's load deadline.
+    pub wait_timeouts: AtomicU64,
 }
 
 impl P2pCounters {

@@ -332,7 +332,7 @@ impl P2pTier {
     /// Releases every pin that no transfer is using (for drain and shutdown).
     fn release_idle_supply(&mut self) {
         for s in self.sessions.values_mut() {
-            s.server.on_session_lost(&mut self.core);
+            s.release_idle(&mut self.core);
         }
         for (_, p) in std::mem::take(&mut self.core.parked) {
             release_parked(&mut self.core, p);
@@ -392,6 +392,11 @@ impl SecondaryTier for P2pTier {
             return miss(&self.core.counters);
         };
         if src.eager {
+            // No probe, but a key that already failed to load misses for the rest of the
+            // request: asking again would only fail the same way.
+            if s.client.failed_before(&src.kv_request_id, key) {
+                return miss(&self.core.counters);
+            }
             P2pCounters::bump(&self.core.counters.hits);
             return LookupResult::Hit;
         }
@@ -428,13 +433,31 @@ impl SecondaryTier for P2pTier {
                     return;
                 };
                 self.core.add_store_job(job.id, job.keys.clone());
+                let mut items: Vec<(OffloadKey, Supply)> = job
+                    .keys
+                    .iter()
+                    .zip(reads)
+                    .map(|(k, src)| (*k, Supply { job: job.id, src }))
+                    .collect();
+                // A consumer's fetch may already be waiting for these chunks (the hand-off):
+                // take in what the peers sent so far, then serve it from this very call.
+                self.pump();
+                for s in self.sessions.values_mut() {
+                    if items.is_empty() {
+                        break;
+                    }
+                    if s.waits_for(&kv) {
+                        items = s.offer(&mut self.core, &kv, items);
+                    }
+                }
+                if items.is_empty() {
+                    return;
+                }
                 let parked = self.core.parked.entry(kv).or_insert_with(|| Parked {
                     since: Instant::now(),
                     items: Vec::new(),
                 });
-                for (k, src) in job.keys.iter().zip(reads) {
-                    parked.items.push((*k, Supply { job: job.id, src }));
-                }
+                parked.items.extend(items);
             }
         }
     }
@@ -461,7 +484,7 @@ impl SecondaryTier for P2pTier {
         };
         match s
             .client
-            .start_load(&mut self.core, &src.peer, &src.kv_request_id, job)
+            .start_load(&mut self.core, &src.peer, &src.kv_request_id, job, src.eager)
         {
             Ok(fetch) => s.send(&mut self.core, fetch),
             Err(result) => self.core.finished.push(result),

@@ -127,6 +127,11 @@ pub enum Message {
         keys: Vec<Bin>,
         /// Destination rows in the consumer's arena, parallel to `keys`.
         block_indexes: Vec<u32>,
+        /// A hand-off fetch (`remote_prefiller`): keys the producer has not stored yet wait
+        /// for its later stores (bounded by its load deadline) instead of failing at once.
+        /// Absent on the wire when false, so a plain fetch encodes as before.
+        #[serde(default, skip_serializing_if = "is_false")]
+        await_stores: bool,
     },
     /// Producer → consumer: the round's data is acknowledged (or failed), per key.
     TransferDone {
@@ -153,6 +158,14 @@ pub enum Message {
         /// The round.
         round_seq: u64,
     },
+}
+
+#[allow(
+    clippy::trivially_copy_pass_by_ref,
+    reason = "serde's `skip_serializing_if` signature"
+)]
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Why a payload could not be decoded (a malformed frame).
@@ -304,6 +317,14 @@ mod tests {
                 round_seq: 0,
                 keys: encode_keys(&keys(1)),
                 block_indexes: vec![5],
+                await_stores: false,
+            },
+            Message::Fetch {
+                kv_request_id: "r".into(),
+                round_seq: 1,
+                keys: encode_keys(&keys(2)),
+                block_indexes: vec![5, 6],
+                await_stores: true,
             },
             Message::TransferDone {
                 kv_request_id: "r".into(),
@@ -367,6 +388,7 @@ mod tests {
             round_seq: 0,
             keys: encode_keys(&keys(2)),
             block_indexes: vec![1],
+            await_stores: false,
         };
         assert!(mismatch.validate().is_err());
         let resp = Message::LookupResp {

@@ -2,10 +2,13 @@
 //! before answering), keep the pinned chunks per round until the peer's fetch binds them, push
 //! them over the data plane, and answer `transfer_done` with per-key success once the consumer
 //! acknowledged every row.
+//!
+//! Lookups are served here; fetches, the chunks that wait for them and the ones they wait for
+//! (the prefill→decode hand-off) live in [`fetch`].
+
+mod fetch;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tiering_core::{
@@ -13,10 +16,11 @@ use tiering_core::{
 };
 
 use crate::core::Core;
-use crate::dataplane::frame::ChunkStatus;
-use crate::dataplane::sender::{SenderHandle, WriteItem, WriteJob};
 use crate::stats::P2pCounters;
 use crate::wire::{Message, encode_keys};
+
+pub(crate) use fetch::Fetch;
+use fetch::{Demand, InFlight};
 
 /// A pinned chunk waiting for a fetch.
 pub(crate) struct Supply {
@@ -32,21 +36,13 @@ struct ActiveLookup {
     deadline: Instant,
 }
 
-struct Transfer {
-    id: u64,
-    keys: Vec<OffloadKey>,
-    key_ok: Vec<bool>,
-    /// (position in the fetch, store job) of each chunk sent, in send order.
-    sent: Vec<(usize, JobId)>,
-    cancel: Arc<AtomicBool>,
-    abort_requested: bool,
-}
-
+/// One round of a peer request: chunks pinned by its lookups until a fetch binds them, then the
+/// fetch's demand until every key is answered.
 #[derive(Default)]
 struct ServerRound {
     supply: KeyMap<Supply>,
     since: Option<Instant>,
-    transfer: Option<Transfer>,
+    demand: Option<Demand>,
 }
 
 #[derive(Default)]
@@ -63,7 +59,7 @@ pub(crate) struct FetchViolation(pub(crate) String);
 #[derive(Default)]
 pub(crate) struct ServerRole {
     reqs: HashMap<String, ServerReq>,
-    transfers: HashMap<u64, (String, u64)>,
+    transfers: HashMap<u64, InFlight>,
 }
 
 pub(crate) fn release(core: &mut Core, supply: KeyMap<Supply>) {
@@ -140,234 +136,9 @@ impl ServerRole {
             }
             req.active = still;
             req.rounds
-                .retain(|_, r| !r.supply.is_empty() || r.transfer.is_some());
+                .retain(|_, r| !r.supply.is_empty() || r.demand.is_some());
         }
         out
-    }
-
-    /// A fetch: bind the round's pinned chunks to the consumer's rows and push them.
-    pub(crate) fn on_fetch(
-        &mut self,
-        core: &mut Core,
-        sender: Option<&SenderHandle>,
-        kv: &str,
-        round: u64,
-        keys: &[OffloadKey],
-        rows: &[u32],
-    ) -> Result<Vec<Message>, FetchViolation> {
-        let req = self.reqs.entry(kv.to_owned()).or_default();
-        if keys.is_empty() {
-            // The consumer is done with this id: release every round nobody fetched.
-            for lu in std::mem::take(&mut req.active) {
-                core.finish_ctxs.push(lu.ctx);
-            }
-            req.raw.clear();
-            let idle: Vec<u64> = req
-                .rounds
-                .iter()
-                .filter(|(_, r)| r.transfer.is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            for r in idle {
-                if let Some(round) = req.rounds.remove(&r) {
-                    release(core, round.supply);
-                }
-            }
-            return Ok(Vec::new());
-        }
-        let mut round_state = req.rounds.remove(&round).unwrap_or_default();
-        if round_state.transfer.is_some() {
-            req.rounds.insert(round, round_state);
-            return Err(FetchViolation(format!("a second fetch for {kv} round {round}")));
-        }
-        if round_state.supply.is_empty()
-            && let Some(parked) = core.parked.remove(kv)
-        {
-            // A `remote_decoder` request: its stored chunks were parked for this fetch.
-            for (key, s) in parked.items {
-                if let Some(dup) = round_state.supply.insert(key, s) {
-                    let mut one = KeyMap::default();
-                    one.insert(key, dup);
-                    release(core, one);
-                }
-            }
-        }
-        let mut key_ok = vec![false; keys.len()];
-        let mut items = Vec::new();
-        let mut sent = Vec::new();
-        for (i, (key, &row)) in keys.iter().zip(rows).enumerate() {
-            if let Some(s) = round_state.supply.remove(key) {
-                sent.push((i, s.job));
-                items.push(WriteItem {
-                    key: *key,
-                    dst_row: row,
-                    src: s.src,
-                });
-            } else {
-                key_ok[i] = false;
-            }
-        }
-        // Chunks answered but not fetched: the consumer chose not to take them.
-        release(core, std::mem::take(&mut round_state.supply));
-        if items.is_empty() {
-            return Ok(vec![Message::TransferDone {
-                kv_request_id: kv.to_owned(),
-                round_seq: round,
-                success: false,
-                key_ok,
-            }]);
-        }
-        let transfer_id = core.transfer_id();
-        let cancel = Arc::new(AtomicBool::new(false));
-        let job = WriteJob {
-            transfer_id,
-            req: kv.to_owned(),
-            round,
-            items,
-            cancel: Arc::clone(&cancel),
-        };
-        let submitted = match sender {
-            Some(s) => s.submit(job),
-            None => Err(job),
-        };
-        if let Err(job) = submitted {
-            for (item, (_, jid)) in job.items.into_iter().zip(&sent) {
-                let key = item.key;
-                drop(item.src);
-                core.resolve_store_key(*jid, &key, false);
-            }
-            return Ok(vec![Message::TransferDone {
-                kv_request_id: kv.to_owned(),
-                round_seq: round,
-                success: false,
-                key_ok,
-            }]);
-        }
-        round_state.transfer = Some(Transfer {
-            id: transfer_id,
-            keys: keys.to_vec(),
-            key_ok,
-            sent,
-            cancel,
-            abort_requested: false,
-        });
-        req.rounds.insert(round, round_state);
-        self.transfers.insert(transfer_id, (kv.to_owned(), round));
-        tracing::debug!(transfer_id, %kv, round, "transfer submitted");
-        Ok(Vec::new())
-    }
-
-    /// The consumer cancels a round; the ack goes out only once nothing of it is in flight.
-    pub(crate) fn on_abort_fetch(&mut self, core: &mut Core, kv: &str, round: u64) -> Vec<Message> {
-        tracing::debug!(%kv, round, known = self.reqs.contains_key(kv), "abort_fetch");
-        let ack = Message::AbortAck {
-            kv_request_id: kv.to_owned(),
-            round_seq: round,
-        };
-        let Some(req) = self.reqs.get_mut(kv) else {
-            return vec![ack];
-        };
-        if let Some(r) = req.rounds.get_mut(&round)
-            && let Some(t) = r.transfer.as_mut()
-        {
-            t.cancel.store(true, Ordering::Release);
-            t.abort_requested = true;
-            return Vec::new();
-        }
-        if let Some(r) = req.rounds.remove(&round) {
-            release(core, r.supply);
-        }
-        vec![ack]
-    }
-
-    /// The data plane finished a transfer: settle the store jobs, then answer the consumer.
-    pub(crate) fn on_transfer_finished(
-        &mut self,
-        core: &mut Core,
-        transfer_id: u64,
-        statuses: &[ChunkStatus],
-        answer: bool,
-    ) -> Vec<Message> {
-        let Some((kv, round)) = self.transfers.remove(&transfer_id) else {
-            tracing::debug!(transfer_id, "finished transfer unknown to the session");
-            return Vec::new();
-        };
-        let Some(t) = self
-            .reqs
-            .get_mut(&kv)
-            .and_then(|r| r.rounds.remove(&round))
-            .and_then(|r| r.transfer)
-        else {
-            tracing::error!(transfer_id, %kv, round, "finished transfer lost its round");
-            return Vec::new();
-        };
-        debug_assert_eq!(t.id, transfer_id);
-        let mut key_ok = t.key_ok;
-        for (j, (i, jid)) in t.sent.iter().enumerate() {
-            let ok = statuses.get(j) == Some(&ChunkStatus::Ok);
-            key_ok[*i] = ok;
-            core.resolve_store_key(*jid, &t.keys[*i], ok);
-        }
-        if !answer {
-            return Vec::new();
-        }
-        if t.abort_requested {
-            return vec![Message::AbortAck {
-                kv_request_id: kv,
-                round_seq: round,
-            }];
-        }
-        vec![Message::TransferDone {
-            kv_request_id: kv,
-            round_seq: round,
-            success: key_ok.iter().all(|&o| o),
-            key_ok,
-        }]
-    }
-
-    /// Releases pinned chunks that no fetch bound in time.
-    pub(crate) fn collect(&mut self, core: &mut Core, now: Instant) {
-        let limit = core.opts.deadlines.unbound_park();
-        for (kv, req) in &mut self.reqs {
-            let stale: Vec<u64> = req
-                .rounds
-                .iter()
-                .filter(|(_, r)| {
-                    r.transfer.is_none() && r.since.is_some_and(|s| now.duration_since(s) >= limit)
-                })
-                .map(|(k, _)| *k)
-                .collect();
-            for r in stale {
-                tracing::warn!(%kv, round = r, "pinned chunks were never fetched; releasing them");
-                if let Some(round) = req.rounds.remove(&r) {
-                    release(core, round.supply);
-                }
-            }
-        }
-        self.reqs
-            .retain(|_, r| !r.raw.is_empty() || !r.active.is_empty() || !r.rounds.is_empty());
-    }
-
-    /// The session died: release every pin not in flight and hand the lookup contexts over for
-    /// release. In-flight transfers end when their (now cut) connection reports.
-    pub(crate) fn on_session_lost(&mut self, core: &mut Core) {
-        for req in self.reqs.values_mut() {
-            req.raw.clear();
-            for lu in std::mem::take(&mut req.active) {
-                core.finish_ctxs.push(lu.ctx);
-            }
-            let idle: Vec<u64> = req
-                .rounds
-                .iter()
-                .filter(|(_, r)| r.transfer.is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            for r in idle {
-                if let Some(round) = req.rounds.remove(&r) {
-                    release(core, round.supply);
-                }
-            }
-        }
     }
 
     /// Transfers in flight.

@@ -87,6 +87,33 @@ impl Node {
         self.mgr.on_schedule_end(&end()).unwrap();
     }
 
+    /// A producer's engine step that starts storing `keys` for `ctx`: `prepare_store`, the
+    /// device copy writes the rows, `on_schedule_end`. The store stays in flight (not
+    /// completed); returns the keys to report when it is.
+    pub fn start_store(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) -> Vec<OffloadKey> {
+        let out = self.mgr.prepare_store(keys, ctx).unwrap().expect("room to store");
+        let arena = self.primary.arena().clone();
+        for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+            arena.write_row(c).unwrap().copy_from_slice(&pattern(k));
+        }
+        self.mgr.on_schedule_end(&end()).unwrap();
+        out.keys_to_store
+    }
+
+    /// A decode request pulling every chunk of the hand-off `kv` from `from`, without probing
+    /// (`remote_prefiller`).
+    pub fn prefiller_ctx(&self, req: &str, kv: &str, from: &P2pHandle) -> ReqContext {
+        let params = json!({"remote_prefiller": {
+            "kv_request_id": kv,
+            "host": from.host(),
+            "port": from.port(),
+        }});
+        let serde_json::Value::Object(m) = params else {
+            unreachable!()
+        };
+        ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
     /// A consumer request pulling from `from`.
     pub fn pull_ctx(&self, req: &str, from: &P2pHandle) -> ReqContext {
         self.pull_ctx_to(req, from.host(), from.port())
@@ -183,6 +210,15 @@ impl Node {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// A prefill request whose stored chunks are parked for whoever fetches `kv`
+/// (`remote_decoder`).
+pub fn decoder_ctx(req: &str, kv: &str) -> ReqContext {
+    let serde_json::Value::Object(m) = json!({"remote_decoder": {"kv_request_id": kv}}) else {
+        unreachable!()
+    };
+    ReqContext::builder(RequestId::local(req)).params(m).build()
 }
 
 /// Waits for `cond` (an event, not a performance bound).
