@@ -23,12 +23,18 @@
 //!   `prepare_read`), and the policy commits it in prefix order when the request finishes;
 //!   positions come from [`tiering_core::ReqContext::key_position`].
 //!
+//! - `reset` forgets every chunk whatever its ref count, emits no event and keeps the events
+//!   already queued; request records from before the reset are ignored afterwards.
+//!
 //! Eviction policies ([`policy`]): `lru` and `arc` reproduce 0.33.0 exactly; `s3fifo` is a
-//! scan-resistant alternative.
+//! scan-resistant alternative. `tests/data/vllm033/` holds transcripts recorded from the released
+//! 0.33.0 manager (every lookup, store output, chunk id, eviction, event and internal list order)
+//! that the tests replay op for op.
 //!
 //! ## Deliberate deviations from vLLM 0.33.0
 //! 1. **A key repeated within one `prepare_store` is stored once.** Upstream allocates a chunk per
-//!    occurrence and leaks all but the last for good.
+//!    occurrence and leaks all but the last for good (and ARC adapts its target once per
+//!    occurrence; here once).
 //! 2. **Contract violations return a [`tiering_core::TierError`] and change nothing.** Upstream
 //!    asserts in the middle of a batch (`prepare_load` of an absent or in-flight key,
 //!    `complete_load` of an unpinned key), leaving the earlier keys of the batch pinned or
@@ -37,13 +43,15 @@
 //!
 //! ## Construction
 //! [`CpuTier::from_options`] takes a [`CpuTierOptions`] table (capacity as a size or a chunk
-//! count, eviction policy, optional shared-memory file, events, pre-faulting, huge pages) and
+//! count, eviction policy, optional shared-memory file, events — on by default, unlike
+//! upstream's constructor —, pre-faulting, huge pages) and
 //! rejects a zero capacity, a capacity beyond the machine's memory, and unknown policy names with
 //! a [`CpuTierError`]. The crate registers the tier type `cpu` with
 //! [`tiering_core::register_tier!`]; a binary that builds chains from files names the crate
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
+pub mod hash;
 mod ops;
 mod options;
 pub mod policy;

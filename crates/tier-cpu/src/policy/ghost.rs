@@ -2,13 +2,17 @@
 //! queue). Several lists share one key index, so asking "is this key a ghost, and of which list"
 //! is a single probe. Membership, removal, move-to-back and pop-front are O(1).
 
-use tiering_core::{KeyMap, OffloadKey};
+use std::collections::hash_map::Entry;
+
+use tiering_core::OffloadKey;
+
+use crate::hash::RowMap;
 
 use super::list::{Links, List, NIL};
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
-    index: KeyMap<u32>,
+    index: RowMap<u32>,
     keys: Vec<OffloadKey>,
     owner: Vec<u8>,
     links: Links,
@@ -19,7 +23,7 @@ pub(crate) struct Ghosts<const N: usize> {
 impl<const N: usize> Default for Ghosts<N> {
     fn default() -> Self {
         Self {
-            index: KeyMap::default(),
+            index: RowMap::default(),
             keys: Vec::new(),
             owner: Vec::new(),
             links: Links::default(),
@@ -48,13 +52,17 @@ impl<const N: usize> Ghosts<N> {
 
     /// Appends `key` at the back of list `l` (moving it there from wherever it was).
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
-        if let Some(&n) = self.index.get(&key) {
-            let from = usize::from(self.owner[n as usize]);
-            self.lists[from].remove(&mut self.links, n);
-            self.lists[l].push_back(&mut self.links, n);
-            self.owner[n as usize] = l as u8;
-            return;
-        }
+        let vacant = match self.index.entry(key) {
+            Entry::Occupied(o) => {
+                let n = *o.get();
+                let from = usize::from(self.owner[n as usize]);
+                self.lists[from].remove(&mut self.links, n);
+                self.lists[l].push_back(&mut self.links, n);
+                self.owner[n as usize] = l as u8;
+                return;
+            }
+            Entry::Vacant(v) => v,
+        };
         let n = if let Some(n) = self.free.pop() {
             self.keys[n as usize] = key;
             n
@@ -69,8 +77,8 @@ impl<const N: usize> Ghosts<N> {
             self.links.grow_to(self.keys.len());
             n
         };
+        vacant.insert(n);
         self.owner[n as usize] = l as u8;
-        self.index.insert(key, n);
         self.lists[l].push_back(&mut self.links, n);
     }
 
