@@ -6,9 +6,7 @@
 //! request finishes. The record belongs to one tier instance and one cache generation; a stale
 //! record (another tier, or from before a reset) is replaced by a fresh one.
 
-use tiering_core::{OffloadKey, ReqContext};
-
-use crate::hash::RowMap;
+use tiering_core::{KeyMap, OffloadKey, ReqContext};
 
 const SEEN: u8 = 1;
 const INSERTED: u8 = 2;
@@ -23,7 +21,7 @@ const STORE_MISS: u8 = 8;
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
-    flags: RowMap<u8>,
+    flags: KeyMap<u8>,
     /// Keys in first-observed order (all KV groups mixed; grouped at finish).
     order: Vec<OffloadKey>,
     pub(crate) finished: bool,

@@ -51,7 +51,6 @@
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
-pub mod hash;
 mod ops;
 mod options;
 pub mod policy;

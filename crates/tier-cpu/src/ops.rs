@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use tiering_core::{
-    ChunkArena, ChunkId, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent, PrepareStoreOutput,
-    PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
+    ChunkArena, ChunkId, KeyMap, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
 use crate::access::RequestAccess;
-use crate::hash::{RowMap, RowSet};
 use crate::policy::{FinishedKey, KeyRef, Protected};
 use crate::slots::WRITING;
 use crate::tier::CpuTier;
@@ -107,7 +106,7 @@ impl CpuTier {
     /// Checks that every key holds at least as many readers as it appears in `keys`; changes
     /// nothing.
     fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut counts: Option<RowMap<i32>> = (keys.len() > SMALL_BATCH).then(RowMap::default);
+        let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
         for (i, k) in keys.iter().enumerate() {
             let Some(e) = self.table.get(k) else {
                 return Err(TierError::NotFound(*k));
@@ -148,7 +147,7 @@ impl CpuTier {
         observed: &mut Vec<(OffloadKey, bool)>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
-        let mut offered: Option<RowSet> = (keys.len() > SMALL_BATCH).then(RowSet::default);
+        let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         for (i, k) in keys.iter().enumerate() {
             match self.table.get(k) {
                 None => {

@@ -9,9 +9,7 @@
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
 
-use tiering_core::{ChunkId, OffloadKey};
-
-use crate::hash::RowMap;
+use tiering_core::{ChunkId, KeyMap, OffloadKey};
 
 use crate::policy::SlotView;
 
@@ -27,7 +25,7 @@ pub(crate) struct Entry {
 
 /// See the module docs.
 pub(crate) struct ChunkTable {
-    map: RowMap<Entry>,
+    map: KeyMap<Entry>,
     refs: Vec<i32>,
     keys: Vec<OffloadKey>,
     free: Vec<ChunkId>,
@@ -43,7 +41,7 @@ impl ChunkTable {
     /// A table of `capacity` rows (`capacity` ≤ `u32::MAX`, checked by the arena).
     pub(crate) fn new(capacity: u32) -> Self {
         let n = capacity as usize;
-        let mut map = RowMap::default();
+        let mut map = KeyMap::default();
         // Reserving the whole table up front keeps inserts free of rehash pauses; for huge tiers
         // cap it and let the map grow.
         map.reserve(n.min(1 << 22));

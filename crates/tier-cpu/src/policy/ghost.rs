@@ -4,15 +4,13 @@
 
 use std::collections::hash_map::Entry;
 
-use tiering_core::OffloadKey;
-
-use crate::hash::RowMap;
+use tiering_core::{KeyMap, OffloadKey};
 
 use super::list::{Links, List, NIL};
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
-    index: RowMap<u32>,
+    index: KeyMap<u32>,
     keys: Vec<OffloadKey>,
     owner: Vec<u8>,
     links: Links,
@@ -23,7 +21,7 @@ pub(crate) struct Ghosts<const N: usize> {
 impl<const N: usize> Default for Ghosts<N> {
     fn default() -> Self {
         Self {
-            index: RowMap::default(),
+            index: KeyMap::default(),
             keys: Vec::new(),
             owner: Vec::new(),
             links: Links::default(),
