@@ -16,9 +16,8 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use tier_cpu::hash::RowMap;
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{KeyMap, OffloadKey, PrimaryTier, ReqContext};
 
 const BATCH: usize = 16;
 
@@ -67,8 +66,8 @@ fn bench_size(c: &mut Criterion, n: usize) {
         .measurement_time(Duration::from_secs(1))
         .warm_up_time(Duration::from_millis(300));
 
-    // The reference: a plain map with the tier's hasher and the same keys.
-    let map: RowMap<u32> = resident.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
+    // The reference: a plain map with the tier's hasher (tiering-core's KeyMap), same keys.
+    let map: KeyMap<u32> = resident.iter().enumerate().map(|(i, k)| (*k, i as u32)).collect();
     group.throughput(Throughput::Elements(1));
     let mut i = 0usize;
     group.bench_function("hashmap_probe_hit", |b| {
