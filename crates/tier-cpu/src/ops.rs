@@ -16,9 +16,13 @@ use crate::tier::CpuTier;
 /// Batches up to this size check duplicates by scanning instead of hashing.
 const SMALL_BATCH: usize = 32;
 
-/// Whether `keys[i]` also appears in `keys[..i]`, for batches of at most [`SMALL_BATCH`].
-fn seen_before(keys: &[OffloadKey], i: usize) -> bool {
-    keys[..i].contains(&keys[i])
+/// The key's first hash word: uniformly random, so comparing it first settles almost every
+/// inequality with one integer compare.
+#[inline]
+fn first_word(key: &OffloadKey) -> u64 {
+    key.hash_bytes()
+        .first_chunk::<8>()
+        .map_or(0, |w| u64::from_le_bytes(*w))
 }
 
 impl CpuTier {
@@ -107,6 +111,8 @@ impl CpuTier {
     /// nothing.
     fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
         let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
+        // Small batches count repeats among the rows already checked (a row is one key).
+        let mut rows = [0 as ChunkId; SMALL_BATCH];
         for (i, k) in keys.iter().enumerate() {
             let Some(e) = self.table.get(k) else {
                 return Err(TierError::NotFound(*k));
@@ -117,7 +123,10 @@ impl CpuTier {
                     *n += 1;
                     *n
                 }
-                None => 1 + keys[..i].iter().filter(|x| *x == k).count() as i32,
+                None => {
+                    rows[i] = e.chunk;
+                    1 + rows[..i].iter().filter(|&&c| c == e.chunk).count() as i32
+                }
             };
             if e.ref_cnt < needed {
                 return Err(TierError::NotPinned(*k));
@@ -148,13 +157,26 @@ impl CpuTier {
         ready_rows: &mut Vec<ChunkId>,
     ) {
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
-        for (i, k) in keys.iter().enumerate() {
+        // Small offers compare new keys by their first word, then in full on a match.
+        let mut words = [0u64; SMALL_BATCH];
+        for k in keys {
             match self.table.get(k) {
                 None => {
                     // Deviation: a key repeated in one offer is stored once.
                     let repeat = match offered.as_mut() {
                         Some(set) => !set.insert(*k),
-                        None => seen_before(keys, i),
+                        None => {
+                            let w = first_word(k);
+                            let n = to_store.len();
+                            let dup = words[..n]
+                                .iter()
+                                .zip(to_store.iter())
+                                .any(|(&x, other)| x == w && other == k);
+                            if !dup {
+                                words[n] = w;
+                            }
+                            dup
+                        }
                     };
                     if !repeat {
                         to_store.push(*k);
