@@ -2,12 +2,13 @@
 //! and [`super::fetch_rtt`].
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use super::{ControlPlaneMode, FetchRttConfig, TierBenchConfig, bench_tiers, fetch_rtt};
+use super::{ControlPlaneMode, FetchRttConfig, Flow, TierBenchConfig, bench_tiers, fetch_rtt};
 use crate::sim::BuiltTiers;
 use crate::sim::command::{load_chain, registry};
 
@@ -32,37 +33,43 @@ pub enum BenchCommand {
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-    /// A peer's fetch round trip from a busy producer, control-plane thread vs step-driven.
+    /// A peer's fetch round trip from a busy producer in each control-plane mode (step, thread,
+    /// thread+offstep), next to the raw control round trip and data transfer time.
     FetchRtt {
         /// The producer's model step, ms.
         #[arg(long, default_value_t = 50.0)]
         step_ms: f64,
-        /// Pulls per mode.
+        /// Hand-off flow: the producer's device→cpu copy time, ms (counted from the moment the
+        /// consumer's fetch left).
+        #[arg(long, default_value_t = 0.2)]
+        copy_ms: f64,
+        /// Measured fetches per mode.
         #[arg(long, default_value_t = 40)]
         fetches: usize,
-        /// Chunks per pull.
+        /// Chunks per fetch.
         #[arg(long, default_value_t = 4)]
         chunks_per_fetch: usize,
         /// Bytes per chunk.
         #[arg(long, default_value_t = 64 * 1024)]
         chunk_bytes: usize,
-        /// Run only this mode (both when omitted).
-        #[arg(long = "control-plane", value_parser = parse_mode)]
-        mode: Option<ControlPlaneMode>,
+        /// The producer's control plane: step, thread or thread+offstep, or a comma list
+        /// (all three, in that order, when omitted).
+        #[arg(
+            long = "control-plane",
+            value_delimiter = ',',
+            value_parser = ControlPlaneMode::from_str,
+            value_name = "MODE[,MODE…]"
+        )]
+        modes: Vec<ControlPlaneMode>,
+        /// handoff: the consumer's fetch is sent before the producer's store completes
+        /// (prefill→decode); pull: the producer holds the chunks, the consumer probes then
+        /// pulls.
+        #[arg(long, default_value_t = Flow::Handoff, value_parser = Flow::from_str)]
+        flow: Flow,
         /// Also write the figures as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
     },
-}
-
-fn parse_mode(s: &str) -> Result<ControlPlaneMode, String> {
-    match s {
-        "thread" => Ok(ControlPlaneMode::Thread),
-        "step" => Ok(ControlPlaneMode::Step),
-        other => Err(format!(
-            "unknown control-plane mode `{other}` (expected thread or step)"
-        )),
-    }
 }
 
 fn write_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> Result<()> {
@@ -112,29 +119,78 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
         }
         BenchCommand::FetchRtt {
             step_ms,
+            copy_ms,
             fetches,
             chunks_per_fetch,
             chunk_bytes,
-            mode,
+            modes,
+            flow,
             json,
         } => {
-            if !step_ms.is_finite() || *step_ms < 0.0 {
-                anyhow::bail!("--step-ms must be a non-negative number of milliseconds");
+            let millis = |name: &str, v: f64| -> Result<Duration> {
+                if !v.is_finite() || v < 0.0 {
+                    anyhow::bail!("--{name} must be a non-negative number of milliseconds");
+                }
+                Ok(Duration::from_secs_f64(v / 1e3))
+            };
+            let mut modes = modes.clone();
+            if modes.is_empty() {
+                modes = ControlPlaneMode::ALL.to_vec();
             }
             let cfg = FetchRttConfig {
-                producer_step: Duration::from_secs_f64(step_ms / 1e3),
+                producer_step: millis("step-ms", *step_ms)?,
+                copy_time: millis("copy-ms", *copy_ms)?,
                 fetches: *fetches,
                 chunks_per_fetch: *chunks_per_fetch,
                 chunk_bytes: *chunk_bytes,
-                modes: mode.map_or_else(
-                    || vec![ControlPlaneMode::Thread, ControlPlaneMode::Step],
-                    |m| vec![m],
-                ),
+                modes,
+                flow: *flow,
                 ..FetchRttConfig::default()
             };
             let report = fetch_rtt(&cfg)?;
             println!("{report}");
             write_json(json.as_ref(), &report)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Bench {
+        #[command(subcommand)]
+        cmd: BenchCommand,
+    }
+
+    fn fetch_rtt_args(args: &[&str]) -> (Vec<ControlPlaneMode>, Flow) {
+        let mut argv = vec!["bench", "fetch-rtt"];
+        argv.extend_from_slice(args);
+        match Bench::try_parse_from(argv).unwrap().cmd {
+            BenchCommand::FetchRtt { modes, flow, .. } => (modes, flow),
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn control_plane_takes_one_mode_or_a_comma_list_and_flow_defaults_to_handoff() {
+        assert_eq!(fetch_rtt_args(&[]), (Vec::new(), Flow::Handoff));
+        assert_eq!(
+            fetch_rtt_args(&["--control-plane", "thread+offstep"]).0,
+            [ControlPlaneMode::ThreadOffStep]
+        );
+        assert_eq!(
+            fetch_rtt_args(&["--control-plane", "step,thread+offstep", "--flow", "pull"]),
+            (
+                vec![ControlPlaneMode::Step, ControlPlaneMode::ThreadOffStep],
+                Flow::Pull
+            )
+        );
+        let bad = Bench::try_parse_from(["bench", "fetch-rtt", "--control-plane", "step,sometimes"]);
+        assert!(bad.is_err());
+        assert!(Bench::try_parse_from(["bench", "fetch-rtt", "--flow", "push"]).is_err());
     }
 }

@@ -1,51 +1,127 @@
-//! `kvtier bench fetch-rtt`: does a control-plane thread shorten a peer's fetch while the
-//! producer is busy?
+//! `kvtier bench fetch-rtt`: how long does a peer's fetch wait on a busy producer?
 //!
 //! Two nodes in this process, each a CPU tier plus a p2p tier under a `TieringManager`. The
-//! producer stores chunks, then runs a busy engine: a model step (default 50 ms) with no manager
-//! call, then `on_schedule_end`, again and again. The consumer pulls chunks the producer holds,
-//! one small request at a time, stepping every 100 µs. Per request it records
-//! - the lookup round trip: first lookup → the step that saw every chunk found (`HitPending`);
-//! - the fetch round trip: the end of that step (when the promotion's fetch is sent) → the
-//!   lookup that sees every chunk landed (`Hit`), bytes verified.
+//! producer runs a busy engine: a model step (default 50 ms) with no manager call, then the next
+//! step's calls, again and again. Two flows:
 //!
-//! Both modes run in one invocation: `thread` (the producer's control-plane thread serves peers
-//! while its model runs) and `step` (the producer serves only inside `on_schedule_end`). Next to
-//! them: the producer's measured step period and a raw ZeroMQ DEALER→ROUTER round trip on
-//! loopback, the floor of any control exchange.
+//! - **hand-off** (default; [`handoff`]): the prefill→decode split. Each producer step starts
+//!   storing one request marked `remote_decoder` (`prepare_store`; a copy-worker thread fills
+//!   the rows). Right after that `prepare_store` the consumer starts its `remote_prefiller`
+//!   pull, so its fetch is sent before the producer's store completed; the copy worker finishes
+//!   only after the fetch left, plus a small copy time. The store completes either at the
+//!   producer's next step (`complete_store`), or — `thread+offstep` — as soon as the worker
+//!   reports it through the manager's `StoreCompletionSender`.
+//! - **pull** ([`pull`]): the producer stored every chunk up front; the consumer probes
+//!   (`remote_kv_source`) and pulls what it found, one request after another.
+//!
+//! The fetch round trip is timed from the moment the consumer's fetch leaves (the end of the
+//! consumer step that submitted the promotion) to the consumer lookup that sees every chunk
+//! landed; the bytes are verified after. Each fetch also records how many producer steps began
+//! meanwhile: the evidence of whether the fetch waited for one.
+//!
+//! Modes, all in one invocation by default: `step` (the producer serves peers only inside its
+//! own steps), `thread` (a control-plane thread serves peers while the model runs), and
+//! `thread+offstep` (the thread also completes stores the copy worker reported). Next to them,
+//! measured in the same run: the producer's step period, a raw ZeroMQ DEALER→ROUTER round trip
+//! (the floor of any control exchange) and the raw loopback-TCP transfer time of one fetch's
+//! bytes (the floor of its data).
+
+mod handoff;
+mod pull;
+mod reference;
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::Serialize;
 use tier_cpu::{CpuTier, PolicyKind};
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
-use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, OffloadingManager, ReqContext, RequestId,
-    ScheduleEndContext, TieringManager,
-};
+use tiering_core::{ChunkArena, ManagerConfig, ScheduleEndContext, TieringManager};
 
 use super::BenchError;
-use crate::sim::{Percentiles, SimRng, chunk_matches, fill_chunk};
+use crate::sim::Percentiles;
 
 /// Which control plane the producer runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
 pub enum ControlPlaneMode {
-    /// A dedicated thread serves peers between (and during) steps.
-    Thread,
-    /// Peers are served only inside the producer's `on_schedule_end`.
+    /// Peers are served only inside the producer's steps.
+    #[serde(rename = "step")]
     Step,
+    /// A dedicated thread serves peers between (and during) steps; stores complete at the
+    /// producer's next step.
+    #[serde(rename = "thread")]
+    Thread,
+    /// The thread also completes the stores the copy worker reports (off-step completions).
+    #[serde(rename = "thread+offstep")]
+    ThreadOffStep,
+}
+
+impl ControlPlaneMode {
+    /// Every mode, in report order.
+    pub const ALL: [Self; 3] = [Self::Step, Self::Thread, Self::ThreadOffStep];
+
+    fn manager_config(self) -> ManagerConfig {
+        ManagerConfig {
+            control_plane_thread: self != Self::Step,
+            off_step: self == Self::ThreadOffStep,
+            ..ManagerConfig::default()
+        }
+    }
 }
 
 impl fmt::Display for ControlPlaneMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Thread => "thread",
             Self::Step => "step",
+            Self::Thread => "thread",
+            Self::ThreadOffStep => "thread+offstep",
         })
+    }
+}
+
+impl FromStr for ControlPlaneMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.to_string() == s.trim())
+            .ok_or_else(|| {
+                format!("unknown control-plane mode `{s}` (expected step, thread or thread+offstep)")
+            })
+    }
+}
+
+/// How the consumer's fetch meets the producer's chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Flow {
+    /// Prefill→decode: the fetch is sent before the producer's store completed.
+    Handoff,
+    /// The producer holds the chunks already; the consumer probes, then pulls.
+    Pull,
+}
+
+impl fmt::Display for Flow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Handoff => "handoff",
+            Self::Pull => "pull",
+        })
+    }
+}
+
+impl FromStr for Flow {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "handoff" => Ok(Self::Handoff),
+            "pull" => Ok(Self::Pull),
+            other => Err(format!("unknown flow `{other}` (expected handoff or pull)")),
+        }
     }
 }
 
@@ -55,19 +131,32 @@ pub struct FetchRttConfig {
     /// The producer's model time per step.
     #[serde(serialize_with = "ser_ms")]
     pub producer_step: Duration,
-    /// Pull requests per mode.
+    /// Hand-off flow: the copy worker's device→cpu copy time, counted from the moment the
+    /// consumer's fetch left.
+    #[serde(serialize_with = "ser_ms")]
+    pub copy_time: Duration,
+    /// Measured fetches per mode (one unmeasured warm-up fetch comes first).
     pub fetches: usize,
-    /// Chunks per pull request.
+    /// Chunks per fetch.
     pub chunks_per_fetch: usize,
     /// Bytes per chunk.
     pub chunk_bytes: usize,
     /// The modes, in order.
     pub modes: Vec<ControlPlaneMode>,
+    /// The flow.
+    pub flow: Flow,
     /// Raw control round trips to sample.
     pub raw_round_trips: usize,
-    /// Longest wait for one pull.
+    /// Raw transfers of one fetch's bytes to sample.
+    pub transfer_samples: usize,
+    /// Longest wait for one fetch (and for any hand-off signal).
     #[serde(serialize_with = "ser_ms")]
     pub fetch_timeout: Duration,
+    /// Test aid (hand-off flow, `thread+offstep` only): the producer's model step also lasts
+    /// until the fetch of the request it started has landed, so "no producer step began during
+    /// the fetch" is an ordering fact instead of a race against the step time. A fetch that
+    /// needed a producer step then waits `fetch_timeout` for it. Off for measurements.
+    pub hold_offstep_step_until_landed: bool,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's `serialize_with` signature
@@ -79,12 +168,16 @@ impl Default for FetchRttConfig {
     fn default() -> Self {
         Self {
             producer_step: Duration::from_millis(50),
+            copy_time: Duration::from_micros(200),
             fetches: 40,
             chunks_per_fetch: 4,
             chunk_bytes: 64 * 1024,
-            modes: vec![ControlPlaneMode::Thread, ControlPlaneMode::Step],
+            modes: ControlPlaneMode::ALL.to_vec(),
+            flow: Flow::Handoff,
             raw_round_trips: 2000,
+            transfer_samples: 200,
             fetch_timeout: Duration::from_secs(20),
+            hold_offstep_step_until_landed: false,
         }
     }
 }
@@ -94,12 +187,44 @@ impl Default for FetchRttConfig {
 pub struct ModeResult {
     /// The producer's control plane.
     pub mode: ControlPlaneMode,
-    /// Lookup round trip, ms.
-    pub lookup_ms: Percentiles,
-    /// Fetch round trip (fetch sent → data landed), ms.
+    /// Fetch round trip (fetch sent → every chunk landed), ms.
     pub fetch_ms: Percentiles,
+    /// Pull flow: lookup round trip (first lookup → every chunk found), ms.
+    pub lookup_ms: Option<Percentiles>,
     /// The producer's measured step period, ms.
     pub producer_step_ms: Percentiles,
+    /// Per fetch, in order: producer steps that began while it was in flight.
+    pub producer_steps_during_fetch: Vec<u64>,
+    /// Fetches that reached the producer before their chunks were stored, and waited there.
+    pub fetches_waited: u64,
+    /// Producer stores completed off-step (reported by the copy worker).
+    pub off_step_store_completions: u64,
+}
+
+impl ModeResult {
+    /// Fetches during which no producer step began.
+    #[must_use]
+    pub fn fetches_without_a_producer_step(&self) -> usize {
+        self.producer_steps_during_fetch
+            .iter()
+            .filter(|&&n| n == 0)
+            .count()
+    }
+}
+
+/// The issue's target for `thread+offstep`, checked against figures of the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct TargetCheck {
+    /// `thread+offstep` fetch round trip p50, ms.
+    pub offstep_p50_ms: f64,
+    /// 2 ms plus the raw transfer time (p50) of the same bytes.
+    pub limit_ms: f64,
+    /// `offstep_p50_ms <= limit_ms`.
+    pub within_limit: bool,
+    /// `step` p50 over `thread+offstep` p50.
+    pub speedup_vs_step: f64,
+    /// `speedup_vs_step >= 10`.
+    pub ten_times_step: bool,
 }
 
 /// Every figure.
@@ -109,17 +234,49 @@ pub struct FetchRttReport {
     pub config: FetchRttConfig,
     /// Raw ZeroMQ round trip on loopback, µs.
     pub raw_control_rtt_us: Percentiles,
+    /// Raw loopback-TCP transfer of one fetch's bytes (write, then a one-byte ack), ms.
+    pub transfer_ms: Percentiles,
     /// One entry per mode.
     pub modes: Vec<ModeResult>,
+    /// The target, when both `step` and `thread+offstep` ran.
+    pub target: Option<TargetCheck>,
+}
+
+impl FetchRttReport {
+    fn check_target(&mut self) {
+        let p50 = |m: ControlPlaneMode| self.modes.iter().find(|r| r.mode == m).map(|r| r.fetch_ms.p50);
+        let (Some(off), Some(step)) = (p50(ControlPlaneMode::ThreadOffStep), p50(ControlPlaneMode::Step))
+        else {
+            return;
+        };
+        let limit_ms = 2.0 + self.transfer_ms.p50;
+        let speedup = if off > 0.0 { step / off } else { f64::INFINITY };
+        self.target = Some(TargetCheck {
+            offstep_p50_ms: off,
+            limit_ms,
+            within_limit: off <= limit_ms,
+            speedup_vs_step: speedup,
+            ten_times_step: speedup >= 10.0,
+        });
+    }
 }
 
 impl fmt::Display for FetchRttReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.config;
+        let fetch_kib = c.chunks_per_fetch * c.chunk_bytes / 1024;
+        write!(
+            f,
+            "kvtier bench fetch-rtt — {} flow, producer model step {:.1} ms",
+            c.flow,
+            c.producer_step.as_secs_f64() * 1e3
+        )?;
+        if c.flow == Flow::Handoff {
+            write!(f, ", copy {:.2} ms", c.copy_time.as_secs_f64() * 1e3)?;
+        }
         writeln!(
             f,
-            "kvtier bench fetch-rtt — producer model step {:.1} ms, {} pulls of {} × {} KiB chunks per mode",
-            c.producer_step.as_secs_f64() * 1e3,
+            "; {} fetches of {} × {} KiB per mode",
             c.fetches,
             c.chunks_per_fetch,
             c.chunk_bytes / 1024
@@ -130,31 +287,59 @@ impl fmt::Display for FetchRttReport {
             "  raw control round trip (ZeroMQ DEALER→ROUTER, loopback): p50 {:.1} µs, p99 {:.1} µs",
             r.p50, r.p99
         )?;
+        let t = &self.transfer_ms;
         writeln!(
             f,
-            "  {:<8} {:>22} {:>22} {:>22}",
-            "mode", "fetch rtt p50/p99 ms", "lookup rtt p50/p99 ms", "producer step p50 ms"
+            "  data transfer of {fetch_kib} KiB (raw loopback TCP, write + 1-byte ack): p50 {:.3} ms, p99 {:.3} ms",
+            t.p50, t.p99
+        )?;
+        writeln!(
+            f,
+            "  {:<15} {:>24} {:>16} {:>20} {:>8}",
+            "mode", "fetch rtt p50 / p99 ms", "producer step ms", "fetches w/o a step", "waited"
         )?;
         for m in &self.modes {
             writeln!(
                 f,
-                "  {:<8} {:>10.2} / {:<9.2} {:>10.2} / {:<9.2} {:>14.2}",
+                "  {:<15} {:>11.2} / {:<10.2} {:>16.2} {:>13} / {:<4} {:>8}",
                 m.mode.to_string(),
                 m.fetch_ms.p50,
                 m.fetch_ms.p99,
-                m.lookup_ms.p50,
-                m.lookup_ms.p99,
-                m.producer_step_ms.p50
+                m.producer_step_ms.p50,
+                m.fetches_without_a_producer_step(),
+                m.producer_steps_during_fetch.len(),
+                m.fetches_waited
+            )?;
+            if let Some(l) = &m.lookup_ms {
+                writeln!(
+                    f,
+                    "  {:<15} lookup rtt p50 {:.2} ms, p99 {:.2} ms",
+                    "", l.p50, l.p99
+                )?;
+            }
+        }
+        if let Some(t) = &self.target {
+            let verdict = |ok: bool| if ok { "met" } else { "NOT met" };
+            writeln!(
+                f,
+                "  target: thread+offstep p50 {:.2} ms ≤ 2 ms + transfer {:.3} ms = {:.2} ms: {}; {:.1}× better than step (≥ 10×): {}",
+                t.offstep_p50_ms,
+                self.transfer_ms.p50,
+                t.limit_ms,
+                verdict(t.within_limit),
+                t.speedup_vs_step,
+                verdict(t.ten_times_step)
             )?;
         }
         Ok(())
     }
 }
 
-/// Runs both nodes in every configured mode and the raw round trip.
+/// Runs the configured flow in every configured mode, and the references.
 ///
 /// # Errors
-/// A node that cannot be built, a pull that misses or times out, or bytes that arrive wrong.
+/// A setting out of range, a node that cannot be built, a fetch that misses or times out, or
+/// bytes that arrive wrong.
 pub fn fetch_rtt(cfg: &FetchRttConfig) -> Result<FetchRttReport, BenchError> {
     if cfg.fetches == 0 || cfg.chunks_per_fetch == 0 || cfg.chunk_bytes == 0 {
         return Err(BenchError::InvalidSetting {
@@ -162,25 +347,43 @@ pub fn fetch_rtt(cfg: &FetchRttConfig) -> Result<FetchRttReport, BenchError> {
             reason: "must be greater than zero".into(),
         });
     }
-    let raw = raw_control_rtt(cfg.raw_round_trips.max(1))?;
+    if cfg.modes.is_empty() {
+        return Err(BenchError::InvalidSetting {
+            name: "modes",
+            reason: "at least one control-plane mode is needed".into(),
+        });
+    }
+    let raw = reference::control_rtt(cfg.raw_round_trips.max(1))?;
+    let transfer = reference::transfer_time(
+        cfg.chunks_per_fetch * cfg.chunk_bytes,
+        cfg.transfer_samples.max(1),
+    )?;
     let mut modes = Vec::new();
     for &mode in &cfg.modes {
-        modes.push(run_mode(cfg, mode)?);
+        modes.push(match cfg.flow {
+            Flow::Handoff => handoff::run(cfg, mode)?,
+            Flow::Pull => pull::run(cfg, mode)?,
+        });
     }
-    Ok(FetchRttReport {
+    let mut report = FetchRttReport {
         config: cfg.clone(),
         raw_control_rtt_us: Percentiles::of(&raw),
+        transfer_ms: Percentiles::of(&transfer),
         modes,
-    })
+        target: None,
+    };
+    report.check_target();
+    Ok(report)
 }
 
+/// One in-process node: a CPU tier and a p2p tier under a manager.
 struct Node {
     mgr: TieringManager,
     arena: Arc<ChunkArena>,
     p2p: P2pHandle,
 }
 
-fn node(cfg: &FetchRttConfig, thread: bool, rows: usize) -> Result<Node, BenchError> {
+fn node(cfg: &FetchRttConfig, config: ManagerConfig, rows: usize) -> Result<Node, BenchError> {
     let err = |what: &str, e: String| BenchError::Tier {
         tier: what.to_owned(),
         message: e,
@@ -193,10 +396,6 @@ fn node(cfg: &FetchRttConfig, thread: bool, rows: usize) -> Result<Node, BenchEr
     opts.layout_fingerprint = format!("bench-{}", cfg.chunk_bytes);
     let tier = P2pTier::new(opts, &arena).map_err(|e| err("p2p", e.to_string()))?;
     let p2p = tier.handle();
-    let config = ManagerConfig {
-        control_plane_thread: thread,
-        ..ManagerConfig::default()
-    };
     let mgr = TieringManager::new(Box::new(primary), vec![Box::new(tier)], config);
     Ok(Node { mgr, arena, p2p })
 }
@@ -212,209 +411,21 @@ fn end() -> ScheduleEndContext {
     ScheduleEndContext::default()
 }
 
-fn run_mode(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeResult, BenchError> {
-    let total = cfg.fetches * cfg.chunks_per_fetch;
-    let mut producer = node(cfg, mode == ControlPlaneMode::Thread, total + 8)?;
-    // The consumer always runs its own control thread: only the producer's mode is under test.
-    let mut consumer = node(cfg, true, total + 8)?;
-    let mut rng = SimRng::new(u64::from(std::process::id()) ^ (mode as u64) << 32);
-    let keys: Vec<OffloadKey> = (0..total).map(|_| OffloadKey::from_u64(rng.next_u64())).collect();
-    let store = ReqContext::local("bench-producer");
-    let p = &mut producer.mgr;
-    p.on_new_request(&store).map_err(|e| mgr_err(&e))?;
-    let out = p
-        .prepare_store(&keys, &store)
-        .map_err(|e| mgr_err(&e))?
-        .ok_or_else(|| BenchError::Tier {
-            tier: "cpu".into(),
-            message: "no room to store the producer's chunks".into(),
-        })?;
-    for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
-        fill_chunk(k, &mut producer.arena.write_row(c)?);
-    }
-    p.complete_store(&out.keys_to_store, &store, true)
-        .map_err(|e| mgr_err(&e))?;
-    p.on_request_finished(&store).map_err(|e| mgr_err(&e))?;
-    p.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
-
-    // The producer's busy engine, on its own thread.
-    let stop = Arc::new(AtomicBool::new(false));
-    let busy = {
-        let stop = Arc::clone(&stop);
-        let step = cfg.producer_step;
-        let mut mgr = producer.mgr;
-        std::thread::Builder::new()
-            .name("kvtier-bench-producer".into())
-            .spawn(
-                move || -> Result<(TieringManager, Vec<f64>), tiering_core::ManagerError> {
-                    let mut periods = Vec::new();
-                    let mut last = Instant::now();
-                    while !stop.load(Ordering::Acquire) {
-                        // The model runs: no manager call at all.
-                        std::thread::sleep(step);
-                        mgr.on_schedule_end(&end())?;
-                        let now = Instant::now();
-                        periods.push((now - last).as_secs_f64() * 1e3);
-                        last = now;
-                    }
-                    Ok((mgr, periods))
-                },
-            )
-            .map_err(|e| BenchError::Tier {
-                tier: "producer".into(),
-                message: format!("cannot start the producer thread: {e}"),
-            })?
-    };
-    let pulled = pull_all(cfg, &mut consumer, &producer.p2p, &keys);
-    stop.store(true, Ordering::Release);
-    let joined = busy.join();
-    let (lookups, fetches) = pulled?;
-    let (mut mgr, periods) = match joined {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Err(mgr_err(&e)),
-        Err(_) => {
-            return Err(BenchError::Tier {
-                tier: "producer".into(),
-                message: "the producer thread panicked".into(),
-            });
-        }
-    };
-    mgr.shutdown().map_err(|e| mgr_err(&e))?;
-    consumer.mgr.shutdown().map_err(|e| mgr_err(&e))?;
-    Ok(ModeResult {
-        mode,
-        lookup_ms: Percentiles::of(&lookups),
-        fetch_ms: Percentiles::of(&fetches),
-        producer_step_ms: Percentiles::of(&periods),
-    })
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
-/// The consumer's engine: one pull request after another. Returns lookup and fetch RTTs (ms).
-fn pull_all(
-    cfg: &FetchRttConfig,
-    consumer: &mut Node,
-    from: &P2pHandle,
-    keys: &[OffloadKey],
-) -> Result<(Vec<f64>, Vec<f64>), BenchError> {
-    let mut lookups = Vec::new();
-    let mut fetches = Vec::new();
-    let mgr = &mut consumer.mgr;
-    for (i, batch) in keys.chunks(cfg.chunks_per_fetch).enumerate() {
-        let mut params = serde_json::Map::new();
-        params.insert(
-            "remote_kv_source".into(),
-            serde_json::json!({
-                "kv_request_id": format!("bench-pull-{i}"),
-                "host": from.host(),
-                "port": from.port(),
-            }),
-        );
-        let ctx = ReqContext::builder(RequestId::local(format!("bench-pull-{i}")))
-            .params(params)
-            .build();
-        mgr.on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
-        let start = Instant::now();
-        let mut sent: Option<Instant> = None;
-        loop {
-            let mut all_hit = true;
-            let mut all_found = true;
-            for k in batch {
-                match mgr.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
-                    LookupResult::Hit => {}
-                    LookupResult::HitPending => all_hit = false,
-                    LookupResult::Retry => {
-                        all_hit = false;
-                        all_found = false;
-                    }
-                    LookupResult::Miss => {
-                        return Err(BenchError::Tier {
-                            tier: "p2p".into(),
-                            message: format!("pull {i}: the producer's chunk {k} was not found"),
-                        });
-                    }
-                }
-            }
-            if all_hit {
-                let landed = Instant::now();
-                let sent_at = sent.unwrap_or(landed);
-                lookups.push((sent_at - start).as_secs_f64() * 1e3);
-                fetches.push((landed - sent_at).as_secs_f64() * 1e3);
-                let rows = mgr.prepare_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
-                for (k, &c) in batch.iter().zip(&rows) {
-                    if !chunk_matches(k, &consumer.arena.read_row(c)?) {
-                        return Err(BenchError::Tier {
-                            tier: "p2p".into(),
-                            message: format!("pull {i}: chunk {k} arrived with different bytes"),
-                        });
-                    }
-                }
-                mgr.complete_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
-                mgr.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
-                mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
-                break;
-            }
-            mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
-            if all_found && sent.is_none() {
-                // The step that found every chunk just flushed the promotion: the fetch is out.
-                sent = Some(Instant::now());
-            }
-            if start.elapsed() > cfg.fetch_timeout {
-                return Err(BenchError::Tier {
-                    tier: "p2p".into(),
-                    message: format!("pull {i} did not complete within {:?}", cfg.fetch_timeout),
-                });
-            }
-            std::thread::sleep(Duration::from_micros(100));
-        }
-    }
-    Ok((lookups, fetches))
-}
-
-/// Round trips of one small message between a ZeroMQ DEALER and an echoing ROUTER on loopback,
-/// in µs: the transport floor under every control exchange of the p2p tier.
-fn raw_control_rtt(n: usize) -> Result<Vec<f64>, BenchError> {
-    let zerr = |e: zmq::Error| BenchError::Reference {
-        reference: "raw ZeroMQ round trip".into(),
-        error: std::io::Error::other(e.to_string()),
-    };
-    let ctx = zmq::Context::new();
-    let router = ctx.socket(zmq::ROUTER).map_err(zerr)?;
-    router.bind("tcp://127.0.0.1:*").map_err(zerr)?;
-    let endpoint = router
-        .get_last_endpoint()
-        .map_err(zerr)?
-        .map_err(|_| zerr(zmq::Error::EINVAL))?;
-    let echo = std::thread::Builder::new()
-        .name("kvtier-bench-echo".into())
-        .spawn(move || -> Result<(), zmq::Error> {
-            for _ in 0..n {
-                let frames = router.recv_multipart(0)?;
-                router.send_multipart(frames, 0)?;
-            }
-            Ok(())
-        })
-        .map_err(|e| BenchError::Reference {
-            reference: "raw ZeroMQ round trip".into(),
-            error: e,
-        })?;
-    let dealer = ctx.socket(zmq::DEALER).map_err(zerr)?;
-    dealer.connect(&endpoint).map_err(zerr)?;
-    let mut samples = Vec::with_capacity(n);
-    let payload = [0u8; 64];
-    for _ in 0..n {
-        let t = Instant::now();
-        dealer.send(&payload[..], 0).map_err(zerr)?;
-        dealer.recv_bytes(0).map_err(zerr)?;
-        samples.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    match echo.join() {
-        Ok(r) => r.map_err(zerr)?,
-        Err(_) => {
-            return Err(BenchError::Reference {
-                reference: "raw ZeroMQ round trip".into(),
-                error: std::io::Error::other("the echo thread panicked"),
-            });
-        }
-    }
-    Ok(samples)
+/// Request parameters naming the producer `from` as the source of `kv`, under `key`
+/// (`remote_prefiller` or `remote_kv_source`).
+fn source_params(key: &str, kv: &str, from: &P2pHandle) -> serde_json::Map<String, serde_json::Value> {
+    let mut params = serde_json::Map::new();
+    params.insert(
+        key.into(),
+        serde_json::json!({
+            "kv_request_id": kv,
+            "host": from.host(),
+            "port": from.port(),
+        }),
+    );
+    params
 }

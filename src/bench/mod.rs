@@ -3,15 +3,19 @@
 //!
 //! - [`tiers`]: store/load throughput of every tier of a chain (memcpy for the CPU tier, raw
 //!   `O_DIRECT` file I/O for storage tiers);
-//! - [`fetch_rtt`]: a peer's fetch round trip from a busy producer, with and without the
-//!   control-plane thread, next to a raw control-message round trip.
+//! - [`fetch_rtt`]: a peer's fetch round trip from a busy producer in each control-plane mode
+//!   (step-driven, control thread, control thread with off-step store completions), in the
+//!   prefill→decode hand-off or a plain pull, next to a raw control round trip and the raw
+//!   transfer time of the same bytes.
 
 pub mod command;
 pub mod fetch_rtt;
 pub mod tiers;
 
 pub use command::{BenchCommand, run_command};
-pub use fetch_rtt::{ControlPlaneMode, FetchRttConfig, FetchRttReport, ModeResult, fetch_rtt};
+pub use fetch_rtt::{
+    ControlPlaneMode, FetchRttConfig, FetchRttReport, Flow, ModeResult, TargetCheck, fetch_rtt,
+};
 pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
 
 /// Why a benchmark could not run.
