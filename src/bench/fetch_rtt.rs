@@ -238,12 +238,15 @@ pub struct FetchRttReport {
     pub transfer_ms: Percentiles,
     /// One entry per mode.
     pub modes: Vec<ModeResult>,
-    /// The target, when both `step` and `thread+offstep` ran.
+    /// The target, when both `step` and `thread+offstep` ran in the hand-off flow.
     pub target: Option<TargetCheck>,
 }
 
 impl FetchRttReport {
     fn check_target(&mut self) {
+        if self.config.flow != Flow::Handoff {
+            return;
+        }
         let p50 = |m: ControlPlaneMode| self.modes.iter().find(|r| r.mode == m).map(|r| r.fetch_ms.p50);
         let (Some(off), Some(step)) = (p50(ControlPlaneMode::ThreadOffStep), p50(ControlPlaneMode::Step))
         else {
@@ -295,13 +298,13 @@ impl fmt::Display for FetchRttReport {
         )?;
         writeln!(
             f,
-            "  {:<15} {:>24} {:>16} {:>20} {:>8}",
+            "  {:<15} {:>24} {:>18} {:>20} {:>8}",
             "mode", "fetch rtt p50 / p99 ms", "producer step ms", "fetches w/o a step", "waited"
         )?;
         for m in &self.modes {
             writeln!(
                 f,
-                "  {:<15} {:>11.2} / {:<10.2} {:>16.2} {:>13} / {:<4} {:>8}",
+                "  {:<15} {:>11.2} / {:<10.2} {:>18.2} {:>13} / {:<4} {:>8}",
                 m.mode.to_string(),
                 m.fetch_ms.p50,
                 m.fetch_ms.p99,
