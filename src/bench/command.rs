@@ -1,5 +1,5 @@
 //! The `kvtier bench` command: arguments and printing; the measurements live in [`super::tiers`]
-//! and [`super::fetch_rtt`].
+//! and [`super::fetch_rtt`](mod@super::fetch_rtt).
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -4,14 +4,14 @@
 //! producer runs a busy engine: a model step (default 50 ms) with no manager call, then the next
 //! step's calls, again and again. Two flows:
 //!
-//! - **hand-off** (default; [`handoff`]): the prefill→decode split. Each producer step starts
+//! - **hand-off** (default; `handoff`): the prefill→decode split. Each producer step starts
 //!   storing one request marked `remote_decoder` (`prepare_store`; a copy-worker thread fills
 //!   the rows). Right after that `prepare_store` the consumer starts its `remote_prefiller`
 //!   pull, so its fetch is sent before the producer's store completed; the copy worker finishes
 //!   only after the fetch left, plus a small copy time. The store completes either at the
 //!   producer's next step (`complete_store`), or — `thread+offstep` — as soon as the worker
 //!   reports it through the manager's `StoreCompletionSender`.
-//! - **pull** ([`pull`]): the producer stored every chunk up front; the consumer probes
+//! - **pull** (`pull`): the producer stored every chunk up front; the consumer probes
 //!   (`remote_kv_source`) and pulls what it found, one request after another.
 //!
 //! The fetch round trip is timed from the moment the consumer's fetch leaves (the end of the

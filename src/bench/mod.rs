@@ -3,7 +3,7 @@
 //!
 //! - [`tiers`]: store/load throughput of every tier of a chain (memcpy for the CPU tier, raw
 //!   `O_DIRECT` file I/O for storage tiers);
-//! - [`fetch_rtt`]: a peer's fetch round trip from a busy producer in each control-plane mode
+//! - [`fetch_rtt`](mod@fetch_rtt): a peer's fetch round trip from a busy producer in each control-plane mode
 //!   (step-driven, control thread, control thread with off-step store completions), in the
 //!   prefill→decode hand-off or a plain pull, next to a raw control round trip and the raw
 //!   transfer time of the same bytes.

@@ -222,6 +222,43 @@ fn a_waiting_fetch_whose_chunks_never_come_fails_them_at_the_deadline_and_delive
     a.wait_clean();
 }
 
+#[test]
+fn a_waiting_fetch_is_completed_by_several_stores_in_turn() {
+    init_tracing();
+    let mut a = Node::new(opts(), ManagerConfig::default());
+    let b = Node::new(opts(), ManagerConfig::default());
+    let ks = keys(70, 4);
+    let pctx = decoder_ctx("prefill", "pd-8");
+    a.mgr.on_new_request(&pctx).unwrap();
+    // Chunked prefill: the first two chunks are stored (and parked) before the fetch comes.
+    let first = a.start_store(&pctx, &ks[..2]);
+    a.mgr.complete_store(&first, &pctx, true).unwrap();
+    a.mgr.on_schedule_end(&end()).unwrap();
+    let log = Log::default();
+    let (done_tx, done_rx) = mpsc::channel();
+    let consumer = decoder(b, a.p2p.clone(), "pd-8", ks.clone(), Arc::clone(&log), done_tx);
+    wait_fetch_waiting(&a, &log);
+    // The parked pair leaves at once; each later step's store sends its own share.
+    for k in &ks[2..] {
+        let stored = a.start_store(&pctx, std::slice::from_ref(k));
+        a.mgr.complete_store(&stored, &pctx, true).unwrap();
+        a.mgr.on_schedule_end(&end()).unwrap();
+    }
+    a.mgr.on_request_finished(&pctx).unwrap();
+    a.mgr.on_schedule_end(&end()).unwrap();
+    done_rx.recv_timeout(PATIENCE).expect("the decoder is served");
+    let (_b, pulled) = consumer.join().unwrap();
+    assert_all_delivered(&pulled, &ks);
+    assert_eq!(count(&a.p2p.counters().keys_handed_off), 2);
+    assert_eq!(count(&a.p2p.counters().wait_timeouts), 0);
+    assert_eq!(
+        a.p2p.chunks_sent(),
+        4,
+        "three transfers of one round, no chunk twice"
+    );
+    a.wait_clean();
+}
+
 /// Producer `a` (off-step) with a store in flight, and the decoder's fetch waiting for it.
 struct Waiting {
     a: Node,
