@@ -3,10 +3,10 @@
 //! The library half of the `kvtier` package: the engine simulator behind `kvtier run` and the
 //! benchmark harness behind `kvtier bench`.
 //!
-//! - [`sim`]: a scheduler loop that drives a [`tiering_core::TieringManager`] exactly as an
+//! - [`sim`](crate::sim): a scheduler loop that drives a [`tiering_core::TieringManager`] exactly as an
 //!   inference engine's connector does, over seeded workloads, with a device KV pool in host
 //!   memory and a worker thread doing the real device↔primary copies;
-//! - [`bench`]: tier throughput next to its physical reference, measured in the same run.
+//! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
 pub mod sim;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tier_example::peer::{PeerAnswer, PeerClient, PeerQuery};
@@ -105,10 +105,10 @@ fn ask(m: &mut TieringManager, client: &PeerClient, inbox: &Path, query: &PeerQu
 }
 
 /// The scenario both variants run.
-fn scenario(library: Option<PathBuf>) {
+fn scenario(library: Option<&Path>) {
     let dir = tempfile::tempdir().unwrap();
     let inbox = dir.path().join("ex-a.sock");
-    let mut m = build(&chain_text(library.as_deref(), &inbox, false));
+    let mut m = build(&chain_text(library, &inbox, false));
     let primary = common::last_primary();
     let arena = primary.arena().clone();
 
@@ -223,7 +223,7 @@ fn example_tier_linked_in() {
 
 #[test]
 fn example_tier_loaded_from_its_shared_library() {
-    scenario(Some(common::example_library()));
+    scenario(Some(&common::example_library()));
 }
 
 #[test]
