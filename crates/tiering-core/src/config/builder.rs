@@ -285,8 +285,8 @@ impl fmt::Display for ResolvedChain<'_> {
         let cp = &self.config.control_plane;
         write!(
             f,
-            "  [control_plane] thread = {}, idle_wait = {:?}, lock_timeout = {:?}",
-            cp.thread, cp.idle_wait, cp.lock_timeout
+            "  [control_plane] thread = {}, off_step = {}, idle_wait = {:?}, lock_timeout = {:?}",
+            cp.thread, cp.off_step, cp.idle_wait, cp.lock_timeout
         )
     }
 }
