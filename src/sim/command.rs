@@ -105,6 +105,7 @@ pub fn load_chain(path: Option<&Path>, default_name: &str, default_text: &str) -
 /// Bad arguments, an invalid chain or trace, a tier that cannot be built, or a failed run.
 pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
     let chain = load_chain(args.config.as_deref(), default_name, default_text)?;
+    super::preflight::check_peers(&chain, super::preflight::PEER_CONNECT_TIMEOUT)?;
     let workload = match &args.trace {
         Some(path) => Workload::from_trace(path, args.seed)?,
         None => {

@@ -10,6 +10,16 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// Why a simulation could not run (or stopped).
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
+    /// A peer named in the chain cannot be reached.
+    #[error("{location}: peer {peer} is unreachable: {reason}")]
+    UnreachablePeer {
+        /// File, line and tier of the `peers` entry.
+        location: String,
+        /// The peer as written.
+        peer: String,
+        /// Why.
+        reason: String,
+    },
     /// A simulator setting is out of range.
     #[error("invalid simulator setting `{name}`: {reason}")]
     InvalidSetting {

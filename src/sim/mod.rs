@@ -24,6 +24,7 @@ mod error;
 mod hash;
 mod metrics;
 mod offload;
+pub mod preflight;
 mod report;
 mod rng;
 mod trace;
