@@ -123,8 +123,9 @@ impl fmt::Display for OffloadKey {
     }
 }
 
-/// A hasher for maps keyed by [`OffloadKey`]: the key hashes itself as one pre-mixed word
-/// ([`OffloadKey::digest`]), which this hasher passes through instead of running SipHash over it.
+/// A hasher for maps keyed by [`OffloadKey`]: the key hashes itself as one word
+/// ([`OffloadKey::digest`]), which this hasher finishes with one cheap mix instead of running
+/// SipHash over it.
 /// Other writes fall back to FNV-1a so the hasher stays correct for any key type.
 #[derive(Default, Clone, Copy)]
 pub struct KeyHasher {
@@ -146,11 +147,9 @@ impl Hasher for KeyHasher {
     }
 
     fn write_u64(&mut self, n: u64) {
-        self.state = if self.state == 0 {
-            n
-        } else {
-            splitmix64(self.state ^ n)
-        };
+        // Always mixed: an `OffloadKey` digest is already random, but a map keyed by small
+        // integers with this hasher would otherwise get identical control bytes and probe badly.
+        self.state = splitmix64(self.state ^ n);
     }
 }
 
