@@ -37,7 +37,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
 use tiering_core::ManagerConfig;
 
-pub use chain::{BuiltTiers, Chain, ChainFactory, TierBuildError, config_chain};
+pub use chain::{BuiltTiers, Chain, ChainFactory, config_chain};
 pub use command::{RunArgs, load_chain, registry, run_command};
 pub use config::SimConfig;
 pub use error::{BoxError, SimError};

@@ -11,7 +11,7 @@ use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
 use super::quoted_words;
 use crate::error::TierError;
-use crate::manager::TieringManager;
+use crate::manager::{ManagerConfig, TieringManager};
 use crate::plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 use crate::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
 use crate::tier::{PrimaryTier, SecondaryTier};
@@ -175,16 +175,45 @@ impl ChainConfig {
     }
 }
 
+/// The tiers of a chain, built and not yet handed to a manager — for callers that drive a tier
+/// on its own (a benchmark) or want the pieces before composing them.
+pub struct BuiltChain {
+    /// The primary tier.
+    pub primary: Box<dyn PrimaryTier>,
+    /// The secondary tiers, in chain order.
+    pub secondaries: Vec<Box<dyn SecondaryTier>>,
+    /// The waker every secondary was built with.
+    pub waker: ControlWaker,
+    /// The manager settings of `[control_plane]`.
+    pub manager_config: ManagerConfig,
+}
+
+impl BuiltChain {
+    /// The manager over these tiers.
+    #[must_use]
+    pub fn into_manager(self) -> TieringManager {
+        TieringManager::with_waker(self.primary, self.secondaries, self.manager_config, self.waker)
+    }
+}
+
 impl ResolvedChain<'_> {
+    /// Builds the tiers and the manager over them (see [`ResolvedChain::build_tiers`]).
+    ///
+    /// # Errors
+    /// As [`ResolvedChain::build_tiers`].
+    pub fn build(&self, chunk_bytes: usize) -> Result<TieringManager, ChainError> {
+        Ok(self.build_tiers(chunk_bytes)?.into_manager())
+    }
+
     /// Builds the tiers — primary first, then each secondary in chain order, all sharing one
-    /// [`ControlWaker`] — and the manager over them. If any tier fails to build, the tiers
-    /// already built are shut down in reverse order and dropped before the error returns.
+    /// [`ControlWaker`]. If any tier fails to build, the tiers already built are shut down in
+    /// reverse order and dropped before the error returns.
     ///
     /// # Errors
     /// A tier's factory refused its options or failed (a panic counts as a failure), or two
     /// tiers share a name; the error points at the tier and, when the message names one of its
     /// keys, at that key's line.
-    pub fn build(&self, chunk_bytes: usize) -> Result<TieringManager, ChainError> {
+    pub fn build_tiers(&self, chunk_bytes: usize) -> Result<BuiltChain, ChainError> {
         let config = self.config;
         let specs: Vec<&TierSpec> = config.tiers().collect();
         let waker = ControlWaker::new();
@@ -264,12 +293,12 @@ impl ResolvedChain<'_> {
                 }
             }
         }
-        Ok(TieringManager::with_waker(
+        Ok(BuiltChain {
             primary,
-            built,
-            config.control_plane.manager_config(),
+            secondaries: built,
             waker,
-        ))
+            manager_config: config.control_plane.manager_config(),
+        })
     }
 }
 

@@ -29,7 +29,7 @@ mod chain;
 mod error;
 mod units;
 
-pub use builder::{ResolvedChain, TierSource};
+pub use builder::{BuiltChain, ResolvedChain, TierSource};
 pub use chain::{ChainConfig, ControlPlaneSpec, TierPosition, TierSpec};
 pub use error::{ChainError, ChainErrorKind};
 pub use units::{ByteSize, HumanDuration, UnitError};
