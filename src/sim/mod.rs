@@ -43,9 +43,7 @@ pub use config::SimConfig;
 pub use error::{BoxError, SimError};
 pub use hash::{chunk_keys, chunk_matches, fill_chunk};
 pub use offload::{EventCounts, LookupCounts, Source};
-pub use report::{
-    Baseline, CopyJobs, Identity, ManagerRow, PathRow, Percentiles, Report, SourceRow, TierRow, Timing,
-};
+pub use report::{Baseline, CopyJobs, Identity, PathRow, Percentiles, Report, SourceRow, Timing};
 pub use rng::{SimRng, Zipf};
 pub use trace::{load_trace, parse_trace};
 pub use workload::{RequestSpec, WorkloadKind, WorkloadSpec};

@@ -4,7 +4,7 @@
 use std::fmt;
 
 use serde::Serialize;
-use tiering_core::ManagerStats;
+use tiering_core::{ManagerCounters, ManagerStats, TierStats};
 
 use super::config::SimConfig;
 use super::metrics::{RunMetrics, quantile};
@@ -51,9 +51,9 @@ pub struct Report {
     /// Chunks never offloaded because their request finished with the primary full.
     pub store_chunks_dropped: u64,
     /// Orchestrator counters.
-    pub manager: ManagerRow,
+    pub manager: ManagerCounters,
     /// Per-tier counters at the end of the run.
-    pub tiers: Vec<TierRow>,
+    pub tiers: Vec<TierStats>,
     /// Consistency identities; every one must hold.
     pub identities: Vec<Identity>,
     /// Steps, wall time, simulated time, modelled model time.
@@ -136,54 +136,6 @@ pub struct CopyJobs {
     pub corrupt_chunks: u64,
     /// Loads that failed (their chunks were recomputed).
     pub failed_load_chunks: u64,
-}
-
-/// Orchestrator counters.
-#[derive(Clone, Copy, Debug, Serialize)]
-pub struct ManagerRow {
-    /// Promotion jobs.
-    pub promotion_jobs: u64,
-    /// Keys promoted.
-    pub promoted_keys: u64,
-    /// Keys whose promotion failed.
-    pub failed_promotion_keys: u64,
-    /// Promotions refused for lack of primary room.
-    pub promotion_alloc_failures: u64,
-    /// Cascade jobs.
-    pub cascade_jobs: u64,
-    /// Control-plane sweeps.
-    pub sweeps: u64,
-    /// Stores completed from the copy worker's report, ahead of the engine's step (off-step).
-    pub off_step_store_completions: u64,
-    /// Second reports of a store, absorbed as no-ops (off-step).
-    pub duplicate_store_reports: u64,
-}
-
-/// One tier's counters.
-#[derive(Clone, Debug, Serialize)]
-pub struct TierRow {
-    /// Name.
-    pub name: String,
-    /// Lookups that hit.
-    pub hits: u64,
-    /// Lookups that missed.
-    pub misses: u64,
-    /// Chunks stored.
-    pub stores: u64,
-    /// Chunks loaded.
-    pub loads: u64,
-    /// Chunks evicted.
-    pub evictions: u64,
-    /// Failures.
-    pub failures: u64,
-    /// Bytes written.
-    pub bytes_written: u64,
-    /// Bytes read.
-    pub bytes_read: u64,
-    /// Chunks resident.
-    pub resident_chunks: u64,
-    /// Chunk capacity.
-    pub capacity_chunks: u64,
 }
 
 /// A consistency identity: two independently counted figures that must be equal.
@@ -357,22 +309,8 @@ impl Report {
             0,
         ));
 
-        let tier_row = |t: &tiering_core::TierStats| TierRow {
-            name: t.name.clone(),
-            hits: t.hits,
-            misses: t.misses,
-            stores: t.stores,
-            loads: t.loads,
-            evictions: t.evictions,
-            failures: t.failures,
-            bytes_written: t.bytes_written,
-            bytes_read: t.bytes_read,
-            resident_chunks: t.resident_chunks,
-            capacity_chunks: t.capacity_chunks,
-        };
         let ms = |v: &[f64]| Percentiles::of(&v.iter().map(|s| s * 1e3).collect::<Vec<_>>());
         let step_us: Vec<f64> = m.step_manager.iter().map(|d| d.as_secs_f64() * 1e6).collect();
-        let c = &stats.manager;
         Self {
             workload,
             chain: std::iter::once(stats.primary.name.clone())
@@ -408,19 +346,10 @@ impl Report {
             },
             store_alloc_failures: m.store_alloc_failures,
             store_chunks_dropped: m.store_chunks_dropped,
-            manager: ManagerRow {
-                promotion_jobs: c.promotion_jobs,
-                promoted_keys: c.promoted_keys,
-                failed_promotion_keys: c.failed_promotion_keys,
-                promotion_alloc_failures: c.promotion_alloc_failures,
-                cascade_jobs: c.cascade_jobs,
-                sweeps: c.sweeps,
-                off_step_store_completions: c.off_step_store_completions,
-                duplicate_store_reports: c.duplicate_store_reports,
-            },
+            manager: stats.manager.clone(),
             tiers: std::iter::once(&stats.primary)
                 .chain(&stats.secondaries)
-                .map(tier_row)
+                .cloned()
                 .collect(),
             identities,
             timing: Timing {

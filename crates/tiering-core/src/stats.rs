@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 /// Counters and gauges of one tier.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct TierStats {
     /// The tier's name.
     pub name: String,
@@ -44,7 +44,7 @@ impl TierStats {
 }
 
 /// Counters of the orchestrator itself.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ManagerCounters {
     /// Promotion jobs submitted to secondary tiers.
     pub promotion_jobs: u64,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
 use super::quoted_words;
-use crate::error::TierError;
+use crate::error::{TierError, panic_message};
 use crate::manager::{ManagerConfig, TieringManager};
 use crate::plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 use crate::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
@@ -68,16 +68,6 @@ fn locate(config: &ChainConfig, spec: &TierSpec, kind: ChainErrorKind) -> ChainE
     match key {
         Some(k) => err.with_key(&k),
         None => err,
-    }
-}
-
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_owned()
     }
 }
 
@@ -235,7 +225,7 @@ impl ResolvedChain<'_> {
                 .unwrap_or_else(|p| {
                     Err(TierError::Other(format!(
                         "the factory panicked: {}",
-                        panic_text(&*p)
+                        panic_message(&*p)
                     )))
                 })
                 .map_err(|e| locate(config, primary_spec, ChainErrorKind::Tier(e)))?;
@@ -252,7 +242,7 @@ impl ResolvedChain<'_> {
                     .unwrap_or_else(|p| {
                         Err(TierError::Other(format!(
                             "the factory panicked: {}",
-                            panic_text(&*p)
+                            panic_message(&*p)
                         )))
                     })
                     .map_err(ChainErrorKind::Tier),

@@ -8,11 +8,10 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::error::ControlPlaneFailure;
+use crate::error::{ControlPlaneFailure, panic_message};
 use crate::waker::ControlWaker;
 
 use super::ManagerConfig;
-use super::parent::panic_message;
 use super::state::TieringState;
 
 /// What the scheduler side and the control thread share.

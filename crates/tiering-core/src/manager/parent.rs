@@ -3,7 +3,7 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use crate::error::{ManagerError, TierError};
+use crate::error::{ManagerError, TierError, panic_message};
 use crate::job::TransferJob;
 use crate::key::OffloadKey;
 use crate::outcome::{LookupResult, OffloadPolicy};
@@ -41,17 +41,6 @@ impl ParentManager for TierFacingParent<'_> {
 
     fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), ManagerError> {
         self.state.on_request_finished_unlocked(ctx)
-    }
-}
-
-/// Renders a panic payload for an error message.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_owned()
     }
 }
 

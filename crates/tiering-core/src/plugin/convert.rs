@@ -18,16 +18,7 @@ use crate::request::{
 };
 use crate::stats::TierStats;
 
-/// Renders a caught panic's payload.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic with a non-string payload".to_owned()
-    }
-}
+pub(crate) use crate::error::panic_message;
 
 /// A sink that hands every item to `f`. The sink borrows `f`: use it only while `f` lives.
 /// A panic inside `f` is caught here, so it never unwinds into the caller's frames.
