@@ -1,4 +1,4 @@
-//! Subcommands: `tiers`, `check`, and the simulator's `run` and `bench`.
+//! Subcommands: `tiers`, `check`, `peer`, and the simulator's `run` and `bench`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -49,6 +49,8 @@ enum Command {
     },
     /// Run the engine simulator over a tier chain and report what offloading saved.
     Run(kvtier::sim::RunArgs),
+    /// One node of a multi-process P2P setup: serve synthetic chunks, or pull them from a peer.
+    Peer(kvtier::peer::PeerArgs),
     /// Benchmarks, each next to its physical reference measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -73,6 +75,7 @@ pub fn main() -> ExitCode {
             chunk_bytes,
         } => check(&configs, build, chunk_bytes),
         Command::Run(args) => kvtier::sim::run_command(&args, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
+        Command::Peer(args) => kvtier::peer::peer_command(&args),
         Command::Bench { bench } => kvtier::bench::run_command(&bench, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
     };
     match result {

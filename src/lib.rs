@@ -6,7 +6,9 @@
 //! - [`sim`](crate::sim): a scheduler loop that drives a [`tiering_core::TieringManager`] exactly as an
 //!   inference engine's connector does, over seeded workloads, with a device KV pool in host
 //!   memory and a worker thread doing the real device↔primary copies;
+//! - [`peer`](crate::peer): one node of a multi-process P2P setup;
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
+pub mod peer;
 pub mod sim;
