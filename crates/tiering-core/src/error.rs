@@ -43,9 +43,10 @@ pub struct ControlPlaneFailure {
 /// An error returned by the manager.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ManagerError {
-    /// A sweep of the control-plane thread failed; the thread stopped. Returned by every
-    /// scheduler-side call after the failure (but not by `shutdown`).
-    #[error("the control-plane thread stopped: {}", .0.message)]
+    /// The control plane failed (a tier's sweep failed or panicked). Returned once, by the next
+    /// engine call; by then the failing tier was quarantined or the manager fell back to
+    /// servicing tiers at step end, per `ManagerConfig::on_tier_failure`.
+    #[error("the control plane failed: {}", .0.message)]
     ControlPlane(Arc<ControlPlaneFailure>),
     /// The engine named a request that `on_new_request` never announced (or that was finalized).
     #[error("unknown request {0}")]
@@ -100,6 +101,24 @@ pub enum ManagerError {
     /// the arena are left alive.
     #[error("shutdown timed out after {0:?} waiting for the control thread to leave a tier call")]
     ShutdownTimedOut(std::time::Duration),
+    /// A tier's blocking call (`drain_jobs`, `shutdown`) did not return in time; the tier was
+    /// abandoned and quarantined.
+    #[error("tier {tier}: {op} did not return within {timeout:?}; the tier was abandoned")]
+    TierTimedOut {
+        /// The tier's name.
+        tier: String,
+        /// The call that hung.
+        op: &'static str,
+        /// The bound it exceeded.
+        timeout: std::time::Duration,
+    },
+    /// A handle operation could not take the manager's lock in time (a step is held elsewhere,
+    /// or the control thread is stuck inside a tier).
+    #[error("{0} could not take the manager lock within {1:?} (a step is held, or a tier call is stuck)")]
+    LockTimedOut(&'static str, std::time::Duration),
+    /// The completion channel failed.
+    #[error("completion channel: {0}")]
+    Channel(String),
     /// The manager was shut down.
     #[error("the manager has been shut down")]
     ShutDown,

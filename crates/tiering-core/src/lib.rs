@@ -5,8 +5,8 @@
 //! An inference engine evicts KV blocks from the device; kvtier keeps them, in units of
 //! fixed-size *chunks* named by [`OffloadKey`], in a CPU [`PrimaryTier`] and cascades them to
 //! [`SecondaryTier`]s (disk, peers, third-party stores). A later request that shares a prefix
-//! finds them again through [`OffloadingManager::lookup`], and the manager promotes them back to
-//! the primary tier.
+//! finds them again through [`OffloadingManager::lookup`] on a [`Step`], and the manager
+//! promotes them back to the primary tier.
 //!
 //! [`TieringManager`] composes one primary and an ordered chain of secondaries. Its control
 //! plane — polling tiers for finished jobs and letting them serve inbound peer requests — runs on
@@ -20,6 +20,7 @@
 //! - `testing` (feature `test-utils`): an in-memory primary and a scriptable secondary.
 
 pub mod arena;
+pub mod channel;
 pub mod error;
 pub mod event;
 pub mod job;
@@ -39,7 +40,7 @@ pub use error::{ControlPlaneFailure, ManagerError, TierError};
 pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
 pub use key::{KeyMap, KeySet, OffloadKey};
-pub use manager::{ManagerConfig, StoreCompletionSender, TieringManager};
+pub use manager::{ManagerConfig, OnTierFailure, Step, StoreCompletionSender, TieringManager};
 pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};

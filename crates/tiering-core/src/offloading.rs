@@ -1,17 +1,17 @@
 //! The engine-facing contract: what an inference engine's scheduler calls.
 
 use crate::error::ManagerError;
-use crate::event::OffloadingEvent;
 use crate::key::OffloadKey;
 use crate::outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 use crate::request::ReqContext;
-use crate::stats::ManagerStats;
 
-/// What an engine's scheduler calls, once per chunk or batch, from one thread.
+/// What an engine's scheduler calls during one step, once per chunk or batch, from one thread.
 ///
-/// **Engine rule**: `on_schedule_end` is the last manager call of a step, made just before the
-/// model runs. A call after it starts a new step (it takes the manager lock again) and holds the
-/// lock through model execution, starving the control plane.
+/// [`TieringManager`](crate::TieringManager) implements it on its [`Step`](crate::Step) guard:
+/// `let mut step = manager.step();`, the step's calls in any order the engine needs
+/// (`on_schedule_end` may come before the step's stores, as vLLM's connector does), then
+/// `drop(step)` before the model runs. The handle's read-mostly hooks (`has_pending_work`,
+/// `take_events`, `stats`) and `reset_cache`/`shutdown` are methods of the handle.
 ///
 /// Contract violations (loading a key that is not a hit, completing a store for an unknown
 /// request, …) return an error and leave the state unchanged.
@@ -76,40 +76,11 @@ pub trait OffloadingManager {
     /// The request is unknown.
     fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), ManagerError>;
 
-    /// Ends the step: flushes batched work and releases the step lock. Call it last.
+    /// The end-of-step flush: submits batched promotions, services the tiers the control
+    /// thread does not own, runs the tiers' step hooks. It does not release the lock (dropping
+    /// the step does), and whatever the step queues after it is flushed on drop.
     ///
     /// # Errors
     /// The control plane failed, or a tier reported an invalid job.
     fn on_schedule_end(&mut self, ctx: &ScheduleEndContext) -> Result<(), ManagerError>;
-
-    /// Whether the engine should keep stepping even with no requests.
-    ///
-    /// # Errors
-    /// The control plane failed.
-    fn has_pending_work(&mut self) -> Result<bool, ManagerError>;
-
-    /// Events since the last call: the primary's, then each secondary's in chain order.
-    ///
-    /// # Errors
-    /// The control plane failed.
-    fn take_events(&mut self) -> Result<Vec<OffloadingEvent>, ManagerError>;
-
-    /// Drains every tier, then forgets everything in the primary tier; secondary data survives.
-    /// Must not be called mid-step.
-    ///
-    /// # Errors
-    /// Called mid-step, or jobs remained after draining.
-    fn reset_cache(&mut self) -> Result<(), ManagerError>;
-
-    /// A snapshot of the counters.
-    ///
-    /// # Errors
-    /// The control plane failed.
-    fn stats(&mut self) -> Result<ManagerStats, ManagerError>;
-
-    /// Stops the control plane, then shuts down the secondary tiers and the primary.
-    ///
-    /// # Errors
-    /// A tier failed to shut down (the arena is then kept alive).
-    fn shutdown(&mut self) -> Result<(), ManagerError>;
 }

@@ -60,8 +60,23 @@ pub struct ManagerCounters {
     pub peer_store_jobs: u64,
     /// Device→primary stores completed from the worker's report, ahead of the engine's step.
     pub off_step_store_completions: u64,
-    /// Second reports of a store (worker then engine, or the reverse), absorbed as no-ops.
+    /// Second reports of a stored key (worker then engine, or the reverse, or a rank twice),
+    /// absorbed as no-ops.
     pub duplicate_store_reports: u64,
+    /// Absorbed second reports whose success flag disagreed with the applied one.
+    pub store_report_conflicts: u64,
+    /// Worker reports of keys with no prepared store (late, after the request was finalized,
+    /// or foreign), ignored.
+    pub unmatched_worker_reports: u64,
+    /// Keys failed because the copy worker that should have reported them disconnected and did
+    /// not come back within the deadline.
+    pub worker_lost_store_keys: u64,
+    /// Completion-channel messages rejected (malformed, or from a worker of another arena).
+    pub completion_messages_rejected: u64,
+    /// Tiers taken out of the chain after a failure.
+    pub tiers_quarantined: u64,
+    /// Control-plane failures (each returned once to the engine).
+    pub control_failures: u64,
     /// Control-plane sweeps run (off the scheduler thread or at step end).
     pub sweeps: u64,
     /// Job results processed.

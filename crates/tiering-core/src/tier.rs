@@ -114,6 +114,22 @@ pub trait SecondaryTier: Send {
         let _ = waker;
     }
 
+    /// Whether the tier wants its completions polled and its peers served by the manager's
+    /// control-plane thread, between scheduler steps (peers to serve, or completions worth
+    /// applying while the model runs). A tier that does not opt in is polled and served only
+    /// from the scheduler thread at step end, never from the control thread — so a tier with
+    /// thread affinity (a Python tier, a GPU context) simply leaves this `false`.
+    fn needs_control_plane(&self) -> bool {
+        false
+    }
+
+    /// The next moment the tier needs a sweep even if nothing wakes the control thread
+    /// (a heartbeat, a deadline). The control thread otherwise sleeps until woken or until its
+    /// idle bound.
+    fn next_deadline(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// `Hit`, `Miss`, or `Retry` when the answer is pending. (`HitPending` is treated as
     /// `Retry`.)
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use tiering_core::testing::{Completion, PeerRequest, next_sequence};
-use tiering_core::{LookupResult, ManagerConfig, ManagerError, OffloadingManager, ReqContext, RequestId};
+use tiering_core::{LookupResult, ManagerConfig, ManagerError, OnTierFailure, ReqContext, RequestId};
 
 fn threaded() -> ManagerConfig {
     ManagerConfig::default()
@@ -122,35 +122,44 @@ fn on_schedule_end_does_not_double_serve() {
     r.m.shutdown().unwrap();
 }
 
-fn failure_is_returned(inject: impl FnOnce(&Rig), expect: &str) {
-    let mut r = rig(8, &["peer"], threaded());
+/// Under the `fail` policy a failed sweep is returned once by the next engine call, the control
+/// thread stops, and the tier (still in the chain) is serviced at step end from then on.
+fn failure_is_returned_once(inject: impl FnOnce(&Rig), expect: &str) {
+    let config = ManagerConfig {
+        on_tier_failure: OnTierFailure::Fail,
+        ..threaded()
+    };
+    let mut r = rig(8, &["peer"], config);
     let ctx = first_step(&mut r);
     inject(&r);
     assert!(eventually(|| r.m.control_failure().is_some()));
     assert!(
         eventually(|| !r.m.control_thread_running()),
-        "a failed sweep stops the thread"
+        "under the fail policy a failed sweep stops the thread"
     );
     let err = r.m.lookup(&key(1), &ctx).unwrap_err();
     assert!(matches!(err, ManagerError::ControlPlane(_)), "{err}");
     assert!(err.to_string().contains(expect), "{err}");
-    // Sticky: every scheduler-side call reports it, read-only hooks included.
-    assert!(matches!(
-        r.m.has_pending_work(),
-        Err(ManagerError::ControlPlane(_))
-    ));
-    assert!(matches!(
-        r.m.on_schedule_end(&Default::default()),
-        Err(ManagerError::ControlPlane(_))
-    ));
-    // But not shutdown, which still completes and shuts the tier down.
+    r.m.end();
+    // Returned once: the next step works, and services the tier from the scheduler thread.
+    let me = std::thread::current().id();
+    let mark = next_sequence();
+    assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
+    end_step(&mut r.m);
+    assert!(
+        r.tiers[0]
+            .calls()
+            .iter()
+            .any(|c| c.seq > mark && c.op == "serve" && c.thread == me),
+        "after the fallback the scheduler serves the tier at step end"
+    );
     r.m.shutdown().unwrap();
     assert_eq!(r.tiers[0].count("shutdown"), 1);
 }
 
 #[test]
 fn failed_sweep_is_returned_on_the_scheduler_thread() {
-    failure_is_returned(
+    failure_is_returned_once(
         |r| r.tiers[0].fail_next_serve("transport exploded"),
         "transport exploded",
     );
@@ -158,7 +167,46 @@ fn failed_sweep_is_returned_on_the_scheduler_thread() {
 
 #[test]
 fn failed_sweep_by_panic_is_returned_on_the_scheduler_thread() {
-    failure_is_returned(|r| r.tiers[0].panic_next_serve(), "scripted panic while serving");
+    failure_is_returned_once(|r| r.tiers[0].panic_next_serve(), "scripted panic while serving");
+}
+
+#[test]
+fn failing_tier_is_quarantined_and_the_manager_keeps_serving() {
+    let mut r = rig(8, &["bad", "good"], threaded());
+    r.tiers[0].set_completion(Completion::Manual);
+    let ctx = first_step(&mut r);
+    // The bad tier holds a cascade of key(1) (a pin) when it fails.
+    assert_eq!(r.tiers[0].held_jobs().len(), 1);
+    r.tiers[0].panic_next_serve();
+    assert!(eventually(|| r.m.control_failure().is_some()));
+    // Returned once, by the next engine call…
+    let err = r.m.lookup(&key(1), &ctx).unwrap_err();
+    assert!(err.to_string().contains("scripted panic while serving"), "{err}");
+    // …and not again: the manager keeps serving without the tier.
+    assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
+    end_step(&mut r.m);
+    assert!(r.m.control_thread_running(), "quarantine keeps the control thread");
+    let q = r.m.inspect(|s| s.quarantined_tiers());
+    assert_eq!(q.len(), 1);
+    assert_eq!(q[0].0, "bad");
+    assert_eq!(r.tiers[0].count("shutdown"), 1, "the quarantined tier was stopped");
+    // Its in-flight cascade was reported failed: no pin is left behind.
+    assert!(eventually(|| r.primary.total_pins() == 0));
+    // New work skips it: stores cascade to the good tier only, lookups never ask it, and the
+    // good tier is still served by the control thread.
+    let before_bad = r.tiers[0].calls().len();
+    store(&mut r.m, &r.primary, &ctx, &[key(2)]);
+    assert_eq!(r.m.lookup(&key(50), &ctx).unwrap(), LookupResult::Miss);
+    end_step(&mut r.m);
+    assert_eq!(r.tiers[0].calls().len(), before_bad, "nothing reaches a quarantined tier");
+    assert!(r.tiers[1].wait_until(PATIENCE, |v| v.count("submit_store") >= 2));
+    r.tiers[1].push_peer_request(peer_request("p9", &[2], true));
+    assert!(r.tiers[1].wait_until(PATIENCE, |v| v.served() == 1));
+    let stats = r.m.stats().unwrap();
+    assert_eq!(stats.manager.tiers_quarantined, 1);
+    assert_eq!(stats.secondaries[0].extra.get("quarantined"), Some(&1.0));
+    r.m.shutdown().unwrap();
+    assert_eq!(r.tiers[0].count("shutdown"), 1, "a quarantined tier is not shut down twice");
 }
 
 #[test]
@@ -167,7 +215,7 @@ fn failed_serve_in_step_driven_mode_is_returned_by_on_schedule_end() {
     r.tiers[0].fail_next_serve("bad frame");
     let err = r.m.on_schedule_end(&Default::default()).unwrap_err();
     assert!(err.to_string().contains("bad frame"), "{err}");
-    assert!(!r.m.in_step(), "the step lock is released even on error");
+    assert!(!r.m.in_step(), "the step is dropped even on error");
     r.m.shutdown().unwrap();
 }
 

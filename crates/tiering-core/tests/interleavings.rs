@@ -10,7 +10,7 @@ use common::*;
 use proptest::prelude::*;
 use tiering_core::testing::{Completion, PeerRequest};
 use tiering_core::{
-    JobOutcome, LookupResult, ManagerConfig, OffloadKey, OffloadPolicy, OffloadingManager, PrimaryTier,
+    JobOutcome, LookupResult, ManagerConfig, OffloadKey, OffloadPolicy, PrimaryTier,
     ReqContext, RequestId,
 };
 

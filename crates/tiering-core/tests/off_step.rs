@@ -8,12 +8,19 @@ use std::time::Duration;
 
 use common::*;
 use tiering_core::testing::{Completion, PeerRequest, next_sequence};
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager, PrimaryTier, ReqContext, RequestId};
+use tiering_core::{LookupResult, ManagerConfig, PrimaryTier, ReqContext, RequestId};
 
 fn off_step() -> ManagerConfig {
     ManagerConfig {
         off_step: true,
         ..ManagerConfig::default()
+    }
+}
+
+fn step_driven_off_step() -> ManagerConfig {
+    ManagerConfig {
+        off_step: true,
+        ..ManagerConfig::step_driven()
     }
 }
 
@@ -52,7 +59,7 @@ fn a_fetch_waiting_on_the_producer_is_answered_before_its_next_engine_call() {
     assert!(r.tiers[0].served().is_empty(), "the chunk is still being written");
     // The device worker finishes the copy. No engine call happens from here on.
     let reported = next_sequence();
-    sender.report(keys.clone(), ctx.clone(), true);
+    sender.report(&keys, true);
     assert!(r.tiers[0].wait_until(PATIENCE, |v| v.served() == 1));
     let served = r.tiers[0].served();
     assert_eq!(served[0].fetched, vec![(key(1), bytes_for(&key(1)))]);
@@ -89,19 +96,19 @@ fn without_off_step_reporting_the_fetch_waits_for_the_engine() {
 }
 
 fn both_ways(worker_first: bool) {
-    let mut r = rig(8, &["a", "b"], ManagerConfig::step_driven());
+    let mut r = rig(8, &["a", "b"], step_driven_off_step());
     let sender = r.m.store_completion_sender();
     let ctx = ReqContext::local("req");
     let keys = producer_store_in_flight(&mut r, &ctx, 3);
     r.m.on_request_finished(&ctx).unwrap();
     end_step(&mut r.m);
     if worker_first {
-        sender.report(keys.clone(), ctx.clone(), true);
+        sender.report(&keys, true);
         end_step(&mut r.m); // step-driven: the catch-all poll applies it
         r.m.complete_store(&keys, &ctx, true).unwrap();
     } else {
         r.m.complete_store(&keys, &ctx, true).unwrap();
-        sender.report(keys.clone(), ctx.clone(), true);
+        sender.report(&keys, true);
     }
     end_step(&mut r.m);
     end_step(&mut r.m);
@@ -134,12 +141,12 @@ fn a_store_completion_reported_both_ways_completes_once_engine_first() {
 
 #[test]
 fn reset_cache_with_completions_in_flight_loses_nothing() {
-    let mut r = rig(8, &["disk"], ManagerConfig::step_driven());
+    let mut r = rig(8, &["disk"], step_driven_off_step());
     r.tiers[0].set_completion(Completion::Manual);
     let sender = r.m.store_completion_sender();
     let ctx = ReqContext::local("req");
     let keys = producer_store_in_flight(&mut r, &ctx, 4);
-    sender.report(keys.clone(), ctx.clone(), true); // queued, not yet applied
+    sender.report(&keys, true); // queued, not yet applied
     r.m.reset_cache().unwrap();
     assert_eq!(
         r.tiers[0].count("submit_store"),
@@ -163,7 +170,7 @@ fn shutdown_with_completions_in_flight_loses_nothing() {
     let ctx = ReqContext::local("req");
     let keys = producer_store_in_flight(&mut r, &ctx, 5);
     r.tiers[0].set_completion(Completion::Manual);
-    sender.report(keys, ctx, true);
+    sender.report(&keys, true);
     r.m.shutdown().unwrap();
     assert_eq!(
         r.tiers[0].count("submit_store"),

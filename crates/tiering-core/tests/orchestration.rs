@@ -77,6 +77,7 @@ fn load_filter_limits_which_tiers_may_promote() {
         tiers,
         ManagerConfig::step_driven(),
     );
+    let mut s = m.step();
     let k = key(9);
     remote_h.insert(k, bytes_for(&k));
     disk_h.insert(k, bytes_for(&k));
@@ -87,23 +88,24 @@ fn load_filter_limits_which_tiers_may_promote() {
             locality: Some(Locality::Local),
         }]))
         .build();
-    m.on_new_request(&local_only).unwrap();
-    assert_eq!(m.lookup(&k, &local_only).unwrap(), LookupResult::HitPending);
+    s.on_new_request(&local_only).unwrap();
+    assert_eq!(s.lookup(&k, &local_only).unwrap(), LookupResult::HitPending);
     assert_eq!(remote_h.count("lookup"), 0, "the filtered-out tier is not asked");
     assert_eq!(disk_h.count("lookup"), 1);
 
     let primary_only = ReqContext::builder(RequestId::local("primary-only"))
         .filter(TierFilter::primary_only())
         .build();
-    m.on_new_request(&primary_only).unwrap();
-    assert_eq!(m.lookup(&key(10), &primary_only).unwrap(), LookupResult::Miss);
+    s.on_new_request(&primary_only).unwrap();
+    assert_eq!(s.lookup(&key(10), &primary_only).unwrap(), LookupResult::Miss);
     assert_eq!(
         remote_h.count("lookup") + disk_h.count("lookup"),
         1,
         "an empty filter means primary only"
     );
     // The filter never hides the primary: the reserved promotion reads HitPending.
-    assert_eq!(m.lookup(&k, &primary_only).unwrap(), LookupResult::HitPending);
+    assert_eq!(s.lookup(&k, &primary_only).unwrap(), LookupResult::HitPending);
+    drop(s);
     m.shutdown().unwrap();
 }
 

@@ -7,7 +7,6 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use super::*;
-use crate::OffloadingManager;
 use crate::registry::{PrimaryContext, Registry, SecondaryContext};
 use crate::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
 use crate::tier::{PrimaryTier, SecondaryTier};

@@ -12,7 +12,7 @@ use super::{PluginError, PluginTier, from_entry_point};
 use crate::error::{ManagerError, TierError};
 use crate::job::TransferJob;
 use crate::key::OffloadKey;
-use crate::manager::{ManagerConfig, TieringManager};
+use crate::manager::{ManagerConfig, Step, TieringManager};
 use crate::offloading::OffloadingManager;
 use crate::outcome::{LookupResult, ScheduleEndContext};
 use crate::registry::SecondaryContext;
@@ -172,7 +172,7 @@ fn bytes_for(n: u64) -> Vec<u8> {
 }
 
 /// Stores `keys` for `ctx` through the manager, writing each chunk's bytes as the engine would.
-fn store(m: &mut TieringManager, arena: &Arc<crate::ChunkArena>, ctx: &ReqContext, keys: &[u64]) {
+fn store(m: &mut Step<'_>, arena: &Arc<crate::ChunkArena>, ctx: &ReqContext, keys: &[u64]) {
     let ks: Vec<OffloadKey> = keys.iter().map(|&n| OffloadKey::from_u64(n)).collect();
     let out = m.prepare_store(&ks, ctx).unwrap().unwrap();
     for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
@@ -182,8 +182,9 @@ fn store(m: &mut TieringManager, arena: &Arc<crate::ChunkArena>, ctx: &ReqContex
     m.complete_store(&out.keys_to_store, ctx, true).unwrap();
 }
 
+/// One whole engine step with nothing but the step-end flush.
 fn step(m: &mut TieringManager) -> Result<(), ManagerError> {
-    m.on_schedule_end(&ScheduleEndContext::default())
+    m.step().on_schedule_end(&ScheduleEndContext::default())
 }
 
 struct Fixture {
@@ -246,9 +247,12 @@ fn cascades_promotions_and_peer_fan_out_cross_the_boundary() {
     let a = handle("inproc-a");
     let b = handle("native-b");
     let ctx = ReqContext::local("r1");
-    f.manager.on_new_request(&ctx).unwrap();
-    store(&mut f.manager, &f.arena, &ctx, &[1, 2]);
-    step(&mut f.manager).unwrap();
+    {
+        let mut s = f.manager.step();
+        s.on_new_request(&ctx).unwrap();
+        store(&mut s, &f.arena, &ctx, &[1, 2]);
+        s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    }
     assert!(a.wait_until(Duration::from_secs(10), |v| v.count("submit_store") >= 1));
     step(&mut f.manager).unwrap();
     assert_eq!(
@@ -268,16 +272,22 @@ fn cascades_promotions_and_peer_fan_out_cross_the_boundary() {
     a.insert(OffloadKey::from_u64(7), bytes_for(7));
     let k7 = OffloadKey::from_u64(7);
     let r2 = ReqContext::local("r2");
-    f.manager.on_new_request(&r2).unwrap();
-    assert_eq!(f.manager.lookup(&k7, &r2).unwrap(), LookupResult::HitPending);
+    {
+        let mut s = f.manager.step();
+        s.on_new_request(&r2).unwrap();
+        assert_eq!(s.lookup(&k7, &r2).unwrap(), LookupResult::HitPending);
+        s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    }
     step(&mut f.manager).unwrap();
-    step(&mut f.manager).unwrap();
-    assert_eq!(f.manager.lookup(&k7, &r2).unwrap(), LookupResult::Hit);
-    let rows = f.manager.prepare_load(&[k7], &r2).unwrap();
-    assert_eq!(&*f.arena.read_row(rows[0]).unwrap(), bytes_for(7).as_slice());
-    f.manager.complete_load(&[k7], &r2).unwrap();
-    f.manager.on_request_finished(&r2).unwrap();
-    step(&mut f.manager).unwrap();
+    {
+        let mut s = f.manager.step();
+        assert_eq!(s.lookup(&k7, &r2).unwrap(), LookupResult::Hit);
+        let rows = s.prepare_load(&[k7], &r2).unwrap();
+        assert_eq!(&*f.arena.read_row(rows[0]).unwrap(), bytes_for(7).as_slice());
+        s.complete_load(&[k7], &r2).unwrap();
+        s.on_request_finished(&r2).unwrap();
+        s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    }
 
     // A peer asks the library's tier: the primary answers one key, the native tier another
     // (fan-out through the C-ABI ParentManager), and a fetch moves bytes through a store job.
@@ -310,7 +320,7 @@ fn cascades_promotions_and_peer_fan_out_cross_the_boundary() {
         "the peer store job was reported and unpinned"
     );
     assert_eq!(f.arena.granted_rows(), 0);
-    f.manager.on_request_finished(&ctx).unwrap();
+    f.manager.step().on_request_finished(&ctx).unwrap();
     f.manager.shutdown().unwrap();
 }
 
@@ -343,13 +353,15 @@ fn a_panic_in_lookup_becomes_a_manager_error_not_an_abort() {
         None,
     );
     let ctx = ReqContext::local("r");
-    f.manager.on_new_request(&ctx).unwrap();
+    let mut s = f.manager.step();
+    s.on_new_request(&ctx).unwrap();
     assert_eq!(
-        f.manager.lookup(&OffloadKey::from_u64(5), &ctx).unwrap(),
+        s.lookup(&OffloadKey::from_u64(5), &ctx).unwrap(),
         LookupResult::Miss,
         "a failed library answers Miss"
     );
-    let err = step(&mut f.manager).unwrap_err();
+    let err = s.on_schedule_end(&ScheduleEndContext::default()).unwrap_err();
+    drop(s);
     let msg = err.to_string();
     assert!(
         msg.contains("panicked in lookup") && msg.contains("deliberate panic"),
@@ -365,9 +377,11 @@ fn a_panic_while_taking_a_job_still_reports_it_exactly_once() {
         None,
     );
     let ctx = ReqContext::local("r");
-    f.manager.on_new_request(&ctx).unwrap();
-    store(&mut f.manager, &f.arena, &ctx, &[3]);
-    let err = step(&mut f.manager).unwrap_err();
+    let mut s = f.manager.step();
+    s.on_new_request(&ctx).unwrap();
+    store(&mut s, &f.arena, &ctx, &[3]);
+    let err = s.on_schedule_end(&ScheduleEndContext::default()).unwrap_err();
+    drop(s);
     assert!(err.to_string().contains("panicked in submit_store"), "{err}");
     // The failed job was reported (unpinning the chunk); later steps see no unknown job.
     step(&mut f.manager).unwrap();

@@ -99,6 +99,10 @@ struct Inner {
     shutdown_error: Option<String>,
     waker: Option<ControlWaker>,
     stats: TierStats,
+    /// Operations that panic the next time they are called.
+    panic_next: Vec<&'static str>,
+    /// `drain_jobs` blocks while this is set.
+    drain_blocked: bool,
 }
 
 type SharedInner = Arc<(Mutex<Inner>, Condvar)>;
@@ -106,6 +110,7 @@ type SharedInner = Arc<(Mutex<Inner>, Condvar)>;
 /// The tier half: hand it to the manager.
 pub struct ScriptedTier {
     shared: SharedInner,
+    control_plane: bool,
 }
 
 /// The test's half: script the tier and read what happened.
@@ -121,7 +126,16 @@ impl ScriptedTier {
         Self::with_info(TierInfo::new(name, Some(Medium::Storage), Some(Locality::Local)))
     }
 
-    /// A tier with the given description.
+    /// A tier that does not opt in to the control thread (`needs_control_plane` is false): the
+    /// manager must call it from the scheduler thread only.
+    #[must_use]
+    pub fn quiet(name: &str) -> (Self, ScriptedTierHandle) {
+        let (mut t, h) = Self::new(name);
+        t.control_plane = false;
+        (t, h)
+    }
+
+    /// A tier with the given description (opted in to the control thread, like a peer tier).
     #[must_use]
     pub fn with_info(info: TierInfo) -> (Self, ScriptedTierHandle) {
         let inner = Inner {
@@ -145,11 +159,14 @@ impl ScriptedTier {
             finished_requests: Vec::new(),
             shutdown_error: None,
             waker: None,
+            panic_next: Vec::new(),
+            drain_blocked: false,
         };
         let shared = Arc::new((Mutex::new(inner), Condvar::new()));
         (
             Self {
                 shared: Arc::clone(&shared),
+                control_plane: true,
             },
             ScriptedTierHandle { shared },
         )
@@ -163,6 +180,10 @@ impl ScriptedTier {
             req: req.cloned(),
         });
         self.shared.1.notify_all();
+        if let Some(pos) = inner.panic_next.iter().position(|o| *o == op) {
+            inner.panic_next.swap_remove(pos);
+            panic!("scripted panic in {op}");
+        }
     }
 }
 
@@ -210,6 +231,15 @@ fn run_job(inner: &mut Inner, mut job: TransferJob) -> JobResult {
 impl SecondaryTier for ScriptedTier {
     fn info(&self) -> TierInfo {
         self.shared.0.lock().info.clone()
+    }
+
+    fn needs_control_plane(&self) -> bool {
+        self.control_plane
+    }
+
+    fn on_schedule_end(&mut self) {
+        let mut inner = self.shared.0.lock();
+        self.record(&mut inner, "on_schedule_end", None);
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
@@ -322,6 +352,9 @@ impl SecondaryTier for ScriptedTier {
     fn drain_jobs(&mut self) {
         let mut inner = self.shared.0.lock();
         self.record(&mut inner, "drain", None);
+        while inner.drain_blocked {
+            self.shared.1.wait(&mut inner);
+        }
         // Held jobs have not started: cancel them, reporting each as failed.
         let held: Vec<TransferJob> = inner.held.drain(..).collect();
         for job in held {
@@ -407,6 +440,23 @@ fn serve_one(parent: &mut dyn ParentManager, req: &PeerRequest) -> (ServedPeer, 
 impl ScriptedTierHandle {
     fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
         self.shared.0.lock()
+    }
+
+    /// Makes the next call of `op` (`"submit_store"`, `"drain"`, `"on_schedule_end"`, `"poll"`,
+    /// …, as recorded in [`Call::op`]) panic.
+    pub fn panic_next(&self, op: &'static str) {
+        self.lock().panic_next.push(op);
+    }
+
+    /// Makes `drain_jobs` block until [`ScriptedTierHandle::release_drain`].
+    pub fn block_drain(&self) {
+        self.lock().drain_blocked = true;
+    }
+
+    /// Lets a blocked `drain_jobs` return.
+    pub fn release_drain(&self) {
+        self.lock().drain_blocked = false;
+        self.shared.1.notify_all();
     }
 
     /// Stores `bytes` under `key` as if a cascade had landed.

@@ -10,6 +10,8 @@ use crate::outcome::{LookupResult, OffloadPolicy};
 use crate::request::ReqContext;
 use crate::tier::ParentManager;
 
+use super::faults::TierFault;
+use super::jobs::Servicer;
 use super::state::TieringState;
 
 /// The `ParentManager` handed to tier `origin` while it serves. It calls the `_unlocked`
@@ -73,26 +75,18 @@ impl TieringState {
         }
     }
 
-    /// Serves every tier in chain order; stops at the first failure.
-    pub(crate) fn serve_all(&mut self) -> Result<(), ManagerError> {
+    /// Serves every tier `who` services, in chain order; a failing tier does not stop the
+    /// others.
+    pub(crate) fn serve_tiers(&mut self, who: Servicer) -> Vec<TierFault> {
+        let mut faults = Vec::new();
         for idx in 0..self.tiers.len() {
-            self.serve_tier(idx)?;
+            if !self.serviced_by(idx, who) {
+                continue;
+            }
+            if let Err(e) = self.serve_tier(idx) {
+                faults.push(TierFault::new(idx, e));
+            }
         }
-        Ok(())
-    }
-
-    /// One control-plane sweep: apply stores the device worker finished, poll every tier (so a
-    /// fetch that just arrived is bound before the requests it unblocks are served), serve, and
-    /// in off-step mode submit the promotions serving reserved.
-    pub(crate) fn sweep(&mut self) -> Result<(), ManagerError> {
-        self.counters.sweeps += 1;
-        self.apply_queued_completions();
-        self.process_finished_jobs()?;
-        self.serve_all()?;
-        if self.off_step {
-            // Promotions a peer's lookup started go out now, not at the next step end.
-            self.flush_promotions()?;
-        }
-        Ok(())
+        faults
     }
 }

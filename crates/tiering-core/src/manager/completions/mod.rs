@@ -1,0 +1,215 @@
+//! Store completions: the engine's `complete_store`, and — in off-step mode — the copy
+//! workers' reports of the same stores, which the control thread applies between steps so a
+//! peer waiting for those chunks is answered while the model runs.
+//!
+//! Workers report in process through a [`StoreCompletionSender`] or from other processes over
+//! the [completion channel](crate::channel); both land in one [`CompletionQueue`] that the
+//! control thread drains. The [`ledger`] reconciles the reports per key.
+
+pub(crate) mod ledger;
+mod sender;
+
+use std::time::Instant;
+
+use parking_lot::Mutex;
+
+use crate::error::ManagerError;
+use crate::key::OffloadKey;
+use crate::request::ReqContext;
+
+use super::state::TieringState;
+use ledger::{ReportTally, Verdict};
+
+pub(crate) use ledger::StoreLedger;
+pub use sender::StoreCompletionSender;
+
+/// Something a copy worker told the manager.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum WorkerEvent {
+    /// Rank `rank` finished copying `keys` into their rows (or failed to).
+    Stored {
+        rank: u32,
+        keys: Vec<OffloadKey>,
+        success: bool,
+    },
+    /// Rank `rank` connected.
+    Joined { rank: u32 },
+    /// Rank `rank` disconnected; `clean` when it said goodbye first.
+    Left { rank: u32, clean: bool },
+    /// A message that was malformed or came from a foreign arena was rejected.
+    Rejected,
+}
+
+/// The queue workers push to; shared by the senders, the channel and the manager state.
+#[derive(Default)]
+pub(crate) struct CompletionQueue {
+    items: Mutex<Vec<WorkerEvent>>,
+}
+
+impl CompletionQueue {
+    pub(crate) fn push(&self, event: WorkerEvent) {
+        self.items.lock().push(event);
+    }
+
+    fn take(&self) -> Vec<WorkerEvent> {
+        std::mem::take(&mut *self.items.lock())
+    }
+}
+
+impl TieringState {
+    /// Opens the ledger records of a prepared store.
+    pub(crate) fn open_store_batch(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) {
+        self.ledger.open_batch(ctx, keys);
+    }
+
+    /// The engine's `complete_store`: applies every key no worker has completed yet, absorbs
+    /// the rest (counting disagreeing flags).
+    pub(crate) fn complete_store_unlocked(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        success: bool,
+    ) -> Result<(), ManagerError> {
+        let rid = ctx.id();
+        let Some(req) = self.requests.get(rid) else {
+            return Err(ManagerError::UnknownRequest(rid.clone()));
+        };
+        let has_pending = req.pending_stores > 0;
+        let mut tally = ReportTally::default();
+        let mut apply = Vec::new();
+        let mut settle = Vec::new();
+        let mut tracked = 0usize;
+        for k in keys {
+            match self.ledger.engine_report(k, success, &mut tally) {
+                None => {}
+                Some(Verdict::Apply(ok)) => {
+                    tracked += 1;
+                    apply.push((*k, ok));
+                }
+                Some(Verdict::Nothing) => {
+                    tracked += 1;
+                    settle.push(*k);
+                }
+            }
+        }
+        if tracked == 0 && !has_pending {
+            return Err(ManagerError::NoPendingStore(rid.clone()));
+        }
+        self.note_tally(&tally, "engine");
+        self.apply_store_keys(&apply);
+        let done: Vec<u64> = settle
+            .iter()
+            .filter_map(|k| self.ledger.settle_after_engine(k))
+            .collect();
+        for batch in done {
+            self.end_store_batch(batch);
+        }
+        Ok(())
+    }
+
+    fn note_tally(&mut self, tally: &ReportTally, source: &str) {
+        self.counters.duplicate_store_reports += tally.absorbed;
+        self.counters.unmatched_worker_reports += tally.unknown;
+        if tally.conflicts > 0 {
+            self.counters.store_report_conflicts += tally.conflicts;
+            tracing::warn!(
+                conflicts = tally.conflicts,
+                second_report = source,
+                "store reports disagree on success; the first report was applied"
+            );
+        }
+    }
+
+    /// Applies keys (primary `complete_store`, cascade on success), grouped by store batch.
+    fn apply_store_keys(&mut self, keys: &[(OffloadKey, bool)]) {
+        // Group by (batch, success) preserving first-seen order, so one cascade job covers the
+        // keys of one store.
+        let mut groups: Vec<(u64, bool, Vec<OffloadKey>)> = Vec::new();
+        for &(k, ok) in keys {
+            let Some(batch) = self.ledger.batch_of(&k) else {
+                continue;
+            };
+            match groups.iter_mut().find(|(b, s, _)| *b == batch && *s == ok) {
+                Some(g) => g.2.push(k),
+                None => groups.push((batch, ok, vec![k])),
+            }
+        }
+        for (batch, ok, group) in groups {
+            let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
+                continue;
+            };
+            self.primary.complete_store(&group, &ctx, ok);
+            if ok {
+                for idx in 0..self.tiers.len() {
+                    self.cascade_to(idx, &group, &ctx);
+                }
+            }
+            let mut ended = false;
+            for k in &group {
+                ended |= self.ledger.mark_applied(k, ok).is_some();
+            }
+            if ended {
+                self.end_store_batch(batch);
+            }
+        }
+    }
+
+    /// Every key of a store batch is settled: the request has one store fewer pending.
+    fn end_store_batch(&mut self, batch: u64) {
+        let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
+            return;
+        };
+        if let Some(state) = self.requests.get_mut(ctx.id()) {
+            state.pending_stores = state.pending_stores.saturating_sub(1);
+        }
+        self.maybe_finalize(ctx.id());
+    }
+
+    /// Applies every report workers queued since the last call, and fails the keys of ranks
+    /// that disconnected and did not come back within the deadline.
+    pub(crate) fn apply_queued_completions(&mut self) {
+        for event in self.completion_queue.take() {
+            match event {
+                WorkerEvent::Stored { rank, keys, success } => self.apply_worker_report(rank, &keys, success),
+                WorkerEvent::Joined { rank } => self.ledger.worker_joined(rank),
+                WorkerEvent::Left { rank, clean } => {
+                    if clean {
+                        self.ledger.worker_joined(rank);
+                    } else {
+                        tracing::warn!(rank, "a copy worker disconnected without goodbye; its unreported stores fail after the deadline");
+                        self.ledger.worker_gone(rank, Instant::now());
+                    }
+                }
+                WorkerEvent::Rejected => self.counters.completion_messages_rejected += 1,
+            }
+        }
+        for (rank, keys) in self.ledger.expired_worker_keys(Instant::now()) {
+            if keys.is_empty() {
+                continue;
+            }
+            tracing::warn!(rank, keys = keys.len(), "failing stores a dead copy worker never reported");
+            self.counters.worker_lost_store_keys += keys.len() as u64;
+            let failed: Vec<(OffloadKey, bool)> = keys.into_iter().map(|k| (k, false)).collect();
+            self.apply_store_keys(&failed);
+        }
+    }
+
+    fn apply_worker_report(&mut self, rank: u32, keys: &[OffloadKey], success: bool) {
+        if !self.ledger.dual {
+            self.counters.unmatched_worker_reports += keys.len() as u64;
+            tracing::warn!("a copy worker reported a store but off-step completions are off; ignored");
+            return;
+        }
+        let mut tally = ReportTally::default();
+        let apply: Vec<(OffloadKey, bool)> = keys
+            .iter()
+            .filter_map(|k| match self.ledger.worker_report(rank, k, success, &mut tally) {
+                Verdict::Apply(ok) => Some((*k, ok)),
+                Verdict::Nothing => None,
+            })
+            .collect();
+        self.note_tally(&tally, "worker");
+        self.counters.off_step_store_completions += apply.len() as u64;
+        self.apply_store_keys(&apply);
+    }
+}

@@ -1,0 +1,89 @@
+//! Construction options of a [`TieringManager`](super::TieringManager).
+
+use std::time::Duration;
+
+/// What the manager does with a secondary tier whose control-plane work failed (an error, an
+/// invalid job report, or a panic).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTierFailure {
+    /// The tier leaves the chain: it is no longer looked up, stored to or served; its in-flight
+    /// jobs are reported failed and their pins released once the tier has stopped. The manager
+    /// keeps serving with the remaining tiers.
+    #[default]
+    Quarantine,
+    /// The control-plane thread stops and the manager falls back to servicing every tier from
+    /// the scheduler thread at step end (the tier stays in the chain).
+    Fail,
+}
+
+/// Construction options of a [`TieringManager`](super::TieringManager).
+///
+/// Off-step store completions are switched on by one field, [`ManagerConfig::off_step`]
+/// (`[control_plane] off_step = true` in a chain file): the engine's copy workers then report
+/// every finished device→primary store (in process through a
+/// [`StoreCompletionSender`](super::StoreCompletionSender), or from worker processes over the
+/// [completion channel](crate::channel)), the control thread completes and cascades it at once,
+/// and the engine's own `complete_store` of the same keys is absorbed. With tensor parallelism,
+/// [`ManagerConfig::reporters`] is the number of ranks that must all report a key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagerConfig {
+    /// Run the control plane on a dedicated thread (started when the first step ends, if at
+    /// least one secondary tier opts in). `false` keeps everything step-driven.
+    pub control_plane_thread: bool,
+    /// Longest idle wait of the control thread when no tier signals the waker and no tier
+    /// deadline is nearer. Tiers that need finer wake-ups report them through
+    /// `SecondaryTier::next_deadline`.
+    pub idle_wait: Duration,
+    /// How long the control thread waits for the lock before re-checking the stop flag.
+    pub lock_timeout: Duration,
+    /// How often a starved control thread warns.
+    pub starvation_warning: Duration,
+    /// How long `shutdown` waits for the control thread to exit.
+    pub join_timeout: Duration,
+    /// How long `shutdown` waits for the lock after that (a control thread stuck in a tier
+    /// still holds it).
+    pub shutdown_lock_timeout: Duration,
+    /// Bound on one tier's `drain_jobs` or `shutdown`: a tier that takes longer is reported
+    /// and abandoned (quarantined), never waited on forever.
+    pub tier_timeout: Duration,
+    /// Off-step store completions (see the type's docs).
+    pub off_step: bool,
+    /// Copy workers (tensor-parallel ranks) that report each store in off-step mode; a key
+    /// completes off-step once all of them reported it. At least 1.
+    pub reporters: u32,
+    /// How long after a reporting worker disconnects without saying goodbye the stores it had
+    /// not reported are failed.
+    pub worker_deadline: Duration,
+    /// What happens to a tier whose control-plane work fails.
+    pub on_tier_failure: OnTierFailure,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            control_plane_thread: true,
+            idle_wait: Duration::from_millis(100),
+            lock_timeout: Duration::from_secs(1),
+            starvation_warning: Duration::from_secs(10),
+            join_timeout: Duration::from_secs(2),
+            shutdown_lock_timeout: Duration::from_secs(10),
+            tier_timeout: Duration::from_secs(10),
+            off_step: false,
+            reporters: 1,
+            worker_deadline: Duration::from_secs(5),
+            on_tier_failure: OnTierFailure::Quarantine,
+        }
+    }
+}
+
+impl ManagerConfig {
+    /// The fully step-driven configuration (no control thread), for deterministic tests.
+    #[must_use]
+    pub fn step_driven() -> Self {
+        Self {
+            control_plane_thread: false,
+            ..Self::default()
+        }
+    }
+}

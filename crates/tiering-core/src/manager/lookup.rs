@@ -1,0 +1,135 @@
+//! Lookup and promotions: the primary first, then the secondary tiers in chain order; a
+//! secondary hit reserves a primary row at once (`HitPending`) and queues a promotion that is
+//! submitted, batched per (tier, request), at the end of the step (or of the sweep).
+
+use crate::arena::RowGrant;
+use crate::error::{ManagerError, TierError};
+use crate::job::{JobKind, TransferJob};
+use crate::key::OffloadKey;
+use crate::outcome::LookupResult;
+use crate::request::ReqContext;
+
+use super::state::{JobMeta, PendingPromotion, TieringState};
+
+impl TieringState {
+    /// The lookup algorithm. `poll` is true only for the engine's own lookups: a lookup made
+    /// while a tier serves a peer must not run the scheduler's poll gate.
+    pub(crate) fn lookup_unlocked(
+        &mut self,
+        key: &OffloadKey,
+        ctx: &ReqContext,
+        poll: bool,
+    ) -> Result<LookupResult, ManagerError> {
+        if poll {
+            let faults = self.gated_poll();
+            self.handle_faults(faults)?;
+        }
+        match self.primary.lookup(key, ctx) {
+            r @ (LookupResult::Hit | LookupResult::HitPending) => return Ok(r),
+            LookupResult::Retry | LookupResult::Miss => {}
+        }
+        let mut retry = false;
+        for idx in 0..self.tiers.len() {
+            let slot = &mut self.tiers[idx];
+            if !ctx.load_filter().allows_tier(&slot.info) {
+                continue;
+            }
+            // An absent tier is the one serving this very lookup (skipped by construction) or a
+            // quarantined one.
+            let Some(tier) = slot.tier.as_mut() else {
+                continue;
+            };
+            match tier.lookup(key, ctx) {
+                LookupResult::Hit => return Ok(self.initiate_promotion(idx, key, ctx)),
+                LookupResult::Retry | LookupResult::HitPending => retry = true,
+                LookupResult::Miss => {}
+            }
+        }
+        Ok(if retry {
+            LookupResult::Retry
+        } else {
+            LookupResult::Miss
+        })
+    }
+
+    /// Reserves a primary slot for promoting `key` from tier `idx` and queues it for the
+    /// batched submission. `Miss` when the primary cannot make room (never `Retry`: that would
+    /// livelock the scheduler).
+    fn initiate_promotion(&mut self, idx: usize, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
+        let Some(out) = self.primary.prepare_write(std::slice::from_ref(key), ctx) else {
+            self.counters.promotion_alloc_failures += 1;
+            return LookupResult::Miss;
+        };
+        if out.keys_to_store.is_empty() {
+            // Already resident after all; answer from the primary instead of queueing a job.
+            return match self.primary.lookup(key, ctx) {
+                r @ (LookupResult::Hit | LookupResult::HitPending) => r,
+                LookupResult::Retry | LookupResult::Miss => LookupResult::Miss,
+            };
+        }
+        let entry = self.pending_promotions[idx]
+            .entry(ctx.id().clone())
+            .or_insert_with(|| PendingPromotion {
+                ctx: ctx.clone(),
+                keys: Vec::new(),
+                chunk_ids: Vec::new(),
+            });
+        entry.keys.extend_from_slice(&out.keys_to_store);
+        entry.chunk_ids.extend_from_slice(&out.chunk_ids);
+        LookupResult::HitPending
+    }
+
+    /// Whether any promotion is reserved and not yet submitted.
+    pub(crate) fn has_unsubmitted_promotions(&self) -> bool {
+        self.pending_promotions.iter().any(|m| !m.is_empty())
+    }
+
+    /// Submits one promotion job per (tier, request) with reserved keys, in first-lookup order.
+    pub(crate) fn flush_promotions(&mut self) -> Result<(), ManagerError> {
+        let mut first_err = None;
+        for idx in 0..self.tiers.len() {
+            if self.tiers[idx].tier.is_none() || self.pending_promotions[idx].is_empty() {
+                continue;
+            }
+            let pending = std::mem::take(&mut self.pending_promotions[idx]);
+            for (_, p) in pending {
+                if p.keys.is_empty() {
+                    continue;
+                }
+                let rows = match self.arena.write_rows(&p.chunk_ids) {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // A row reserved at −1 is held by someone else: an invariant broke.
+                        // Free the reservations rather than write into a row in use.
+                        self.primary.complete_write(&p.keys, &p.ctx, false);
+                        first_err.get_or_insert(ManagerError::primary(TierError::Arena(e)));
+                        continue;
+                    }
+                };
+                let id = self.next_job_id();
+                self.jobs.insert(
+                    id,
+                    JobMeta {
+                        tier: idx,
+                        kind: JobKind::Promotion,
+                        keys: p.keys.clone(),
+                        ctx: p.ctx.clone(),
+                    },
+                );
+                self.counters.promotion_jobs += 1;
+                let job = TransferJob {
+                    id,
+                    kind: JobKind::Promotion,
+                    keys: p.keys,
+                    chunk_ids: p.chunk_ids,
+                    req: p.ctx,
+                    rows: RowGrant::Write(rows),
+                };
+                if let Err(fault) = self.call_tier(idx, "submit_load", |t| t.submit_load(job)) {
+                    first_err.get_or_insert(fault);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+}

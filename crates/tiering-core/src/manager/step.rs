@@ -1,0 +1,222 @@
+//! The step guard: the only way to hold the manager's lock.
+
+use std::marker::PhantomData;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::RawMutex;
+use parking_lot::lock_api::ArcMutexGuard;
+
+use crate::error::{ControlPlaneFailure, ManagerError, panic_message};
+use crate::key::OffloadKey;
+use crate::offloading::OffloadingManager;
+use crate::outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
+use crate::request::ReqContext;
+
+use super::control::Shared;
+use super::jobs::Servicer;
+use super::state::TieringState;
+
+/// One scheduler step: holds the manager's lock from [`TieringManager::step`](super::TieringManager::step)
+/// until it is dropped, and carries the engine calls of the step (it implements
+/// [`OffloadingManager`]).
+///
+/// Holding the lock across the scheduling part of a step is what keeps a chunk that `lookup`
+/// reported as a hit resident until the engine's `prepare_load`. Drop the step before the model
+/// runs, so the control thread can serve peers meanwhile. Dropping flushes whatever the step
+/// queued after `on_schedule_end` (promotions, parked cascades), then releases the lock fairly —
+/// also when the stack unwinds from a panic.
+pub struct Step<'m> {
+    shared: Arc<Shared>,
+    guard: Option<ArcMutexGuard<RawMutex, TieringState>>,
+    failure: Option<Arc<ControlPlaneFailure>>,
+    _handle: PhantomData<&'m mut ()>,
+}
+
+impl Step<'_> {
+    pub(crate) fn begin(shared: &Arc<Shared>) -> Self {
+        let guard = if shared.shut_down.load(Ordering::Acquire) {
+            None
+        } else {
+            let mut guard = shared.state.lock_arc();
+            guard.polled_this_step = false;
+            Some(guard)
+        };
+        // Taken after the lock: a sweep may have failed while this step waited for it.
+        let failure = shared.take_failure();
+        Self {
+            shared: Arc::clone(shared),
+            guard,
+            failure,
+            _handle: PhantomData,
+        }
+    }
+
+    /// The state, after returning a pending control-plane failure once.
+    fn state(&mut self) -> Result<&mut TieringState, ManagerError> {
+        if let Some(f) = self.failure.take() {
+            return Err(ManagerError::ControlPlane(f));
+        }
+        let state = self.guard.as_deref_mut().ok_or(ManagerError::ShutDown)?;
+        match state.deferred_failure.take() {
+            Some(e) => Err(e),
+            None => Ok(state),
+        }
+    }
+
+    /// Events since the last call (as [`TieringManager::take_events`](super::TieringManager::take_events),
+    /// from within the step: vLLM's connector collects them while it schedules).
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn take_events(&mut self) -> Result<Vec<crate::event::OffloadingEvent>, ManagerError> {
+        self.inspect(TieringState::take_events_unlocked)
+    }
+
+    /// A snapshot of the counters, from within the step.
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn stats(&mut self) -> Result<crate::stats::ManagerStats, ManagerError> {
+        self.inspect(|s| s.stats_unlocked())
+    }
+
+    /// Whether the engine should keep stepping even with no requests, from within the step.
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn has_pending_work(&mut self) -> Result<bool, ManagerError> {
+        self.inspect(|s| s.has_pending_work_unlocked())
+    }
+
+    /// Runs `f` on the locked state without any engine semantics. For diagnostics and tests.
+    pub fn inspect<R>(&mut self, f: impl FnOnce(&mut TieringState) -> R) -> Result<R, ManagerError> {
+        self.guard.as_deref_mut().map(f).ok_or(ManagerError::ShutDown)
+    }
+
+    /// Flushes what the step queued after `on_schedule_end` and starts the control thread once
+    /// the first step ends.
+    fn finish(shared: &Arc<Shared>, state: &mut TieringState) {
+        let flushed = catch_unwind(AssertUnwindSafe(|| {
+            state.flush_parked_cascades();
+            if state.has_unsubmitted_promotions() {
+                state.flush_promotions()
+            } else {
+                Ok(())
+            }
+        }));
+        match flushed {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => shared.record_failure(e.to_string()),
+            Err(payload) => shared.record_failure(format!(
+                "the end-of-step flush panicked: {}",
+                panic_message(&*payload)
+            )),
+        }
+        shared.start_control_thread(state);
+    }
+}
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        let Some(mut guard) = self.guard.take() else {
+            return;
+        };
+        // While unwinding, only release the lock: running tier code now could panic again.
+        if !std::thread::panicking() {
+            Self::finish(&self.shared, &mut guard);
+        }
+        ArcMutexGuard::unlock_fair(guard);
+        if let Some(f) = self.failure.take() {
+            // Never handed to the engine in this step: keep it for the next one.
+            self.shared.record_failure(f.message.clone());
+        }
+    }
+}
+
+impl std::fmt::Debug for Step<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step")
+            .field("locked", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OffloadingManager for Step<'_> {
+    fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupResult, ManagerError> {
+        self.state()?.lookup_unlocked(key, ctx, true)
+    }
+
+    fn prepare_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, ManagerError> {
+        self.state()?
+            .primary
+            .prepare_load(keys, ctx)
+            .map_err(ManagerError::primary)
+    }
+
+    fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), ManagerError> {
+        let state = self.state()?;
+        state.primary.touch(keys, ctx);
+        for slot in &mut state.tiers {
+            if let Some(tier) = slot.tier.as_mut() {
+                tier.touch(keys, ctx);
+            }
+        }
+        Ok(())
+    }
+
+    fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), ManagerError> {
+        self.state()?
+            .primary
+            .complete_load(keys, ctx)
+            .map_err(ManagerError::primary)
+    }
+
+    fn prepare_store(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Option<PrepareStoreOutput>, ManagerError> {
+        self.state()?.prepare_store_unlocked(keys, ctx)
+    }
+
+    fn complete_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext, success: bool) -> Result<(), ManagerError> {
+        self.state()?.complete_store_unlocked(keys, ctx, success)
+    }
+
+    fn on_new_request(&mut self, ctx: &ReqContext) -> Result<OffloadPolicy, ManagerError> {
+        Ok(self.state()?.on_new_request_unlocked(ctx, None))
+    }
+
+    fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), ManagerError> {
+        self.state()?.on_request_finished_unlocked(ctx)
+    }
+
+    fn on_schedule_end(&mut self, _ctx: &ScheduleEndContext) -> Result<(), ManagerError> {
+        let state = self.state()?;
+        // The scheduler's share of the control plane: the tiers the control thread does not
+        // own (all of them when it is not running) are polled and served here.
+        let mut faults = state.gated_poll();
+        faults.extend(state.serve_tiers(Servicer::Scheduler));
+        let serviced = state.handle_faults(faults);
+        let flushed = state.end_of_step_flush();
+        serviced.and(flushed)
+    }
+}
+
+impl TieringState {
+    /// Step-end flush: promotions first (so those started while serving go out this step), then
+    /// parked cascades, then each tier's own step-end hook.
+    fn end_of_step_flush(&mut self) -> Result<(), ManagerError> {
+        let promoted = self.flush_promotions();
+        self.flush_parked_cascades();
+        let mut hooks = Ok(());
+        for idx in 0..self.tiers.len() {
+            if let Err(e) = self.call_tier(idx, "on_schedule_end", |t| t.on_schedule_end()) {
+                hooks = hooks.and(Err(e));
+            }
+        }
+        promoted.and(hooks)
+    }
+}

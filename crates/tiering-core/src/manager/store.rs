@@ -1,0 +1,167 @@
+//! Stores and cascades: reserving primary rows for newly computed chunks, and copying every
+//! chunk that lands in the primary to each secondary tier (one pin per tier), including the
+//! request-level cascade of chunks a request found already present.
+
+use crate::arena::RowGrant;
+use crate::error::{ManagerError, TierError};
+use crate::job::{JobKind, TransferJob};
+use crate::key::{KeySet, OffloadKey};
+use crate::outcome::{LookupResult, PrepareStoreOutput};
+use crate::request::{ReqContext, RequestId};
+
+use super::state::{JobMeta, TieringState};
+
+impl TieringState {
+    /// Pins ready chunks and registers a store job under tier `idx`; the caller submits it (or,
+    /// for a peer, the serving tier moves the bytes itself).
+    pub(crate) fn create_store_job_unlocked(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        idx: usize,
+    ) -> Result<TransferJob, ManagerError> {
+        let chunk_ids = self
+            .primary
+            .prepare_read(keys, ctx)
+            .map_err(ManagerError::primary)?;
+        let rows = match self.arena.read_rows(&chunk_ids) {
+            Ok(rows) => rows,
+            Err(e) => {
+                if let Err(undo) = self.primary.complete_read(keys, ctx) {
+                    tracing::error!(error = %undo, "releasing pins after a failed row grant");
+                }
+                return Err(ManagerError::primary(TierError::Arena(e)));
+            }
+        };
+        let id = self.next_job_id();
+        self.jobs.insert(
+            id,
+            JobMeta {
+                tier: idx,
+                kind: JobKind::Store,
+                keys: keys.to_vec(),
+                ctx: ctx.clone(),
+            },
+        );
+        Ok(TransferJob {
+            id,
+            kind: JobKind::Store,
+            keys: keys.to_vec(),
+            chunk_ids,
+            req: ctx.clone(),
+            rows: RowGrant::Read(rows),
+        })
+    }
+
+    /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
+    /// is not cascaded (logged), never an engine-visible failure; a tier that panics while
+    /// accepting the job is handled by the failure policy.
+    pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
+        if self.tiers[idx].tier.is_none() {
+            return;
+        }
+        match self.create_store_job_unlocked(keys, ctx, idx) {
+            Ok(job) => {
+                self.counters.cascade_jobs += 1;
+                if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
+                    tracing::error!(error = %e, "cascade submission failed");
+                    self.deferred_failure.get_or_insert(e);
+                }
+            }
+            Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
+        }
+    }
+
+    pub(crate) fn prepare_store_unlocked(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+    ) -> Result<Option<PrepareStoreOutput>, ManagerError> {
+        let faults = self.gated_poll();
+        self.handle_faults(faults)?;
+        let rid = ctx.id();
+        if !self.requests.contains_key(rid) {
+            return Err(ManagerError::UnknownRequest(rid.clone()));
+        }
+        let Some(out) = self.primary.prepare_store(keys, ctx) else {
+            return Ok(None);
+        };
+        if !out.keys_to_store.is_empty() {
+            self.open_store_batch(ctx, &out.keys_to_store);
+        }
+        let Some(state) = self.requests.get_mut(rid) else {
+            return Err(ManagerError::UnknownRequest(rid.clone()));
+        };
+        if !out.keys_to_store.is_empty() {
+            state.pending_stores += 1;
+        }
+        if !state.request_level.is_empty() {
+            let new: KeySet = out.keys_to_store.iter().copied().collect();
+            let existing: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
+            if !existing.is_empty() {
+                self.cascade_existing(rid, &existing);
+            }
+        }
+        Ok(Some(out))
+    }
+
+    /// Request-level cascade of chunks that were already present: ready ones are submitted to
+    /// the request-level tiers now, in-flight ones are parked until they resolve, absent ones
+    /// are dropped.
+    fn cascade_existing(&mut self, rid: &RequestId, keys: &[OffloadKey]) {
+        let Some(state) = self.requests.get(rid) else {
+            return;
+        };
+        let ctx = state.ctx.clone();
+        let mut ready = Vec::new();
+        let mut parked = Vec::new();
+        for key in keys {
+            match self.primary.lookup(key, &ctx) {
+                LookupResult::Hit => ready.push(*key),
+                LookupResult::HitPending => parked.push(*key),
+                LookupResult::Miss | LookupResult::Retry => {}
+            }
+        }
+        let Some(state) = self.requests.get_mut(rid) else {
+            return;
+        };
+        state.parked.extend(parked);
+        let targets: Vec<usize> = state
+            .request_level
+            .iter()
+            .copied()
+            .filter(|&t| Some(t) != state.exclude)
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        for t in targets {
+            self.cascade_to(t, &ready, &ctx);
+        }
+    }
+
+    /// Whether a request-level cascade waits for keys still in flight.
+    pub(crate) fn has_parked_cascades(&self) -> bool {
+        self.requests.values().any(|s| !s.parked.is_empty())
+    }
+
+    /// Re-runs the request-level cascade for parked keys (each resolves eventually: a write in
+    /// flight ends ready or removed).
+    pub(crate) fn flush_parked_cascades(&mut self) {
+        let parked: Vec<RequestId> = self
+            .requests
+            .iter()
+            .filter(|(_, s)| !s.parked.is_empty())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for rid in parked {
+            let keys = self
+                .requests
+                .get_mut(&rid)
+                .map(|s| std::mem::take(&mut s.parked))
+                .unwrap_or_default();
+            self.cascade_existing(&rid, &keys);
+            self.maybe_finalize(&rid);
+        }
+    }
+}

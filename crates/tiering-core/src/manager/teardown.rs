@@ -1,0 +1,95 @@
+//! Reset and shutdown: both first finish what is in flight (worker reports, every tier's jobs,
+//! each drain bounded by the tier timeout) so no completion is lost and no pin leaks.
+
+use crate::error::ManagerError;
+use crate::request::RequestId;
+
+use super::faults::{Bounded, run_bounded};
+use super::jobs::Servicer;
+use super::state::TieringState;
+
+impl TieringState {
+    /// Drain → process → check no jobs → drop reservations → reset request counters (finalizing
+    /// finished requests) → reset the primary. Secondary data survives.
+    pub(crate) fn reset_cache_unlocked(&mut self) -> Result<(), ManagerError> {
+        self.apply_queued_completions();
+        let drained = self.drain_all_bounded();
+        let faults = self.poll_tiers(Servicer::Everyone);
+        let processed = self.handle_faults(faults);
+        if !self.jobs.is_empty() {
+            // A tier still owns rows: resetting the primary now could hand them to someone else.
+            return Err(ManagerError::ResetLeftJobs(self.jobs.len()));
+        }
+        for map in &mut self.pending_promotions {
+            map.clear();
+        }
+        let finished: Vec<RequestId> = self
+            .requests
+            .iter_mut()
+            .filter_map(|(id, s)| {
+                s.pending_stores = 0;
+                s.parked.clear();
+                s.finished.then(|| id.clone())
+            })
+            .collect();
+        self.ledger.clear();
+        for rid in finished {
+            if let Some(state) = self.requests.remove(&rid) {
+                self.notify_finished(&state);
+            }
+        }
+        self.primary.reset();
+        self.polled_this_step = false;
+        drained.and(processed)
+    }
+
+    /// Shuts every tier down (reporting the last failure), then the primary only if they all
+    /// stopped: a tier that failed to stop may still touch the arena. Each tier's drain and
+    /// shutdown is bounded by the tier timeout.
+    pub(crate) fn shutdown_tiers(&mut self) -> Result<(), ManagerError> {
+        self.apply_queued_completions();
+        let drained = self.drain_all_bounded();
+        let faults = self.poll_tiers(Servicer::Everyone);
+        if let Err(e) = self.handle_faults(faults) {
+            tracing::error!(error = %e, "invalid job report while shutting down");
+        }
+        let mut last_err = drained.err();
+        for idx in 0..self.tiers.len() {
+            let Some(tier) = self.tiers[idx].tier.take() else {
+                continue;
+            };
+            let name = self.tiers[idx].info.name.clone();
+            match run_bounded(tier, self.tier_timeout, "tier-shutdown", |t| t.shutdown()) {
+                Bounded::Done(tier, Ok(())) => self.tiers[idx].tier = Some(tier),
+                Bounded::Done(tier, Err(e)) => {
+                    tracing::error!(tier = %name, error = %e, "tier shutdown failed");
+                    self.tiers[idx].tier = Some(tier);
+                    last_err = Some(ManagerError::tier(&name, e));
+                }
+                Bounded::Panicked(tier, msg) => {
+                    tracing::error!(tier = %name, panic = %msg, "tier panicked while shutting down");
+                    self.tiers[idx].tier = Some(tier);
+                    last_err = Some(ManagerError::tier(
+                        &name,
+                        crate::error::TierError::Other(format!("panicked in shutdown: {msg}")),
+                    ));
+                }
+                Bounded::TimedOut => {
+                    let e = ManagerError::TierTimedOut {
+                        tier: name,
+                        op: "shutdown",
+                        timeout: self.tier_timeout,
+                    };
+                    tracing::error!(error = %e, "tier abandoned while shutting down");
+                    last_err = Some(e);
+                }
+            }
+        }
+        if let Some(e) = last_err {
+            return Err(e);
+        }
+        self.primary
+            .shutdown()
+            .map_err(|e| ManagerError::tier(&self.primary.info().name, e))
+    }
+}
