@@ -157,9 +157,14 @@ fn reset_cache_with_completions_in_flight_loses_nothing() {
     r.m.inspect(|s| assert_eq!(s.jobs_in_flight(), 0));
     assert_eq!(r.primary.total_pins(), 0);
     assert_eq!(r.primary.arena().granted_rows(), 0);
-    // The engine's late report of the same store is absorbed.
-    r.m.complete_store(&keys, &ctx, true).unwrap();
+    // reset_cache forgot the store: the engine's late report of it is a contract violation,
+    // refused without changing anything.
+    assert!(matches!(
+        r.m.complete_store(&keys, &ctx, true),
+        Err(tiering_core::ManagerError::NoPendingStore(_))
+    ));
     end_step(&mut r.m);
+    r.m.inspect(|s| assert_eq!(s.unmatched_store_reports(), 0, "the ledger was cleared"));
     r.primary.check_invariants().unwrap();
 }
 

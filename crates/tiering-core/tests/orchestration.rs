@@ -440,7 +440,13 @@ fn peer_store_jobs_pin_until_the_origin_reports_them() {
 
 #[test]
 fn unknown_and_misattributed_job_reports_are_clear_errors() {
-    let mut r = step_rig(8, &["t0", "t1"]);
+    // Under the `fail` policy the reporting tier stays in the chain, so the same tiers can be
+    // checked again (quarantine is covered by the control-thread tests).
+    let config = ManagerConfig {
+        on_tier_failure: tiering_core::OnTierFailure::Fail,
+        ..ManagerConfig::step_driven()
+    };
+    let mut r = rig(8, &["t0", "t1"], config);
     let ctx = new_req(&mut r, "a");
     r.tiers[0].report_bogus_job(JobId(999));
     let err = r.m.lookup(&key(1), &ctx).unwrap_err();
@@ -506,7 +512,6 @@ fn engine_contract_violations_return_errors_and_change_nothing() {
         r.m.on_request_finished(&stranger),
         Err(ManagerError::UnknownRequest(_))
     ));
-    assert!(matches!(r.m.reset_cache(), Err(ManagerError::MidStep(_))));
     end_step(&mut r.m);
     // Still fully usable.
     assert_eq!(load_bytes(&mut r.m, &r.primary, &ctx, key(1)), bytes_for(&key(1)));

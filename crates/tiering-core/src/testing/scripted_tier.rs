@@ -319,8 +319,8 @@ impl SecondaryTier for ScriptedTier {
             let reqs: Vec<PeerRequest> = inner.inbound.drain(..).collect();
             (
                 reqs,
-                inner.serve_error.clone(),
-                inner.serve_panic,
+                inner.serve_error.take(),
+                std::mem::take(&mut inner.serve_panic),
                 inner.serve_delay,
             )
         };
