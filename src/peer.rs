@@ -81,18 +81,21 @@ fn produce(mut chain: Chain, args: &PeerArgs) -> Result<()> {
     let m = &mut chain.manager;
     let ctx = ReqContext::local("kvtier-peer-store");
     let keys = keys(args.seed, args.chunks);
-    m.on_new_request(&ctx)?;
-    let out = m
-        .prepare_store(&keys, &ctx)?
-        .context("the primary tier has no room for the chunks to serve")?;
-    for (k, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
-        fill_chunk(k, &mut chain.arena.write_row(row)?);
+    {
+        let mut step = m.step();
+        step.on_new_request(&ctx)?;
+        let out = step
+            .prepare_store(&keys, &ctx)?
+            .context("the primary tier has no room for the chunks to serve")?;
+        for (k, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+            fill_chunk(k, &mut chain.arena.write_row(row)?);
+        }
+        if !out.keys_to_store.is_empty() {
+            step.complete_store(&out.keys_to_store, &ctx, true)?;
+        }
+        step.on_request_finished(&ctx)?;
+        step.on_schedule_end(&end())?;
     }
-    if !out.keys_to_store.is_empty() {
-        m.complete_store(&out.keys_to_store, &ctx, true)?;
-    }
-    m.on_request_finished(&ctx)?;
-    m.on_schedule_end(&end())?;
     println!(
         "kvtier peer: serving {} chunks of {} bytes (seed {}) for {} s",
         args.chunks, args.chunk_bytes, args.seed, args.serve_secs
@@ -101,7 +104,7 @@ fn produce(mut chain: Chain, args: &PeerArgs) -> Result<()> {
     // An idle engine: it steps now and then; peers are served by the control-plane thread.
     while Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
-        m.on_schedule_end(&end())?;
+        m.step().on_schedule_end(&end())?;
     }
     m.shutdown()?;
     Ok(())
@@ -129,40 +132,44 @@ fn consume(mut chain: Chain, args: &PeerArgs, addr: &str) -> Result<()> {
     let ctx = ReqContext::builder(RequestId::local("kvtier-peer-pull"))
         .params(params)
         .build();
-    m.on_new_request(&ctx)?;
+    m.step().on_new_request(&ctx)?;
     let start = Instant::now();
     let timeout = Duration::from_secs(args.timeout_secs);
-    loop {
+    let wrong = loop {
+        // One engine step: look every chunk up; once all are primary hits, load them within
+        // the same step (a hit is only guaranteed resident until the step ends).
+        let mut step = m.step();
         let mut all_hit = true;
         for k in &keys {
-            match m.lookup(k, &ctx)? {
+            match step.lookup(k, &ctx)? {
                 LookupResult::Hit => {}
                 LookupResult::HitPending | LookupResult::Retry => all_hit = false,
                 LookupResult::Miss => {
-                    m.on_request_finished(&ctx)?;
-                    m.on_schedule_end(&end())?;
+                    step.on_request_finished(&ctx)?;
+                    step.on_schedule_end(&end())?;
                     bail!("producer {addr} does not hold chunk {k} (same --seed and --chunks?)");
                 }
             }
         }
         if all_hit {
-            break;
+            let rows = step.prepare_load(&keys, &ctx)?;
+            let wrong = keys
+                .iter()
+                .zip(&rows)
+                .filter(|&(k, &row)| chain.arena.read_row(row).map_or(true, |r| !chunk_matches(k, &r)))
+                .count();
+            step.complete_load(&keys, &ctx)?;
+            step.on_request_finished(&ctx)?;
+            step.on_schedule_end(&end())?;
+            break wrong;
         }
-        m.on_schedule_end(&end())?;
+        step.on_schedule_end(&end())?;
+        drop(step);
         if start.elapsed() > timeout {
             bail!("the pull from {addr} did not complete within {timeout:?}");
         }
         std::thread::sleep(Duration::from_millis(1));
-    }
-    let rows = m.prepare_load(&keys, &ctx)?;
-    let wrong = keys
-        .iter()
-        .zip(&rows)
-        .filter(|&(k, &row)| chain.arena.read_row(row).map_or(true, |r| !chunk_matches(k, &r)))
-        .count();
-    m.complete_load(&keys, &ctx)?;
-    m.on_request_finished(&ctx)?;
-    m.on_schedule_end(&end())?;
+    };
     m.shutdown()?;
     if wrong > 0 {
         bail!(

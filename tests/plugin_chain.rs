@@ -65,8 +65,9 @@ fn build(text: &str) -> TieringManager {
     }
 }
 
+/// One engine step that only ends (tiers report and serve).
 fn step(m: &mut TieringManager) {
-    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    m.step().on_schedule_end(&ScheduleEndContext::default()).unwrap();
 }
 
 /// Steps until `done` holds (each step lets tiers report and serve).
@@ -114,15 +115,18 @@ fn scenario(library: Option<&Path>) {
 
     // Stores cascade to both tiers; ex-a (2 chunks) evicts its least recently used.
     let r1 = ReqContext::local("r1");
-    m.on_new_request(&r1).unwrap();
-    let keys: Vec<OffloadKey> = (1..=4).map(key).collect();
-    let out = m.prepare_store(&keys, &r1).unwrap().unwrap();
-    for (k, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
-        let n = (1..=4).find(|&n| key(n) == *k).unwrap();
-        arena.write_row(row).unwrap().copy_from_slice(&bytes_for(n));
+    {
+        let mut s = m.step();
+        s.on_new_request(&r1).unwrap();
+        let keys: Vec<OffloadKey> = (1..=4).map(key).collect();
+        let out = s.prepare_store(&keys, &r1).unwrap().unwrap();
+        for (k, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+            let n = (1..=4).find(|&n| key(n) == *k).unwrap();
+            arena.write_row(row).unwrap().copy_from_slice(&bytes_for(n));
+        }
+        s.complete_store(&out.keys_to_store, &r1, true).unwrap();
+        s.on_request_finished(&r1).unwrap();
     }
-    m.complete_store(&out.keys_to_store, &r1, true).unwrap();
-    m.on_request_finished(&r1).unwrap();
     step_until(&mut m, |m| {
         tier_stats(m, "ex-a").stores == 4
             && tier_stats(m, "ex-b").stores == 4
@@ -158,14 +162,21 @@ fn scenario(library: Option<&Path>) {
     // Promotion: the primary forgets everything; ex-b still has key 1.
     m.reset_cache().unwrap();
     let r2 = ReqContext::local("r2");
-    m.on_new_request(&r2).unwrap();
-    assert_eq!(m.lookup(&key(1), &r2).unwrap(), LookupResult::HitPending);
-    step_until(&mut m, |m| m.lookup(&key(1), &r2).unwrap() == LookupResult::Hit);
-    let rows = m.prepare_load(&[key(1)], &r2).unwrap();
-    assert_eq!(&*arena.read_row(rows[0]).unwrap(), bytes_for(1).as_slice());
-    m.complete_load(&[key(1)], &r2).unwrap();
-    m.on_request_finished(&r2).unwrap();
-    step(&mut m);
+    {
+        let mut s = m.step();
+        s.on_new_request(&r2).unwrap();
+        assert_eq!(s.lookup(&key(1), &r2).unwrap(), LookupResult::HitPending);
+    }
+    step_until(&mut m, |m| m.step().lookup(&key(1), &r2).unwrap() == LookupResult::Hit);
+    {
+        let mut s = m.step();
+        assert_eq!(s.lookup(&key(1), &r2).unwrap(), LookupResult::Hit);
+        let rows = s.prepare_load(&[key(1)], &r2).unwrap();
+        assert_eq!(&*arena.read_row(rows[0]).unwrap(), bytes_for(1).as_slice());
+        s.complete_load(&[key(1)], &r2).unwrap();
+        s.on_request_finished(&r2).unwrap();
+        s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    }
     assert!(tier_stats(&mut m, "ex-b").loads >= 1);
 
     // A peer asks ex-a. Key 2 is in neither ex-a nor the primary, but ex-b has it: the parent

@@ -138,30 +138,37 @@ fn a_panicking_lookup_in_a_library_is_an_error_not_an_abort() {
     ))
     .unwrap();
     let ctx = ReqContext::local("r");
-    m.on_new_request(&ctx).unwrap();
-    assert_eq!(
-        m.lookup(&OffloadKey::from_u64(1), &ctx).unwrap(),
-        LookupResult::Miss
-    );
-    // The chain runs the control plane on its thread (the default), which serves the tier after
-    // this step and stops with the kept failure; the next scheduler-side call reports it.
-    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    {
+        let mut s = m.step();
+        s.on_new_request(&ctx).unwrap();
+        assert_eq!(
+            s.lookup(&OffloadKey::from_u64(1), &ctx).unwrap(),
+            LookupResult::Miss
+        );
+        // The chain runs the control plane on its thread (the default), which serves the tier
+        // after this step and meets the kept failure.
+        s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    }
     let deadline = Instant::now() + Duration::from_secs(20);
-    let err = loop {
-        match m.has_pending_work() {
-            Err(e) => break e,
-            Ok(_) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "the control thread never reported the panic"
-                );
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        }
-    };
+    while m.control_failure().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the control thread never reported the panic"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // The next engine call returns it, once; the tier is quarantined and the manager goes on.
+    let mut s = m.step();
+    let err = s.lookup(&OffloadKey::from_u64(1), &ctx).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("panicked in lookup"), "{msg}");
     assert!(msg.contains("the panicky tier's lookup gave up"), "{msg}");
+    assert_eq!(
+        s.lookup(&OffloadKey::from_u64(1), &ctx).unwrap(),
+        LookupResult::Miss
+    );
+    drop(s);
+    assert_eq!(m.inspect(|st| st.quarantined_tiers().len()), 1);
     m.shutdown().unwrap();
 }
 

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use tiering_core::manager::StoreCompletionSender;
-use tiering_core::{ChunkArena, ChunkId, OffloadKey, ReqContext};
+use tiering_core::{ChunkArena, ChunkId, OffloadKey};
 
 use super::device::DeviceMemory;
 use super::error::SimError;
@@ -39,8 +39,6 @@ pub struct CopyJob {
     pub rows: Vec<ChunkId>,
     /// Their device blocks.
     pub blocks: Vec<u32>,
-    /// The request, for a store the worker reports straight to the manager (off-step mode).
-    pub ctx: Option<ReqContext>,
 }
 
 /// What the worker reports for a job.
@@ -88,8 +86,8 @@ impl Copier {
             .spawn(move || {
                 for job in job_rx {
                     let done = run_job(&arena, &device, verify, &job);
-                    if let (Some(reporter), Some(ctx), CopyKind::Store) = (&reporter, &job.ctx, job.kind) {
-                        reporter.report(job.keys.clone(), ctx.clone(), done.ok);
+                    if let (Some(reporter), CopyKind::Store) = (&reporter, job.kind) {
+                        reporter.report(&job.keys, done.ok);
                     }
                     if done_tx.send(done).is_err() {
                         break;
@@ -263,7 +261,6 @@ mod tests {
             keys: vec![k],
             rows: vec![2],
             blocks: vec![1],
-            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -274,7 +271,6 @@ mod tests {
             keys: vec![k],
             rows: vec![2],
             blocks: vec![3],
-            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -300,7 +296,6 @@ mod tests {
             keys: vec![OffloadKey::from_u64(1)],
             rows: vec![0],
             blocks: vec![0],
-            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -312,7 +307,6 @@ mod tests {
             keys: vec![OffloadKey::from_u64(2)],
             rows: vec![1],
             blocks: vec![0],
-            ctx: None,
         })
         .unwrap();
         let d = wait(&mut c);
@@ -327,7 +321,6 @@ mod tests {
             keys: vec![OffloadKey::from_u64(2)],
             rows: vec![9],
             blocks: vec![0],
-            ctx: None,
         })
         .unwrap();
         assert!(!wait(&mut c).ok);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tiering_core::manager::StoreCompletionSender;
 use tiering_core::{
     ChunkArena, ChunkId, KeyMap, LookupResult, ManagerStats, OffloadKey, OffloadPolicy, OffloadingManager,
-    PrepareStoreOutput, ReqContext, ScheduleEndContext, TieringManager,
+    PrepareStoreOutput, ReqContext, ScheduleEndContext, Step, TieringManager,
 };
 
 use super::error::SimError;
@@ -60,8 +60,12 @@ pub struct EventCounts {
     pub removed: u64,
 }
 
-/// The manager as the scheduler thread sees it.
+/// The manager as the scheduler thread sees it: a [`Step`] opens at the scheduler's first
+/// manager call of a step and is dropped by [`Offload::finish_step`], right after
+/// `on_schedule_end` and before the model runs.
 pub struct Offload {
+    // Declared before `mgr`: a step must be dropped before its manager.
+    step: Option<Step<'static>>,
     mgr: TieringManager,
     arena: Arc<ChunkArena>,
     secondaries: usize,
@@ -85,12 +89,13 @@ impl Offload {
     /// # Errors
     /// The manager's stats call failed.
     pub fn new(
-        mut mgr: TieringManager,
+        mgr: TieringManager,
         arena: Arc<ChunkArena>,
         secondaries: usize,
     ) -> Result<Self, SimError> {
         let stats = mgr.stats()?;
         Ok(Self {
+            step: None,
             mgr,
             arena,
             secondaries,
@@ -108,7 +113,7 @@ impl Offload {
 
     /// A sender for the copy worker when the manager runs in off-step mode (`off_step = true`
     /// in the chain's `[control_plane]`): the worker then reports finished stores directly.
-    pub fn completion_sender(&mut self) -> Option<StoreCompletionSender> {
+    pub fn completion_sender(&self) -> Option<StoreCompletionSender> {
         self.mgr
             .config()
             .off_step
@@ -121,9 +126,11 @@ impl Offload {
         &self.arena
     }
 
-    fn timed<R>(&mut self, f: impl FnOnce(&mut TieringManager) -> R) -> R {
+    fn timed<R>(&mut self, f: impl FnOnce(&mut Step<'static>) -> R) -> R {
         let t = Instant::now();
-        let r = f(&mut self.mgr);
+        let mgr = &self.mgr;
+        let step = self.step.get_or_insert_with(|| mgr.detached_step());
+        let r = f(step);
         self.step_time += t.elapsed();
         self.step_calls += 1;
         r
@@ -181,7 +188,7 @@ impl Offload {
     }
 
     fn refresh_snapshot(&mut self) -> Result<(), SimError> {
-        let stats = self.mgr.stats()?;
+        let stats = self.stats()?;
         self.snapshot.clear();
         self.snapshot.extend(stats.secondaries.iter().map(|s| s.hits));
         self.snapshot_fresh = true;
@@ -190,7 +197,7 @@ impl Offload {
 
     /// The first secondary tier whose hit counter moved since the snapshot; refreshes it.
     fn moved_tier(&mut self) -> Result<Option<usize>, SimError> {
-        let stats = self.mgr.stats()?;
+        let stats = self.stats()?;
         let moved = stats
             .secondaries
             .iter()
@@ -279,7 +286,8 @@ impl Offload {
         Ok(self.timed(|m| m.on_request_finished(ctx))?)
     }
 
-    /// `on_schedule_end`: the last manager call before the model runs.
+    /// `on_schedule_end`: the end-of-step flush (the step stays open until
+    /// [`Offload::finish_step`]).
     ///
     /// # Errors
     /// The manager's error.
@@ -287,12 +295,20 @@ impl Offload {
         Ok(self.timed(|m| m.on_schedule_end(ctx))?)
     }
 
-    /// `has_pending_work` (an observation hook; call it before the step's first locked call).
+    /// Ends the step: drops it, releasing the manager's lock before the model runs.
+    pub fn finish_step(&mut self) {
+        self.step = None;
+    }
+
+    /// `has_pending_work` (an observation hook: from the open step, or locking only for itself).
     ///
     /// # Errors
     /// The manager's error.
     pub fn has_pending_work(&mut self) -> Result<bool, SimError> {
-        Ok(self.mgr.has_pending_work()?)
+        Ok(match self.step.as_mut() {
+            Some(s) => s.has_pending_work()?,
+            None => self.mgr.has_pending_work()?,
+        })
     }
 
     /// Drains the tiers' events (observation hook, under the step's lock), counting them.
@@ -300,7 +316,11 @@ impl Offload {
     /// # Errors
     /// The manager's error.
     pub fn take_events(&mut self) -> Result<(), SimError> {
-        for e in self.mgr.take_events()? {
+        let events = match self.step.as_mut() {
+            Some(s) => s.take_events()?,
+            None => self.mgr.take_events()?,
+        };
+        for e in events {
             if e.removed {
                 self.events.removed += e.keys.len() as u64;
             } else {
@@ -315,7 +335,10 @@ impl Offload {
     /// # Errors
     /// The manager's error.
     pub fn stats(&mut self) -> Result<ManagerStats, SimError> {
-        Ok(self.mgr.stats()?)
+        Ok(match self.step.as_mut() {
+            Some(s) => s.stats()?,
+            None => self.mgr.stats()?,
+        })
     }
 
     /// Primary-tier lookups (hits + misses, as the primary counts them) since the run started.
@@ -341,6 +364,7 @@ impl Offload {
     /// # Errors
     /// The manager's error.
     pub fn shutdown(&mut self) -> Result<(), SimError> {
+        self.step = None;
         Ok(self.mgr.shutdown()?)
     }
 }

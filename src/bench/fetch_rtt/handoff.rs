@@ -40,7 +40,6 @@ const CONSUMER_TICK: Duration = Duration::from_micros(50);
 struct CopyOrder {
     keys: Vec<OffloadKey>,
     rows: Vec<ChunkId>,
-    ctx: ReqContext,
 }
 
 fn actor_err(actor: &str, message: impl Into<String>) -> BenchError {
@@ -66,7 +65,7 @@ fn kv_name(mode: ControlPlaneMode, i: usize) -> String {
 pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeResult, BenchError> {
     let requests = cfg.fetches + 1;
     let rows = requests * cfg.chunks_per_fetch + 8;
-    let mut producer = node(cfg, mode.manager_config(), rows)?;
+    let producer = node(cfg, mode.manager_config(), rows)?;
     let mut consumer = node(cfg, ControlPlaneMode::Thread.manager_config(), rows)?;
     let reporter = (mode == ControlPlaneMode::ThreadOffStep).then(|| producer.mgr.store_completion_sender());
     let mut rng = SimRng::new(u64::from(std::process::id()) ^ (mode as u64) << 40);
@@ -172,7 +171,7 @@ fn spawn_copier(
                 }
                 std::thread::sleep(copy_time);
                 if let Some(r) = &reporter {
-                    r.report(order.keys.clone(), order.ctx.clone(), ok);
+                    r.report(&order.keys, ok);
                 }
                 if copied.send(ok).is_err() {
                     return;
@@ -203,7 +202,7 @@ impl ProducerEngine {
     /// A request starts only once the consumer landed every earlier fetch, so each fetch leaves
     /// right after its `prepare_store`, at the start of a model step. The engine never waits
     /// for its copy worker: a store completes at the first step after its copy finished.
-    fn run(mut self) -> Result<(TieringManager, Vec<f64>), BenchError> {
+    fn run(self) -> Result<(TieringManager, Vec<f64>), BenchError> {
         let mut periods = Vec::new();
         let mut last: Option<Instant> = None;
         let mut pending: VecDeque<(ReqContext, Vec<OffloadKey>)> = VecDeque::new();
@@ -216,20 +215,22 @@ impl ProducerEngine {
                 finished.push(ok);
             }
             self.progress.producer_steps.fetch_add(1, Ordering::AcqRel);
+            let mut step = self.mgr.detached_step();
             for ok in finished {
                 let (ctx, stored) = pending
                     .pop_front()
                     .ok_or_else(|| actor_err("producer", "a copy finished that was never ordered"))?;
-                let m = &mut self.mgr;
-                m.complete_store(&stored, &ctx, ok).map_err(|e| mgr_err(&e))?;
-                m.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
+                step.complete_store(&stored, &ctx, ok).map_err(|e| mgr_err(&e))?;
+                step.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
             }
             let started = next < requests && self.progress.landed.load(Ordering::Acquire) == next;
             if started {
-                pending.push_back(self.start_store(next)?);
+                pending.push_back(self.start_store(&mut step, next)?);
                 next += 1;
             }
-            self.mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            // The step ends before the model runs.
+            drop(step);
             let now = Instant::now();
             if let Some(l) = last {
                 periods.push(ms(now - l));
@@ -266,7 +267,7 @@ impl ProducerEngine {
     }
 
     /// Starts request `i`'s store: `prepare_store`, the copy order, and the consumer's cue.
-    fn start_store(&mut self, i: usize) -> Result<(ReqContext, Vec<OffloadKey>), BenchError> {
+    fn start_store(&self, m: &mut tiering_core::Step<'_>, i: usize) -> Result<(ReqContext, Vec<OffloadKey>), BenchError> {
         let mut params = serde_json::Map::new();
         params.insert(
             "remote_decoder".into(),
@@ -275,7 +276,6 @@ impl ProducerEngine {
         let ctx = ReqContext::builder(RequestId::local(format!("prefill-{i}")))
             .params(params)
             .build();
-        let m = &mut self.mgr;
         m.on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
         let out = m
             .prepare_store(&self.keys[i], &ctx)
@@ -284,7 +284,6 @@ impl ProducerEngine {
         let order = CopyOrder {
             keys: out.keys_to_store.clone(),
             rows: out.chunk_ids,
-            ctx: ctx.clone(),
         };
         self.orders
             .send(order)
@@ -354,20 +353,23 @@ fn consume(
         let ctx = ReqContext::builder(RequestId::local(format!("decode-{i}")))
             .params(source_params("remote_prefiller", &kv, from))
             .build();
-        mgr.on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
-        for k in batch {
-            match mgr.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
-                LookupResult::HitPending | LookupResult::Hit => {}
-                other => {
-                    return Err(actor_err(
-                        "p2p",
-                        format!("fetch {i}: chunk {k} was not offered ({other:?})"),
-                    ));
+        {
+            let mut step = mgr.step();
+            step.on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
+            for k in batch {
+                match step.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
+                    LookupResult::HitPending | LookupResult::Hit => {}
+                    other => {
+                        return Err(actor_err(
+                            "p2p",
+                            format!("fetch {i}: chunk {k} was not offered ({other:?})"),
+                        ));
+                    }
                 }
             }
+            // This step end submits the promotion: the fetch leaves now.
+            step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
         }
-        // This step end submits the promotion: the fetch leaves now.
-        mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
         let sent_at = Instant::now();
         let steps = &links.progress.producer_steps;
         let steps_then = steps.load(Ordering::Acquire);
@@ -375,11 +377,12 @@ fn consume(
             .sent
             .send(())
             .map_err(|_| actor_err("consumer", "the copy worker stopped"))?;
-        let rtt = loop {
+        let (rtt, mut step) = loop {
             std::thread::sleep(CONSUMER_TICK);
+            let mut step = mgr.step();
             let mut all_hit = true;
             for k in batch {
-                match mgr.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
+                match step.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
                     LookupResult::Hit => {}
                     LookupResult::HitPending | LookupResult::Retry => all_hit = false,
                     LookupResult::Miss => {
@@ -388,9 +391,11 @@ fn consume(
                 }
             }
             if all_hit {
-                break ms(sent_at.elapsed());
+                // Loaded in the same step that saw the hits (a hit is resident until it ends).
+                break (ms(sent_at.elapsed()), step);
             }
-            mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            drop(step);
             if sent_at.elapsed() > cfg.fetch_timeout {
                 return Err(actor_err(
                     "p2p",
@@ -399,7 +404,7 @@ fn consume(
             }
         };
         let steps_during = steps.load(Ordering::Acquire) - steps_then;
-        let rows = mgr.prepare_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
+        let rows = step.prepare_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
         for (k, &c) in batch.iter().zip(&rows) {
             if !chunk_matches(k, &consumer.arena.read_row(c)?) {
                 return Err(actor_err(
@@ -408,9 +413,10 @@ fn consume(
                 ));
             }
         }
-        mgr.complete_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
-        mgr.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
-        mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+        step.complete_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
+        step.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
+        step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+        drop(step);
         if i == 0 {
             waited_before = tier_p2p::P2pCounters::get(&from.counters().fetches_waited);
         }

@@ -23,7 +23,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
     let mut rng = SimRng::new(u64::from(std::process::id()) ^ (mode as u64) << 32);
     let keys: Vec<OffloadKey> = (0..total).map(|_| OffloadKey::from_u64(rng.next_u64())).collect();
     let store = ReqContext::local("bench-producer");
-    let p = &mut producer.mgr;
+    let mut p = producer.mgr.step();
     p.on_new_request(&store).map_err(|e| mgr_err(&e))?;
     let out = p
         .prepare_store(&keys, &store)
@@ -39,6 +39,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         .map_err(|e| mgr_err(&e))?;
     p.on_request_finished(&store).map_err(|e| mgr_err(&e))?;
     p.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+    drop(p);
 
     // The producer's busy engine, on its own thread.
     let stop = Arc::new(AtomicBool::new(false));
@@ -58,7 +59,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
                         // The model runs: no manager call at all.
                         std::thread::sleep(step);
                         steps.fetch_add(1, Ordering::AcqRel);
-                        mgr.on_schedule_end(&end())?;
+                        mgr.step().on_schedule_end(&end())?;
                         let now = Instant::now();
                         periods.push(ms(now - last));
                         last = now;
@@ -116,14 +117,15 @@ fn pull_all(
         let ctx = ReqContext::builder(RequestId::local(kv.clone()))
             .params(source_params("remote_kv_source", &kv, from))
             .build();
-        mgr.on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
+        mgr.step().on_new_request(&ctx).map_err(|e| mgr_err(&e))?;
         let start = Instant::now();
         let mut sent: Option<(Instant, u64)> = None;
         loop {
+            let mut step = mgr.step();
             let mut all_hit = true;
             let mut all_found = true;
             for k in batch {
-                match mgr.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
+                match step.lookup(k, &ctx).map_err(|e| mgr_err(&e))? {
                     LookupResult::Hit => {}
                     LookupResult::HitPending => all_hit = false,
                     LookupResult::Retry => {
@@ -144,7 +146,7 @@ fn pull_all(
                 lookups.push(ms(sent_at - start));
                 fetches.push(ms(landed - sent_at));
                 during.push(steps.load(Ordering::Acquire) - steps_then);
-                let rows = mgr.prepare_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
+                let rows = step.prepare_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
                 for (k, &c) in batch.iter().zip(&rows) {
                     if !chunk_matches(k, &consumer.arena.read_row(c)?) {
                         return Err(BenchError::Tier {
@@ -153,12 +155,13 @@ fn pull_all(
                         });
                     }
                 }
-                mgr.complete_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
-                mgr.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
-                mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+                step.complete_load(batch, &ctx).map_err(|e| mgr_err(&e))?;
+                step.on_request_finished(&ctx).map_err(|e| mgr_err(&e))?;
+                step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
                 break;
             }
-            mgr.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
+            drop(step);
             if all_found && sent.is_none() {
                 // The step that found every chunk just flushed the promotion: the fetch is out.
                 sent = Some((Instant::now(), steps.load(Ordering::Acquire)));

@@ -143,14 +143,12 @@ impl Engine<'_> {
     ) {
         let id = self.next_job;
         self.next_job += 1;
-        let ctx = (kind == CopyKind::Store).then(|| self.reqs[req].ctx.clone());
         self.outbox.push(CopyJob {
             id,
             kind,
             keys: keys.clone(),
             rows,
             blocks: blocks.clone(),
-            ctx,
         });
         self.jobs.insert(
             id,

@@ -86,6 +86,7 @@ impl Engine<'_> {
                 new_requests,
                 preempted_requests: Vec::new(),
             })?;
+            off.finish_step();
             if let Some(t) = off.end_step_time() {
                 self.m.step_manager.push(t);
             }
