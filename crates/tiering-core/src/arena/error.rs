@@ -43,6 +43,18 @@ pub enum ArenaError {
         /// The shared-memory file.
         path: PathBuf,
     },
+    /// A new owner found views of a previous owner still attached to the file; reinitialising
+    /// the arena under them would forget their row grants.
+    #[error(
+        "{views} view(s) of a previous owner are still attached to the chunk arena at {}; stop those worker processes first",
+        path.display()
+    )]
+    ViewsStillAttached {
+        /// The shared-memory file.
+        path: PathBuf,
+        /// Live views found.
+        views: usize,
+    },
     /// [`ArenaView::open`](super::ArenaView::open) found an arena file that no live manager owns.
     #[error("the chunk arena at {} has no owner (no manager holds it); refusing to attach a view to a stale arena", path.display())]
     NoOwner {

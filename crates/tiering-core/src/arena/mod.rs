@@ -22,7 +22,9 @@
 //!   with [`ArenaError::AlreadyOwned`]. If the owner created the file, it removes it when dropped
 //!   (before releasing the lock, so a successor never has its file unlinked); a file that already
 //!   existed (pre-created by an operator, or left by a crashed owner) is reinitialised — header
-//!   and lock words cleared, row bytes left as they were — and left in place on drop.
+//!   and lock words cleared, row bytes left as they were — and left in place on drop. Taking
+//!   over a file that a previous owner's view still maps is refused
+//!   ([`ArenaError::ViewsStillAttached`]): reinitialising would forget that view's grants.
 //! - A **view** ([`ArenaView`]) maps the same file from another process. It refuses a file whose
 //!   header does not validate ([`ArenaError::InvalidHeader`]) or that no live owner holds
 //!   ([`ArenaError::NoOwner`]). It takes one of [`MAX_VIEWS`] slots in the header and holds an

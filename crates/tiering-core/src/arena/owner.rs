@@ -8,6 +8,8 @@ use std::path::Path;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use super::layout::{MAX_VIEWS, slot_lock_offset};
+use super::view::{try_lock_byte, unlock_byte};
 use super::{ArenaError, ArenaOptions};
 
 /// The owner's side of a shared-memory arena.
@@ -50,6 +52,15 @@ pub(super) fn open_owned(path: &Path, bytes: usize, prefault: bool) -> Result<Ow
             path: path.to_path_buf(),
         });
     }
+    if !created {
+        let views = live_views(&file).map_err(map_err)?;
+        if views > 0 {
+            return Err(ArenaError::ViewsStillAttached {
+                path: path.to_path_buf(),
+                views,
+            });
+        }
+    }
     let outcome = (|| {
         let len = u64::try_from(bytes).map_err(io::Error::other)?;
         if file.metadata()?.len() != len {
@@ -72,6 +83,21 @@ pub(super) fn open_owned(path: &Path, bytes: usize, prefault: bool) -> Result<Ow
             Err(map_err(e))
         }
     }
+}
+
+/// How many view slots of an existing file a live view holds. Reinitialising the header under
+/// them would forget their grants, so the new owner refuses instead.
+fn live_views(file: &File) -> io::Result<usize> {
+    let mut live = 0;
+    for slot in 0..MAX_VIEWS {
+        let offset = slot_lock_offset(slot);
+        if try_lock_byte(file, offset)? {
+            unlock_byte(file, offset)?;
+        } else {
+            live += 1;
+        }
+    }
+    Ok(live)
 }
 
 /// An anonymous mapping of `bytes`, on huge pages when asked for and available. Returns the

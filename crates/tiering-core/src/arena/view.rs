@@ -273,7 +273,7 @@ impl ChunkArena {
 /// `Ok(false)` when another open file description holds it. OFD locks belong to the open file,
 /// not the process, so they conflict between two opens in one process too, and the kernel drops
 /// them when the file's last descriptor closes (including on process death).
-fn try_lock_byte(file: &File, offset: u64) -> io::Result<bool> {
+pub(super) fn try_lock_byte(file: &File, offset: u64) -> io::Result<bool> {
     let rc = ofd_setlk(file, offset, libc::F_WRLCK)?;
     if rc == 0 {
         return Ok(true);
@@ -286,7 +286,7 @@ fn try_lock_byte(file: &File, offset: u64) -> io::Result<bool> {
 }
 
 /// Releases a byte lock taken by [`try_lock_byte`].
-fn unlock_byte(file: &File, offset: u64) -> io::Result<()> {
+pub(super) fn unlock_byte(file: &File, offset: u64) -> io::Result<()> {
     if ofd_setlk(file, offset, libc::F_UNLCK)? == 0 {
         Ok(())
     } else {
