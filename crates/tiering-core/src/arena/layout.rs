@@ -212,8 +212,13 @@ impl Geometry {
             )));
         }
         let expected = geometry.total_bytes().map_or(u64::MAX, |b| b as u64);
-        if len != expected {
+        if len < expected {
             return Err(HeaderProblem::Truncated { len, expected });
+        }
+        if len > expected {
+            return Err(HeaderProblem::Geometry(format!(
+                "the file is {len} bytes, the layout of {num_chunks} rows of {chunk_bytes} bytes is {expected}"
+            )));
         }
         Ok(geometry)
     }

@@ -30,6 +30,9 @@
 //!   ([`ArenaError::NoOwner`]). It takes one of [`MAX_VIEWS`] slots in the header and holds an
 //!   open-file-description lock on the slot's byte while attached; the kernel drops that lock
 //!   when the process exits or is killed.
+//! - A view may outlive its owner: its pages stay mapped until it unmaps them, but the owner
+//!   has removed the path, so nothing it writes reaches a later owner
+//!   ([`ArenaView::owner_alive`] tells a worker its owner is gone).
 //! - **A view that dies while holding grants** leaves its row locks set: nothing is released
 //!   behind the owner's back. Its write locks are tagged with its slot and its read grants are
 //!   counted in its slot's ledger, so [`ChunkArena::reclaim_dead_views`] — called by the owner,
@@ -116,7 +119,7 @@ enum Role {
     RawView,
     /// Attached by [`ArenaView::open`]; keeps the file open because the OFD lock of `slot`
     /// lives as long as this open file description.
-    View { _open_file: File, slot: usize },
+    View { file: File, slot: usize },
 }
 
 /// The primary tier's chunk memory. See the module docs for the access protocol.

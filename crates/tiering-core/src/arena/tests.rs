@@ -230,8 +230,30 @@ fn a_view_shares_rows_and_locks_with_the_owner() {
     assert!(back.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
     drop(back);
     assert_eq!(owner.granted_rows(), 0);
+    assert!(view.owner_alive().unwrap());
+    drop(owner);
+    assert!(!view.owner_alive().unwrap(), "the view notices its owner is gone");
+    assert!(
+        view.read_row(2)
+            .unwrap()
+            .iter()
+            .enumerate()
+            .all(|(i, &b)| b == (i % 251) as u8)
+    );
+    assert!(!path.exists());
+}
+
+#[test]
+fn a_dropped_view_gives_its_slot_back() {
+    let dir = shm_dir();
+    let path = dir.path().join("arena");
+    let owner = shared(&path, 2, 64).unwrap();
+    let view = ArenaView::open(&path).unwrap();
+    let slot = view.slot();
+    assert_eq!(owner.attached_views(), 1);
     drop(view);
     assert_eq!(owner.attached_views(), 0, "a dropped view gives its slot back");
+    assert_eq!(ArenaView::open(&path).unwrap().slot(), slot);
 }
 
 #[test]
@@ -334,6 +356,9 @@ fn truncated_arena_files_are_refused() {
             expected: full
         }
     );
+    f.set_len(full + 4096).unwrap();
+    let problem = header_problem(ArenaView::open(&path));
+    assert!(matches!(problem, HeaderProblem::Geometry(_)), "{problem}");
     let tiny = dir.path().join("tiny");
     std::fs::write(&tiny, MAGIC.to_le_bytes()).unwrap();
     assert!(matches!(

@@ -142,10 +142,7 @@ impl ArenaView {
             map,
             start,
             geometry,
-            Role::View {
-                _open_file: file,
-                slot,
-            },
+            Role::View { file, slot },
             Some(path.to_path_buf()),
             false,
         );
@@ -170,6 +167,28 @@ impl ArenaView {
     #[must_use]
     pub fn arena(&self) -> &Arc<ChunkArena> {
         &self.arena
+    }
+
+    /// Whether the arena's owner still holds it (its exclusive lock on the file). A worker can
+    /// poll this to stop copying for a manager that has exited or crashed.
+    ///
+    /// # Errors
+    /// A failing `flock` on the arena's file.
+    pub fn owner_alive(&self) -> Result<bool, ArenaError> {
+        let Role::View { file, .. } = &self.arena.role else {
+            return Ok(true);
+        };
+        let file_err = |source| ArenaError::File {
+            path: self.arena.shared_path.clone().unwrap_or_default(),
+            source,
+        };
+        // A shared lock is only obtainable when no owner holds its exclusive one.
+        if try_flock(file, libc::LOCK_SH).map_err(file_err)? {
+            unflock(file).map_err(file_err)?;
+            Ok(false)
+        } else {
+            Ok(true)
+        }
     }
 
     /// The view slot this view holds in the arena's header.
