@@ -4,7 +4,6 @@
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use super::ChunkArena;
 use crate::outcome::ChunkId;
@@ -43,7 +42,7 @@ impl RowRead {
     /// that was given up with `into_raw` and not adopted since.
     #[must_use]
     pub unsafe fn from_raw(arena: &Arc<ChunkArena>, chunk: ChunkId) -> Self {
-        debug_assert!((chunk as usize) < arena.num_chunks);
+        debug_assert!((chunk as usize) < arena.num_chunks());
         Self {
             arena: Arc::clone(arena),
             chunk,
@@ -58,13 +57,13 @@ impl Deref for RowRead {
         // SAFETY: this grant holds a reader count on the row, so no `RowWrite` for it exists
         // until the count drops; the range is inside the mapping (checked at grant time) and the
         // mapping lives as long as the `Arc` this grant holds.
-        unsafe { std::slice::from_raw_parts(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes) }
+        unsafe { std::slice::from_raw_parts(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes()) }
     }
 }
 
 impl Drop for RowRead {
     fn drop(&mut self) {
-        self.arena.row_locks[self.chunk as usize].fetch_sub(1, Ordering::Release);
+        self.arena.release_read(self.chunk);
     }
 }
 
@@ -105,7 +104,7 @@ impl RowWrite {
     /// adopted since.
     #[must_use]
     pub unsafe fn from_raw(arena: &Arc<ChunkArena>, chunk: ChunkId) -> Self {
-        debug_assert!((chunk as usize) < arena.num_chunks);
+        debug_assert!((chunk as usize) < arena.num_chunks());
         Self {
             arena: Arc::clone(arena),
             chunk,
@@ -119,20 +118,20 @@ impl Deref for RowWrite {
     fn deref(&self) -> &[u8] {
         // SAFETY: this grant holds the row's writer lock, so no other grant aliases the row; the
         // range is inside the mapping, which the held `Arc` keeps alive.
-        unsafe { std::slice::from_raw_parts(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes) }
+        unsafe { std::slice::from_raw_parts(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes()) }
     }
 }
 
 impl DerefMut for RowWrite {
     fn deref_mut(&mut self) -> &mut [u8] {
         // SAFETY: as for `deref`; `&mut self` makes this the only live borrow of the row.
-        unsafe { std::slice::from_raw_parts_mut(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes) }
+        unsafe { std::slice::from_raw_parts_mut(self.arena.row_ptr(self.chunk), self.arena.chunk_bytes()) }
     }
 }
 
 impl Drop for RowWrite {
     fn drop(&mut self) {
-        self.arena.row_locks[self.chunk as usize].store(0, Ordering::Release);
+        self.arena.release_write(self.chunk);
     }
 }
 
