@@ -150,7 +150,8 @@ fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) 
     let text = resolved.to_string();
     if build {
         let mut manager = resolved.build(chunk_bytes)?;
-        manager.shutdown()
+        manager
+            .shutdown()
             .with_context(|| format!("{}: shutting the built chain down", path.display()))?;
     }
     Ok(text)

@@ -167,7 +167,9 @@ fn scenario(library: Option<&Path>) {
         s.on_new_request(&r2).unwrap();
         assert_eq!(s.lookup(&key(1), &r2).unwrap(), LookupResult::HitPending);
     }
-    step_until(&mut m, |m| m.step().lookup(&key(1), &r2).unwrap() == LookupResult::Hit);
+    step_until(&mut m, |m| {
+        m.step().lookup(&key(1), &r2).unwrap() == LookupResult::Hit
+    });
     {
         let mut s = m.step();
         assert_eq!(s.lookup(&key(1), &r2).unwrap(), LookupResult::Hit);

@@ -88,11 +88,7 @@ impl Offload {
     ///
     /// # Errors
     /// The manager's stats call failed.
-    pub fn new(
-        mgr: TieringManager,
-        arena: Arc<ChunkArena>,
-        secondaries: usize,
-    ) -> Result<Self, SimError> {
+    pub fn new(mgr: TieringManager, arena: Arc<ChunkArena>, secondaries: usize) -> Result<Self, SimError> {
         let stats = mgr.stats()?;
         Ok(Self {
             step: None,

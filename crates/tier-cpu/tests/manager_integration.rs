@@ -8,7 +8,7 @@ use tier_cpu::{CpuTier, PolicyKind};
 use tiering_core::testing::ScriptedTier;
 use tiering_core::{
     LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, ScheduleEndContext,
-    TieringManager,
+    Step, TieringManager,
 };
 
 const CHUNK: usize = 64;
@@ -20,8 +20,9 @@ fn bytes_for(key: &OffloadKey) -> Vec<u8> {
         .collect()
 }
 
-fn end_step(m: &mut TieringManager) {
-    m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+/// Ends the step: `on_schedule_end`, then the step is dropped (the lock released).
+fn end_step(mut s: Step<'_>) {
+    s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
 }
 
 #[test]
@@ -34,16 +35,17 @@ fn chunks_cascade_get_evicted_and_come_back_through_promotion_byte_for_byte() {
 
         // Step 1: the engine stores four chunks and writes their rows; they cascade.
         let a = ReqContext::local("a");
-        m.on_new_request(&a).unwrap();
+        let mut s = m.step();
+        s.on_new_request(&a).unwrap();
         let first = ks(&[1, 2, 3, 4]);
-        let out = m.prepare_store(&first, &a).unwrap().expect("empty tier has room");
+        let out = s.prepare_store(&first, &a).unwrap().expect("empty tier has room");
         assert_eq!(out.chunk_ids, vec![0, 1, 2, 3], "{policy}");
         for (key, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
             arena.write_row(row).unwrap().copy_from_slice(&bytes_for(key));
         }
-        m.complete_store(&first, &a, true).unwrap();
-        m.on_request_finished(&a).unwrap();
-        end_step(&mut m);
+        s.complete_store(&first, &a, true).unwrap();
+        s.on_request_finished(&a).unwrap();
+        end_step(s);
         for key in &first {
             assert_eq!(
                 disk_h.get(key),
@@ -55,9 +57,10 @@ fn chunks_cascade_get_evicted_and_come_back_through_promotion_byte_for_byte() {
 
         // Step 2: four more chunks evict the first four (their cascade pins are released).
         let b = ReqContext::local("b");
-        m.on_new_request(&b).unwrap();
+        let mut s = m.step();
+        s.on_new_request(&b).unwrap();
         let second = ks(&[5, 6, 7, 8]);
-        let out = m
+        let out = s
             .prepare_store(&second, &b)
             .unwrap()
             .expect("evictable chunks exist");
@@ -67,32 +70,34 @@ fn chunks_cascade_get_evicted_and_come_back_through_promotion_byte_for_byte() {
         for (key, &row) in out.keys_to_store.iter().zip(&out.chunk_ids) {
             arena.write_row(row).unwrap().copy_from_slice(&bytes_for(key));
         }
-        m.complete_store(&second, &b, true).unwrap();
-        m.on_request_finished(&b).unwrap();
-        end_step(&mut m);
+        s.complete_store(&second, &b, true).unwrap();
+        s.on_request_finished(&b).unwrap();
+        end_step(s);
 
         // Step 3: key 1 misses in the primary, hits on disk: a slot is reserved at once.
         let c = ReqContext::local("c");
-        m.on_new_request(&c).unwrap();
-        assert_eq!(m.lookup(&k(1), &c).unwrap(), LookupResult::HitPending, "{policy}");
+        let mut s = m.step();
+        s.on_new_request(&c).unwrap();
+        assert_eq!(s.lookup(&k(1), &c).unwrap(), LookupResult::HitPending, "{policy}");
         assert_eq!(
-            m.lookup(&k(1), &c).unwrap(),
+            s.lookup(&k(1), &c).unwrap(),
             LookupResult::HitPending,
             "{policy}: reservation reused"
         );
-        end_step(&mut m);
+        end_step(s);
 
         // Step 4: the promotion completed; the engine loads key 1 and reads the original bytes.
-        assert_eq!(m.lookup(&k(1), &c).unwrap(), LookupResult::Hit, "{policy}");
-        let rows = m.prepare_load(&[k(1)], &c).unwrap();
+        let mut s = m.step();
+        assert_eq!(s.lookup(&k(1), &c).unwrap(), LookupResult::Hit, "{policy}");
+        let rows = s.prepare_load(&[k(1)], &c).unwrap();
         assert_eq!(
             arena.read_row(rows[0]).unwrap().to_vec(),
             bytes_for(&k(1)),
             "{policy}"
         );
-        m.complete_load(&[k(1)], &c).unwrap();
-        m.on_request_finished(&c).unwrap();
-        end_step(&mut m);
+        s.complete_load(&[k(1)], &c).unwrap();
+        s.on_request_finished(&c).unwrap();
+        end_step(s);
 
         let stats = m.stats().unwrap();
         assert_eq!(stats.manager.promoted_keys, 1, "{policy}");
@@ -116,16 +121,18 @@ fn a_full_pinned_primary_turns_a_secondary_hit_into_a_miss() {
     let (disk, disk_h) = ScriptedTier::new("disk");
     let mut m = TieringManager::new(Box::new(tier), vec![Box::new(disk)], ManagerConfig::step_driven());
     let a = ReqContext::local("a");
-    m.on_new_request(&a).unwrap();
-    m.prepare_store(&ks(&[1, 2]), &a).unwrap().unwrap();
-    m.complete_store(&ks(&[1, 2]), &a, true).unwrap();
-    end_step(&mut m);
-    m.prepare_load(&ks(&[1, 2]), &a).unwrap();
+    let mut s = m.step();
+    s.on_new_request(&a).unwrap();
+    s.prepare_store(&ks(&[1, 2]), &a).unwrap().unwrap();
+    s.complete_store(&ks(&[1, 2]), &a, true).unwrap();
+    end_step(s);
+    let mut s = m.step();
+    s.prepare_load(&ks(&[1, 2]), &a).unwrap();
     disk_h.insert(k(3), bytes_for(&k(3)));
-    assert_eq!(m.lookup(&k(3), &a).unwrap(), LookupResult::Miss);
-    m.complete_load(&ks(&[1, 2]), &a).unwrap();
-    assert_eq!(m.lookup(&k(3), &a).unwrap(), LookupResult::HitPending);
-    m.on_request_finished(&a).unwrap();
-    end_step(&mut m);
+    assert_eq!(s.lookup(&k(3), &a).unwrap(), LookupResult::Miss);
+    s.complete_load(&ks(&[1, 2]), &a).unwrap();
+    assert_eq!(s.lookup(&k(3), &a).unwrap(), LookupResult::HitPending);
+    s.on_request_finished(&a).unwrap();
+    end_step(s);
     m.shutdown().unwrap();
 }

@@ -303,6 +303,11 @@ impl SecondaryTier for DiskTier {
         self.info.clone()
     }
 
+    fn needs_control_plane(&self) -> bool {
+        // Finished reads and writes are applied between steps, so a promotion lands while the model runs.
+        true
+    }
+
     fn set_waker(&mut self, waker: ControlWaker) {
         *self.shared.waker.lock() = Some(waker);
     }

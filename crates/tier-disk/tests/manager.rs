@@ -11,16 +11,16 @@ use std::sync::Arc;
 
 use tier_cpu::{CpuTier, PolicyKind};
 use tier_disk::{DiskGeometry, DiskTier};
-use tiering_core::testing::MemoryPrimary;
+use tiering_core::testing::{Engine, MemoryPrimary};
 use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext,
-    ScheduleEndContext, TieringManager,
+    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext,
+    TieringManager,
 };
 
 const CHUNK: usize = 32 * 1024;
 
 /// Ends steps until the manager has no pending work.
-fn settle(m: &mut TieringManager) {
+fn settle(m: &mut Engine) {
     let deadline = Instant::now() + PATIENCE;
     loop {
         m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
@@ -33,11 +33,11 @@ fn settle(m: &mut TieringManager) {
 }
 
 /// Stores `k` through the engine path: prepare, write the row, complete (which cascades).
-fn engine_store(m: &mut TieringManager, primary: &dyn PrimaryTier, ctx: &ReqContext, k: OffloadKey) {
+fn engine_store(m: &mut Engine, primary: &dyn PrimaryTier, ctx: &ReqContext, k: OffloadKey) {
     store_into(m, primary.arena(), ctx, k);
 }
 
-fn store_into(m: &mut TieringManager, arena: &Arc<ChunkArena>, ctx: &ReqContext, k: OffloadKey) {
+fn store_into(m: &mut Engine, arena: &Arc<ChunkArena>, ctx: &ReqContext, k: OffloadKey) {
     let out = m.prepare_store(&[k], ctx).unwrap().expect("room in the primary");
     assert_eq!(out.keys_to_store, vec![k]);
     let bytes = content(&k, CHUNK);
@@ -55,11 +55,11 @@ fn a_chunk_evicted_from_the_primary_is_promoted_back_from_disk() {
         DiskGeometry::of_arena(primary.arena()),
     )
     .unwrap();
-    let mut m = TieringManager::new(
+    let mut m = Engine::new(TieringManager::new(
         Box::new(primary.clone()),
         vec![Box::new(disk)],
         ManagerConfig::step_driven(),
-    );
+    ));
     let ctx = ReqContext::local("r1");
     m.on_new_request(&ctx).unwrap();
 
@@ -116,11 +116,11 @@ fn reset_cache_drains_the_disk_tier_and_keeps_its_data() {
         DiskGeometry::of_arena(primary.arena()),
     )
     .unwrap();
-    let mut m = TieringManager::new(
+    let mut m = Engine::new(TieringManager::new(
         Box::new(primary.clone()),
         vec![Box::new(disk)],
         ManagerConfig::step_driven(),
-    );
+    ));
     let ctx = ReqContext::local("r1");
     m.on_new_request(&ctx).unwrap();
     for n in 0..4 {
@@ -160,15 +160,15 @@ fn the_control_plane_thread_completes_cascades_and_promotions() {
         DiskGeometry::of_arena(primary.arena()),
     )
     .unwrap();
-    let mut m = TieringManager::new(
+    let mut m = Engine::new(TieringManager::new(
         Box::new(primary.clone()),
         vec![Box::new(disk)],
         ManagerConfig::default(),
-    );
+    ));
     let ctx = ReqContext::local("r1");
     m.on_new_request(&ctx).unwrap();
     // Without scheduler polling, only the control thread (woken by the disk tier) finishes jobs.
-    let idle = |m: &mut TieringManager| {
+    let idle = |m: &mut Engine| {
         let deadline = Instant::now() + PATIENCE;
         while m.has_pending_work().unwrap() {
             assert!(
@@ -202,7 +202,11 @@ fn tier_cpu_evicts_and_the_disk_tier_promotes_the_same_bytes_back() {
     let cpu = CpuTier::new(2, CHUNK, PolicyKind::Lru).unwrap();
     let arena = Arc::clone(cpu.arena());
     let disk = DiskTier::open(&options(dir.path(), 16, CHUNK), DiskGeometry::of_arena(&arena)).unwrap();
-    let mut m = TieringManager::new(Box::new(cpu), vec![Box::new(disk)], ManagerConfig::step_driven());
+    let mut m = Engine::new(TieringManager::new(
+        Box::new(cpu),
+        vec![Box::new(disk)],
+        ManagerConfig::step_driven(),
+    ));
     let ctx = ReqContext::local("r1");
     m.on_new_request(&ctx).unwrap();
     for n in 0..4 {

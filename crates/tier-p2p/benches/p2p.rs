@@ -46,17 +46,19 @@ fn producer(chunk: usize, keys: &[OffloadKey]) -> Producer {
     let arena = primary.arena().clone();
     let mut mgr = TieringManager::new(Box::new(primary), vec![Box::new(tier)], ManagerConfig::default());
     let ctx = ReqContext::local("store");
-    mgr.on_new_request(&ctx).unwrap();
+    let mut step = mgr.step();
+    step.on_new_request(&ctx).unwrap();
     if !keys.is_empty() {
-        let out = mgr.prepare_store(keys, &ctx).unwrap().unwrap();
+        let out = step.prepare_store(keys, &ctx).unwrap().unwrap();
         for (i, &c) in out.chunk_ids.iter().enumerate() {
             arena.write_row(c).unwrap().fill(i as u8 ^ 0x5a);
         }
-        mgr.complete_store(&out.keys_to_store, &ctx, true).unwrap();
+        step.complete_store(&out.keys_to_store, &ctx, true).unwrap();
     }
-    mgr.on_request_finished(&ctx).unwrap();
-    // The last engine call: from here on the producer's control thread does everything.
-    mgr.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    step.on_request_finished(&ctx).unwrap();
+    step.on_schedule_end(&ScheduleEndContext::default()).unwrap();
+    // The step ends: from here on the producer's control thread does everything.
+    drop(step);
     Producer { _mgr: mgr, handle }
 }
 

@@ -6,7 +6,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig};
 
 #[test]
 fn consumer_pulls_producer_chunks_retry_then_hit_pending_then_hit() {

@@ -11,7 +11,7 @@ use common::*;
 use tier_p2p::P2pCounters;
 use tier_p2p::dataplane::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello};
 use tier_p2p::wire::{Bin, Connect, Message, WIRE_VERSION};
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager, PrimaryTier};
+use tiering_core::{LookupResult, ManagerConfig, PrimaryTier};
 
 fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
     P2pCounters::get(c)

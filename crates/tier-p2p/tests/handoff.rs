@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::*;
 use parking_lot::Mutex;
 use tier_p2p::{P2pCounters, P2pHandle};
-use tiering_core::{LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext};
+use tiering_core::{LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext};
 
 fn count(c: &std::sync::atomic::AtomicU64) -> u64 {
     P2pCounters::get(c)
@@ -106,7 +106,7 @@ fn with_off_step_a_waiting_fetch_is_answered_before_the_producers_next_engine_ca
     // The copy worker finishes. From here on the producer's engine makes no call until the
     // decoder has everything.
     log.lock().push(Event::CopyReported);
-    copier.report(stored.clone(), pctx.clone(), true);
+    copier.report(&stored, true);
     done_rx
         .recv_timeout(PATIENCE)
         .expect("the decoder was served without a producer step");
@@ -304,7 +304,7 @@ fn reset_of_the_producer_with_a_waiting_fetch_and_a_reported_copy_delivers_every
     } = waiting("pd-4", 30, opts());
     // The copy is reported and the cache reset right away: whichever of the control thread and
     // the reset applies the completion, its cascade serves the fetch and the drain waits for it.
-    copier.report(stored.clone(), pctx.clone(), true);
+    copier.report(&stored, true);
     a.mgr.reset_cache().unwrap();
     let (_b, pulled) = consumer.join().unwrap();
     assert_all_delivered(&pulled, &ks);
@@ -350,12 +350,12 @@ fn shutdown_of_the_producer_with_a_waiting_fetch_and_a_reported_copy_delivers_ev
     let Waiting {
         mut a,
         copier,
-        pctx,
+        pctx: _,
         stored,
         ks,
         consumer,
     } = waiting("pd-6", 50, opts());
-    copier.report(stored, pctx, true);
+    copier.report(&stored, true);
     let arena = a.primary.arena().clone();
     a.mgr.shutdown().unwrap();
     assert_eq!(a.primary.total_pins(), 0, "no pin survives the producer");

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
 
 use common::*;
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig};
 
 const CHILD_ENV: &str = "KVTIER_P2P_TEST_CHILD";
 const N: u64 = 6;

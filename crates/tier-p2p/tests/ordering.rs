@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Event {

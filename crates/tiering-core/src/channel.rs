@@ -287,7 +287,10 @@ impl ChannelServer {
             // A socket file nobody listens on is left over from a dead manager: reclaim it. One
             // that answers belongs to a live manager.
             if UnixStream::connect(path).is_ok() {
-                return Err(io::Error::new(io::ErrorKind::AddrInUse, "another manager listens there"));
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    "another manager listens there",
+                ));
             }
             std::fs::remove_file(path)?;
         }
@@ -403,7 +406,11 @@ fn read_worker(mut stream: UnixStream, ctx: &ReaderCtx) {
         ctx.waker.wake();
     };
     let rank = match read_message(&mut stream) {
-        Ok(Some(Message::Hello { rank, fingerprint })) if fingerprint == ctx.fingerprint && rank < ctx.reporters => rank,
+        Ok(Some(Message::Hello { rank, fingerprint }))
+            if fingerprint == ctx.fingerprint && rank < ctx.reporters =>
+        {
+            rank
+        }
         Ok(Some(Message::Hello { rank, fingerprint })) => {
             reject(&format!(
                 "hello from rank {rank} with arena fingerprint {fingerprint:#x}: not this manager's arena or rank out of range"
@@ -486,9 +493,21 @@ mod tests {
         let mut h = header(KIND_STORED, 0);
         h[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(matches!(decode_header(&h), Err(WireError::TooLarge(_))));
-        assert_eq!(decode_payload(KIND_STORED, &[1, 2, 3]), Err(WireError::Malformed("stored")));
-        assert_eq!(decode_payload(KIND_STORED, &[2]), Err(WireError::Malformed("stored")));
-        assert_eq!(decode_payload(KIND_HELLO, &[0; 11]), Err(WireError::Malformed("hello")));
-        assert_eq!(decode_payload(KIND_GOODBYE, &[0]), Err(WireError::Malformed("goodbye")));
+        assert_eq!(
+            decode_payload(KIND_STORED, &[1, 2, 3]),
+            Err(WireError::Malformed("stored"))
+        );
+        assert_eq!(
+            decode_payload(KIND_STORED, &[2]),
+            Err(WireError::Malformed("stored"))
+        );
+        assert_eq!(
+            decode_payload(KIND_HELLO, &[0; 11]),
+            Err(WireError::Malformed("hello"))
+        );
+        assert_eq!(
+            decode_payload(KIND_GOODBYE, &[0]),
+            Err(WireError::Malformed("goodbye"))
+        );
     }
 }

@@ -185,11 +185,18 @@ fn failing_tier_is_quarantined_and_the_manager_keeps_serving() {
     // …and not again: the manager keeps serving without the tier.
     assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
     end_step(&mut r.m);
-    assert!(r.m.control_thread_running(), "quarantine keeps the control thread");
+    assert!(
+        r.m.control_thread_running(),
+        "quarantine keeps the control thread"
+    );
     let q = r.m.inspect(|s| s.quarantined_tiers());
     assert_eq!(q.len(), 1);
     assert_eq!(q[0].0, "bad");
-    assert_eq!(r.tiers[0].count("shutdown"), 1, "the quarantined tier was stopped");
+    assert_eq!(
+        r.tiers[0].count("shutdown"),
+        1,
+        "the quarantined tier was stopped"
+    );
     // Its in-flight cascade was reported failed: no pin is left behind.
     assert!(eventually(|| r.primary.total_pins() == 0));
     // New work skips it: stores cascade to the good tier only, lookups never ask it, and the
@@ -198,7 +205,11 @@ fn failing_tier_is_quarantined_and_the_manager_keeps_serving() {
     store(&mut r.m, &r.primary, &ctx, &[key(2)]);
     assert_eq!(r.m.lookup(&key(50), &ctx).unwrap(), LookupResult::Miss);
     end_step(&mut r.m);
-    assert_eq!(r.tiers[0].calls().len(), before_bad, "nothing reaches a quarantined tier");
+    assert_eq!(
+        r.tiers[0].calls().len(),
+        before_bad,
+        "nothing reaches a quarantined tier"
+    );
     assert!(r.tiers[1].wait_until(PATIENCE, |v| v.count("submit_store") >= 2));
     r.tiers[1].push_peer_request(peer_request("p9", &[2], true));
     assert!(r.tiers[1].wait_until(PATIENCE, |v| v.served() == 1));
@@ -206,7 +217,11 @@ fn failing_tier_is_quarantined_and_the_manager_keeps_serving() {
     assert_eq!(stats.manager.tiers_quarantined, 1);
     assert_eq!(stats.secondaries[0].extra.get("quarantined"), Some(&1.0));
     r.m.shutdown().unwrap();
-    assert_eq!(r.tiers[0].count("shutdown"), 1, "a quarantined tier is not shut down twice");
+    assert_eq!(
+        r.tiers[0].count("shutdown"),
+        1,
+        "a quarantined tier is not shut down twice"
+    );
 }
 
 #[test]

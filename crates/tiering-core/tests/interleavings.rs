@@ -10,8 +10,7 @@ use common::*;
 use proptest::prelude::*;
 use tiering_core::testing::{Completion, PeerRequest};
 use tiering_core::{
-    JobOutcome, LookupResult, ManagerConfig, OffloadKey, OffloadPolicy, PrimaryTier,
-    ReqContext, RequestId,
+    JobOutcome, LookupResult, ManagerConfig, OffloadKey, OffloadPolicy, PrimaryTier, ReqContext, RequestId,
 };
 
 #[derive(Clone, Debug)]

@@ -68,13 +68,20 @@ fn step_guard_releases_on_panic_in_tier_hooks() {
             Ok(result) => result.expect_err("the tier panicked"),
             Err(_) => panic!("{op}: the tier's panic escaped the manager"),
         };
-        assert!(err.to_string().contains(&format!("panicked in {op}")), "{op}: {err}");
+        assert!(
+            err.to_string().contains(&format!("panicked in {op}")),
+            "{op}: {err}"
+        );
         assert!(lock_is_free(&m), "{op}: the lock stayed held");
         let mut s = m.step();
         assert_eq!(s.lookup(&key(99), &ctx).unwrap(), LookupResult::Miss, "{op}");
         s.on_schedule_end(&ScheduleEndContext::default()).unwrap();
         drop(s);
-        assert_eq!(m.inspect(|s| s.quarantined_tiers().len()), 1, "{op}: the tier left the chain");
+        assert_eq!(
+            m.inspect(|s| s.quarantined_tiers().len()),
+            1,
+            "{op}: the tier left the chain"
+        );
         assert_eq!(primary.total_pins(), 0, "{op}: no pin leaked");
         m.shutdown().unwrap();
     }
@@ -109,7 +116,11 @@ fn vllm_connector_order_does_not_hold_the_lock_through_the_model() {
         let out = s.prepare_store(&[key(1), key(2)], &producer).unwrap().unwrap();
         rows = out.chunk_ids.clone();
         for (k, c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
-            r.primary.arena().write_row(*c).unwrap().copy_from_slice(&bytes_for(k));
+            r.primary
+                .arena()
+                .write_row(*c)
+                .unwrap()
+                .copy_from_slice(&bytes_for(k));
         }
         s.complete_store(&out.keys_to_store, &producer, true).unwrap();
         s.on_request_finished(&producer).unwrap();
@@ -206,7 +217,10 @@ fn idle_manager_does_not_spin() {
     std::thread::sleep(idle);
     let during = sweeps(&mut r.m) - before;
     // Counted, not timed: at most 20 sweeps per idle second (the default idle bound allows 10).
-    assert!(during <= 20 * idle.as_secs(), "{during} sweeps in {idle:?} of idleness");
+    assert!(
+        during <= 20 * idle.as_secs(),
+        "{during} sweeps in {idle:?} of idleness"
+    );
     // And a wake still gets an immediate sweep.
     r.tiers[0].push_peer_request(peer_fetch("p", &[]));
     assert!(r.tiers[0].wait_until(PATIENCE, |v| v.served() == 1));

@@ -335,6 +335,11 @@ impl SecondaryTier for ExampleTier {
         self.info.clone()
     }
 
+    fn needs_control_plane(&self) -> bool {
+        // The tier serves peers, which must not wait for the engine's next step.
+        true
+    }
+
     fn set_waker(&mut self, waker: ControlWaker) {
         *self.shared.waker.lock() = waker;
     }

@@ -267,7 +267,11 @@ impl ProducerEngine {
     }
 
     /// Starts request `i`'s store: `prepare_store`, the copy order, and the consumer's cue.
-    fn start_store(&self, m: &mut tiering_core::Step<'_>, i: usize) -> Result<(ReqContext, Vec<OffloadKey>), BenchError> {
+    fn start_store(
+        &self,
+        m: &mut tiering_core::Step<'_>,
+        i: usize,
+    ) -> Result<(ReqContext, Vec<OffloadKey>), BenchError> {
         let mut params = serde_json::Map::new();
         params.insert(
             "remote_decoder".into(),

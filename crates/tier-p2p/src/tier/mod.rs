@@ -260,6 +260,11 @@ impl SecondaryTier for P2pTier {
         self.info.clone()
     }
 
+    fn needs_control_plane(&self) -> bool {
+        // Peers are served, and their fetches answered, while the model runs.
+        true
+    }
+
     fn set_waker(&mut self, waker: ControlWaker) {
         self.core.notifier.set(waker);
     }

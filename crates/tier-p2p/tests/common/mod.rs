@@ -5,10 +5,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
-use tiering_core::testing::MemoryPrimary;
+use tiering_core::testing::{Engine, MemoryPrimary};
 use tiering_core::{
-    LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, RequestId,
-    ScheduleEndContext, TieringManager,
+    LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, RequestId, ScheduleEndContext,
+    TieringManager,
 };
 
 pub const CHUNK: usize = 4096;
@@ -24,7 +24,7 @@ pub fn init_tracing() {
 }
 
 pub struct Node {
-    pub mgr: TieringManager,
+    pub mgr: Engine,
     pub primary: MemoryPrimary,
     pub p2p: P2pHandle,
 }
@@ -65,7 +65,11 @@ impl Node {
         let primary = MemoryPrimary::new(rows, chunk);
         let tier = P2pTier::new(opts, primary.arena()).expect("p2p tier");
         let p2p = tier.handle();
-        let mgr = TieringManager::new(Box::new(primary.clone()), vec![Box::new(tier)], config);
+        let mgr = Engine::new(TieringManager::new(
+            Box::new(primary.clone()),
+            vec![Box::new(tier)],
+            config,
+        ));
         Self { mgr, primary, p2p }
     }
 

@@ -163,7 +163,8 @@ impl TieringState {
                 Bounded::Done(tier, ()) => self.tiers[idx].tier = Some(tier),
                 Bounded::Panicked(tier, msg) => {
                     self.tiers[idx].tier = Some(tier);
-                    let e = ManagerError::tier(&name, TierError::Other(format!("panicked in drain_jobs: {msg}")));
+                    let e =
+                        ManagerError::tier(&name, TierError::Other(format!("panicked in drain_jobs: {msg}")));
                     self.quarantine(idx, &e.to_string());
                     first.get_or_insert(e);
                 }

@@ -41,10 +41,10 @@ use crate::stats::ManagerStats;
 use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
-use control::Shared;
-pub(crate) use completions::{CompletionQueue, WorkerEvent};
 pub use completions::StoreCompletionSender;
+pub(crate) use completions::{CompletionQueue, WorkerEvent};
 pub use config::{ManagerConfig, OnTierFailure};
+use control::Shared;
 pub use state::TieringState;
 pub use step::Step;
 
@@ -136,7 +136,9 @@ impl TieringManager {
     /// The socket cannot be bound, or a channel is already open.
     pub fn open_completion_channel(&mut self, path: &Path) -> Result<(), ManagerError> {
         if self.channel.is_some() {
-            return Err(ManagerError::Channel("a completion channel is already open".to_owned()));
+            return Err(ManagerError::Channel(
+                "a completion channel is already open".to_owned(),
+            ));
         }
         let queue = Arc::clone(&self.shared.state.lock().completion_queue);
         let server = ChannelServer::bind(
@@ -154,13 +156,21 @@ impl TieringManager {
     /// Whether the control-plane thread is running.
     #[must_use]
     pub fn control_thread_running(&self) -> bool {
-        self.shared.control.lock().as_ref().is_some_and(|c| !c.is_finished())
+        self.shared
+            .control
+            .lock()
+            .as_ref()
+            .is_some_and(|c| !c.is_finished())
     }
 
     /// The control-plane thread's id, once started.
     #[must_use]
     pub fn control_thread_id(&self) -> Option<std::thread::ThreadId> {
-        self.shared.control.lock().as_ref().map(control::ControlThread::thread_id)
+        self.shared
+            .control
+            .lock()
+            .as_ref()
+            .map(control::ControlThread::thread_id)
     }
 
     /// A control-plane failure not yet returned to the engine, if any.

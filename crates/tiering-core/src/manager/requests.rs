@@ -8,7 +8,6 @@ use crate::request::{ReqContext, RequestId};
 use super::state::{RequestState, TieringState};
 
 impl TieringState {
-
     /// Announces a request to every present tier (the serving origin is absent, and is
     /// remembered as `exclude` so a deferred finalization skips it too).
     pub(crate) fn on_new_request_unlocked(
@@ -85,5 +84,4 @@ impl TieringState {
             }
         }
     }
-
 }

@@ -168,7 +168,11 @@ impl TieringState {
     pub fn quarantined_tiers(&self) -> Vec<(String, String)> {
         self.tiers
             .iter()
-            .filter_map(|s| s.quarantined.as_ref().map(|why| (s.info.name.clone(), why.clone())))
+            .filter_map(|s| {
+                s.quarantined
+                    .as_ref()
+                    .map(|why| (s.info.name.clone(), why.clone()))
+            })
             .collect()
     }
 

@@ -181,7 +181,12 @@ impl OffloadingManager for Step<'_> {
         self.state()?.prepare_store_unlocked(keys, ctx)
     }
 
-    fn complete_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext, success: bool) -> Result<(), ManagerError> {
+    fn complete_store(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        success: bool,
+    ) -> Result<(), ManagerError> {
         self.state()?.complete_store_unlocked(keys, ctx, success)
     }
 

@@ -353,27 +353,29 @@ pub(crate) unsafe fn event_from_ffi(e: &FfiEvent) -> OffloadingEvent {
 }
 
 /// Pushes a tier's info into a sink.
-pub(crate) fn push_info(out: FfiSink<FfiInfo>, info: &TierInfo) {
+pub(crate) fn push_info(out: FfiSink<FfiInfo>, info: &TierInfo, control_plane: bool) {
     let item = FfiInfo {
         name: FfiStr::new(&info.name),
         medium: medium_code(info.medium),
         locality: locality_code(info.locality),
+        control_plane: u8::from(control_plane),
     };
     // SAFETY: the sink was provided for this call; `item` and `info` outlive the push.
     unsafe { (out.push)(out.ctx, &raw const item) };
 }
 
-/// Reads pushed info.
+/// Reads pushed info and the control-plane opt-in.
 ///
 /// # Safety
 /// `i`'s pointers must be valid for the call.
-pub(crate) unsafe fn info_from_ffi(i: &FfiInfo) -> TierInfo {
-    TierInfo::new(
+pub(crate) unsafe fn info_from_ffi(i: &FfiInfo) -> (TierInfo, bool) {
+    let info = TierInfo::new(
         // SAFETY: guaranteed by the caller.
         unsafe { i.name.to_str() }.unwrap_or("(unnamed plugin tier)"),
         medium_from(i.medium),
         locality_from(i.locality),
-    )
+    );
+    (info, i.control_plane != 0)
 }
 
 /// Pushes stats into a sink.
@@ -512,7 +514,7 @@ mod tests {
     #[test]
     fn a_panicking_sink_consumer_is_contained() {
         let mut boom = |_: &FfiInfo| panic!("consumer bug");
-        push_info(sink(&mut boom), &TierInfo::new("x", None, None));
+        push_info(sink(&mut boom), &TierInfo::new("x", None, None), false);
         let mut err = ErrorText::default();
         err.with(|e| push_error(e, "bad thing"));
         assert_eq!(err.or("none"), "bad thing");

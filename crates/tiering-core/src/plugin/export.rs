@@ -323,7 +323,8 @@ unsafe extern "C" fn info(state: TierState, out: FfiSink<FfiInfo>, err: ErrSink)
         // SAFETY: vtable contract.
         let st = unsafe { tier_state(state) }?;
         let info = tier_call("info", || st.tier.info())?;
-        push_info(out, &info);
+        let control_plane = tier_call("needs_control_plane", || st.tier.needs_control_plane())?;
+        push_info(out, &info, control_plane);
         Ok(())
     })
 }

@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use crate::arena::ArenaRawParts;
 
 /// The version of this ABI. A library built against another version is refused.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 
 /// Name of the exported `u32` static holding the library's [`ABI_VERSION`].
 pub const ABI_SYMBOL: &str = "kvtier_tier_abi_version";
@@ -244,6 +244,8 @@ pub struct FfiInfo {
     pub medium: FfiEnum,
     /// Locality code.
     pub locality: FfiEnum,
+    /// 1 when the tier opts in to the manager's control thread (`needs_control_plane`).
+    pub control_plane: u8,
 }
 
 /// A tier's stats.

@@ -55,6 +55,8 @@ pub struct PluginTier {
     library: &'static LoadedLibrary,
     state: TierState,
     info: TierInfo,
+    /// The library's tier opted in to the control thread.
+    control_plane: bool,
     /// Keeps the host arena mapped for as long as the library may hold grants on it.
     arena: Arc<ChunkArena>,
     waker: Box<HostWaker>,
@@ -121,6 +123,7 @@ impl PluginTier {
             library,
             state,
             info: TierInfo::new(library.type_name(), None, None),
+            control_plane: false,
             arena: Arc::clone(&ctx.arena),
             waker,
             failure: Mutex::new(None),
@@ -140,8 +143,9 @@ impl PluginTier {
                 path: library.path().to_path_buf(),
                 message,
             })?;
-        if let Some(info) = info {
+        if let Some((info, control_plane)) = info {
             tier.info = info;
+            tier.control_plane = control_plane;
         }
         Ok(tier)
     }
@@ -245,6 +249,10 @@ impl PluginTier {
 impl SecondaryTier for PluginTier {
     fn info(&self) -> TierInfo {
         self.info.clone()
+    }
+
+    fn needs_control_plane(&self) -> bool {
+        self.control_plane
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {

@@ -1,9 +1,11 @@
 //! Test doubles shared by every crate's tests (feature `test-utils`): a minimal in-memory
-//! primary tier and a scriptable secondary tier that records its calls.
+//! primary tier, a scriptable secondary tier that records its calls, and an engine driver.
 
+mod engine;
 mod memory_primary;
 mod scripted_tier;
 
+pub use engine::Engine;
 pub use memory_primary::MemoryPrimary;
 pub use scripted_tier::{
     Call, Completion, PeerRequest, ScriptedTier, ScriptedTierHandle, ScriptedTierView, ServedPeer,

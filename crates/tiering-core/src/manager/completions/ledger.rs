@@ -130,7 +130,12 @@ impl StoreLedger {
     }
 
     /// The engine reported `key`. Returns what to do, or `None` when the key is not tracked.
-    pub(crate) fn engine_report(&mut self, key: &OffloadKey, success: bool, tally: &mut ReportTally) -> Option<Verdict> {
+    pub(crate) fn engine_report(
+        &mut self,
+        key: &OffloadKey,
+        success: bool,
+        tally: &mut ReportTally,
+    ) -> Option<Verdict> {
         let rec = self.records.get_mut(key)?;
         if rec.engine.is_some() {
             tally.absorbed += 1;
@@ -150,7 +155,13 @@ impl StoreLedger {
     }
 
     /// Worker rank `rank` reported `key`.
-    pub(crate) fn worker_report(&mut self, rank: u32, key: &OffloadKey, success: bool, tally: &mut ReportTally) -> Verdict {
+    pub(crate) fn worker_report(
+        &mut self,
+        rank: u32,
+        key: &OffloadKey,
+        success: bool,
+        tally: &mut ReportTally,
+    ) -> Verdict {
         let all = self.all_ranks();
         let Some(rec) = self.records.get_mut(key) else {
             tally.unknown += 1;
@@ -290,7 +301,6 @@ impl StoreLedger {
     pub(crate) fn tracked_keys(&self) -> usize {
         self.records.len()
     }
-
 }
 
 #[cfg(test)]

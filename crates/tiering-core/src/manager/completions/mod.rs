@@ -176,7 +176,10 @@ impl TieringState {
                     if clean {
                         self.ledger.worker_joined(rank);
                     } else {
-                        tracing::warn!(rank, "a copy worker disconnected without goodbye; its unreported stores fail after the deadline");
+                        tracing::warn!(
+                            rank,
+                            "a copy worker disconnected without goodbye; its unreported stores fail after the deadline"
+                        );
                         self.ledger.worker_gone(rank, Instant::now());
                     }
                 }
@@ -187,7 +190,11 @@ impl TieringState {
             if keys.is_empty() {
                 continue;
             }
-            tracing::warn!(rank, keys = keys.len(), "failing stores a dead copy worker never reported");
+            tracing::warn!(
+                rank,
+                keys = keys.len(),
+                "failing stores a dead copy worker never reported"
+            );
             self.counters.worker_lost_store_keys += keys.len() as u64;
             let failed: Vec<(OffloadKey, bool)> = keys.into_iter().map(|k| (k, false)).collect();
             self.apply_store_keys(&failed);
@@ -203,10 +210,12 @@ impl TieringState {
         let mut tally = ReportTally::default();
         let apply: Vec<(OffloadKey, bool)> = keys
             .iter()
-            .filter_map(|k| match self.ledger.worker_report(rank, k, success, &mut tally) {
-                Verdict::Apply(ok) => Some((*k, ok)),
-                Verdict::Nothing => None,
-            })
+            .filter_map(
+                |k| match self.ledger.worker_report(rank, k, success, &mut tally) {
+                    Verdict::Apply(ok) => Some((*k, ok)),
+                    Verdict::Nothing => None,
+                },
+            )
             .collect();
         self.note_tally(&tally, "worker");
         self.counters.off_step_store_completions += apply.len() as u64;
