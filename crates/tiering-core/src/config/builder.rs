@@ -304,8 +304,16 @@ impl fmt::Display for ResolvedChain<'_> {
         let cp = &self.config.control_plane;
         write!(
             f,
-            "  [control_plane] thread = {}, off_step = {}, idle_wait = {:?}, lock_timeout = {:?}",
-            cp.thread, cp.off_step, cp.idle_wait, cp.lock_timeout
+            "  [control_plane] thread = {}, off_step = {}, reporters = {}, idle_wait = {:?}, lock_timeout = {:?}, \
+             tier_timeout = {:?}, worker_deadline = {:?}, on_tier_failure = {:?}",
+            cp.thread,
+            cp.off_step,
+            cp.reporters,
+            cp.idle_wait,
+            cp.lock_timeout,
+            cp.tier_timeout,
+            cp.worker_deadline,
+            cp.on_tier_failure
         )
     }
 }

@@ -19,7 +19,7 @@ use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use super::error::{ChainError, ChainErrorKind};
 use super::units::HumanDuration;
-use crate::manager::ManagerConfig;
+use crate::manager::{ManagerConfig, OnTierFailure};
 
 /// Where a tier sits in the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -87,6 +87,15 @@ pub struct ControlPlaneSpec {
     /// Complete worker-reported stores and submit peer-driven promotions off the step boundary
     /// (`off_step`, default false; see `ManagerConfig::off_step`).
     pub off_step: bool,
+    /// Copy-worker ranks that report each store off-step (`reporters`, default 1).
+    pub reporters: u32,
+    /// Bound on one tier's drain or shutdown (`tier_timeout`, default 10s).
+    pub tier_timeout: Duration,
+    /// How long the stores of a worker that vanished wait before failing (`worker_deadline`,
+    /// default 5s).
+    pub worker_deadline: Duration,
+    /// What a failing tier costs (`on_tier_failure = "quarantine" | "fail"`, default quarantine).
+    pub on_tier_failure: OnTierFailure,
 }
 
 impl Default for ControlPlaneSpec {
@@ -99,6 +108,10 @@ impl Default for ControlPlaneSpec {
             starvation_warning: d.starvation_warning,
             join_timeout: d.join_timeout,
             off_step: d.off_step,
+            reporters: d.reporters,
+            tier_timeout: d.tier_timeout,
+            worker_deadline: d.worker_deadline,
+            on_tier_failure: d.on_tier_failure,
         }
     }
 }
@@ -114,6 +127,10 @@ impl ControlPlaneSpec {
             starvation_warning: self.starvation_warning,
             join_timeout: self.join_timeout,
             off_step: self.off_step,
+            reporters: self.reporters,
+            tier_timeout: self.tier_timeout,
+            worker_deadline: self.worker_deadline,
+            on_tier_failure: self.on_tier_failure,
             ..ManagerConfig::default()
         }
     }
@@ -402,13 +419,36 @@ impl ChainConfig {
                     }
                 }
                 "idle_wait" => spec.idle_wait = duration(v)?,
+                "tier_timeout" => spec.tier_timeout = duration(v)?,
+                "worker_deadline" => spec.worker_deadline = duration(v)?,
+                "reporters" => {
+                    spec.reporters = match v {
+                        toml::Value::Integer(n) if (1..=64).contains(&n) => u32::try_from(n).unwrap_or(1),
+                        other => {
+                            return Err(err(ChainErrorKind::Invalid(format!(
+                                "`reporters` must be an integer from 1 to 64 (the copy workers' world size), found {other}"
+                            ))));
+                        }
+                    };
+                }
+                "on_tier_failure" => {
+                    spec.on_tier_failure = match v.as_str() {
+                        Some("quarantine") => OnTierFailure::Quarantine,
+                        Some("fail") => OnTierFailure::Fail,
+                        _ => {
+                            return Err(err(ChainErrorKind::Invalid(format!(
+                                "`on_tier_failure` must be \"quarantine\" or \"fail\", found {v}"
+                            ))));
+                        }
+                    };
+                }
                 "lock_timeout" => spec.lock_timeout = duration(v)?,
                 "starvation_warning" => spec.starvation_warning = duration(v)?,
                 "join_timeout" => spec.join_timeout = duration(v)?,
                 other => {
                     return Err(err(ChainErrorKind::UnknownKey {
                         key: other.to_owned(),
-                        expected: "thread, off_step, idle_wait, lock_timeout, starvation_warning, join_timeout",
+                        expected: "thread, off_step, reporters, idle_wait, lock_timeout, starvation_warning, join_timeout, tier_timeout, worker_deadline, on_tier_failure",
                     }));
                 }
             }

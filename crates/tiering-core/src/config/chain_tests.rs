@@ -102,7 +102,11 @@ name = "two"
 [control_plane]
 thread = false
 off_step = true
+reporters = 2
 idle_wait = "250us"
+tier_timeout = "3s"
+worker_deadline = "750ms"
+on_tier_failure = "fail"
 "#,
     )
     .unwrap();
@@ -128,6 +132,10 @@ idle_wait = "250us"
     assert!(!mc.control_plane_thread);
     assert!(mc.off_step);
     assert_eq!(mc.idle_wait, Duration::from_micros(250));
+    assert_eq!(mc.reporters, 2);
+    assert_eq!(mc.tier_timeout, Duration::from_secs(3));
+    assert_eq!(mc.worker_deadline, Duration::from_millis(750));
+    assert_eq!(mc.on_tier_failure, crate::OnTierFailure::Fail);
     assert_eq!(
         c.secondaries[1].describe(),
         "[[secondary]] #2 (type \"chain-test-scripted\")"
@@ -314,4 +322,25 @@ fn resolved_chains_print_their_sources() {
         "{text}"
     );
     assert!(text.contains("name = \"p\""), "{text}");
+}
+
+#[test]
+fn bad_control_plane_values_name_the_key() {
+    for (text, key) in [
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\nreporters = 0\n",
+            "reporters",
+        ),
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\non_tier_failure = \"ignore\"\n",
+            "on_tier_failure",
+        ),
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\ntier_timeout = 5\n",
+            "tier_timeout",
+        ),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.contains(key) && e.contains(":4"), "{e}");
+    }
 }

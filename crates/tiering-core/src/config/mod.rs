@@ -1,4 +1,5 @@
-//! Tier chain files (DESIGN §7) and the helpers tier factories use to read their options.
+//! Tier chain files (`docs/ARCHITECTURE.md`, "Plugins and chains") and the helpers tier
+//! factories use to read their options.
 //!
 //! ```toml
 //! [primary]

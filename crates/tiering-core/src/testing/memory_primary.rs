@@ -45,7 +45,16 @@ impl MemoryPrimary {
     /// If the arena cannot be mapped (tests only).
     #[must_use]
     pub fn new(num_chunks: usize, chunk_bytes: usize) -> Self {
-        let arena = ChunkArena::new(num_chunks, chunk_bytes).expect("test arena");
+        Self::with_arena(ChunkArena::new(num_chunks, chunk_bytes).expect("test arena"))
+    }
+
+    /// A primary over an existing arena (for example a shared one that worker processes open).
+    ///
+    /// # Panics
+    /// The arena has more rows than a chunk id can name.
+    #[must_use]
+    pub fn with_arena(arena: Arc<ChunkArena>) -> Self {
+        let num_chunks = arena.num_chunks();
         let free = (0..u32::try_from(num_chunks).expect("test size")).rev().collect();
         let inner = Inner {
             arena: Arc::clone(&arena),

@@ -187,6 +187,21 @@ impl TieringState {
             }
         }
         for (rank, keys) in self.ledger.expired_worker_keys(Instant::now()) {
+            // A worker process that died holding row grants left their lock words set in the
+            // shared mapping; release the locks of views whose process is gone, so the rows can
+            // be written again.
+            match self.arena.reclaim_dead_views() {
+                Ok(r) if r.views > 0 => {
+                    tracing::warn!(
+                        rank,
+                        views = r.views,
+                        rows = r.rows,
+                        "released the row locks of dead worker processes"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => tracing::error!(rank, error = %e, "cannot reclaim the row locks of dead workers"),
+            }
             if keys.is_empty() {
                 continue;
             }
