@@ -169,9 +169,9 @@ impl Slab {
     ) -> Result<Opened, DiskError> {
         let layout = SlabLayout::for_capacity(chunk_bytes, opts.capacity.bytes()).ok_or_else(|| {
             DiskError::InvalidOptions(format!(
-                "capacity {} cannot hold one slot of a {chunk_bytes}-byte chunk (plus {} bytes of headers)",
+                "capacity {} cannot hold one slot of a {chunk_bytes}-byte chunk (plus {} bytes of superblock and seal)",
                 opts.capacity,
-                3 * BLOCK
+                2 * BLOCK
             ))
         })?;
         std::fs::create_dir_all(&opts.path).map_err(io_err("creating directory", &opts.path))?;
@@ -344,22 +344,25 @@ impl Slab {
         self.direct
     }
 
-    /// Writes one whole slot (header block, payload, padding and commit block) in one call.
-    pub(crate) fn write_slot(&self, slot: u32, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    /// Writes `slots` whole consecutive slots from `first` (payload, padding and seal block
+    /// each) in one vectored write.
+    pub(crate) fn write_run(&self, first: u32, slots: usize, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
         #[cfg(feature = "test-utils")]
         if let Some(f) = &self.faults {
             f.before_write(bufs.iter().map(|b| b.len() as u64).sum())?;
         }
-        pwritev_all(&self.io, bufs, self.layout.slot_offset(slot))
+        let _ = slots;
+        pwritev_all(&self.io, bufs, self.layout.slot_offset(first))
     }
 
-    /// Reads one whole slot; returns the bytes read (less than asked at end of file).
-    pub(crate) fn read_slot(&self, slot: u32, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    /// Reads whole consecutive slots from `first` in one vectored read; returns the bytes read
+    /// (less than asked at end of file).
+    pub(crate) fn read_run(&self, first: u32, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         #[cfg(feature = "test-utils")]
         if let Some(f) = &self.faults {
             f.before_read()?;
         }
-        preadv_all(&self.io, bufs, self.layout.slot_offset(slot))
+        preadv_all(&self.io, bufs, self.layout.slot_offset(first))
     }
 
     /// Reads one aligned block at `off` (start-up scan); returns the bytes read.
@@ -367,12 +370,12 @@ impl Slab {
         preadv_all(&self.io, &mut [IoSliceMut::new(buf)], off)
     }
 
-    /// Overwrites slot `slot`'s header block with `zero_block`, so the slot never reappears.
+    /// Overwrites slot `slot`'s seal block with `zero_block`, so the slot never reappears.
     pub(crate) fn invalidate(&self, slot: u32, zero_block: &[u8]) -> io::Result<()> {
         pwritev_all(
             &self.io,
             &mut [IoSlice::new(zero_block)],
-            self.layout.slot_offset(slot),
+            self.layout.seal_offset(slot),
         )
     }
 
