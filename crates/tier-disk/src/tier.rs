@@ -90,6 +90,11 @@ fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskEr
             geometry.chunk_bytes, geometry.row_stride
         )));
     }
+    if opts.path.as_os_str().is_empty() {
+        return Err(DiskError::InvalidOptions(
+            "path must name a directory; it is empty".to_owned(),
+        ));
+    }
     if opts.name.is_empty() {
         return Err(DiskError::InvalidOptions(
             "the tier name must not be empty".to_owned(),

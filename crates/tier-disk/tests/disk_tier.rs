@@ -444,6 +444,44 @@ fn invalid_options_are_refused_with_a_reason() {
         DiskTier::open(&options(dir.path(), 4, CHUNK), bad_geometry),
         Err(DiskError::InvalidOptions(_))
     ));
+    let no_path = DiskTierOptions::new("", 1 << 20);
+    let err = DiskTier::open(&no_path, geometry(CHUNK)).unwrap_err();
+    assert!(
+        matches!(err, DiskError::InvalidOptions(_)) && err.to_string().contains("path"),
+        "{err}"
+    );
+    assert!(
+        !std::path::Path::new(SLAB_FILE).exists(),
+        "nothing in the current directory"
+    );
+}
+
+#[test]
+fn a_large_tier_reserves_disk_space_only_as_it_is_used() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // 256 MiB of capacity: the file is reserved in 64 MiB steps as slots are first written.
+    let opts = DiskTierOptions::new(dir.path(), 256 << 20);
+    let mut rig = Rig::open(&opts, CHUNK, 4);
+    let file = dir.path().join(SLAB_FILE);
+    let on_disk = || std::fs::metadata(&file).unwrap().blocks() * 512;
+    assert!(on_disk() <= 64 << 10, "{} bytes after open", on_disk());
+    rig.store(&keys(0..4));
+    let after = on_disk();
+    assert!(
+        after > 0 && after <= (64 << 20) + (64 << 10),
+        "{after} bytes after 4 chunks"
+    );
+    assert!(std::fs::metadata(&file).unwrap().len() <= (64 << 20) + (64 << 10));
+    rig.assert_loads(&keys(0..4));
+    drop(rig);
+    let mut rig = Rig::open(&opts, CHUNK, 4);
+    assert_eq!(
+        rig.tier.recovery().recovered,
+        4,
+        "slots past the file's end read as empty"
+    );
+    rig.assert_loads(&keys(0..4));
 }
 
 #[test]

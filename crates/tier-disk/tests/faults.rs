@@ -138,7 +138,70 @@ fn a_really_full_small_filesystem_fails_stores_cleanly() {
         let other = fs.path().join("prealloc");
         let err = DiskTier::open(&options(&other, 64, CHUNK), geometry()).unwrap_err();
         assert!(matches!(err, tier_disk::DiskError::NoSpace { .. }), "{err}");
+        assert!(!other.exists(), "the failed open removed what it created");
     }
+}
+
+fn blocks_of(file: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).unwrap().blocks() * 512
+}
+
+#[test]
+fn a_failed_preallocation_leaves_nothing_behind() {
+    let Some(fs) = SmallFs::mount(1 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+        return;
+    };
+    // A capacity bigger than the filesystem, in directories the open has to create.
+    let nested = fs.path().join("a").join("b");
+    let err = DiskTier::open(&options(&nested, 256, CHUNK), geometry()).unwrap_err();
+    assert!(matches!(err, tier_disk::DiskError::NoSpace { .. }), "{err}");
+    assert!(!fs.path().join("a").exists(), "no file, no directory left");
+    // In an existing directory: the directory stays, the slab file goes.
+    let err = DiskTier::open(&options(fs.path(), 256, CHUNK), geometry()).unwrap_err();
+    assert!(err.to_string().contains(tier_disk::SLAB_FILE), "{err}");
+    assert_eq!(std::fs::read_dir(fs.path()).unwrap().count(), 0);
+    // An existing slab is never deleted by a failed open, only left as it was.
+    let mut rig = Rig::open(&options(fs.path(), 8, CHUNK), CHUNK, 2);
+    rig.store(&keys(0..2));
+    drop(rig);
+    let slab = fs.path().join(tier_disk::SLAB_FILE);
+    let before = std::fs::metadata(&slab).unwrap().len();
+    let mut wide = options(fs.path(), 256, CHUNK);
+    wide.wipe_on_mismatch = false;
+    assert!(DiskTier::open(&wide, geometry()).is_err());
+    assert_eq!(std::fs::metadata(&slab).unwrap().len(), before);
+    let mut rig = Rig::open(&options(fs.path(), 8, CHUNK), CHUNK, 2);
+    rig.assert_loads(&keys(0..2));
+}
+
+#[test]
+fn a_reservation_that_fails_while_running_is_undone() {
+    let Some(fs) = SmallFs::mount(2 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+        return;
+    };
+    let opts = options(fs.path(), 64, CHUNK);
+    let (mut rig, _faults) = rig_with_faults(&opts, 4);
+    let slab = fs.path().join(tier_disk::SLAB_FILE);
+    assert!(
+        blocks_of(&slab) < opts.capacity.bytes() / 4,
+        "nothing is reserved before a slot is used"
+    );
+    // Someone else fills the filesystem, leaving less than the slab's next step.
+    let filler = fs.path().join("filler");
+    let free = 2 * 1024 * 1024 - blocks_of(&slab);
+    std::fs::write(&filler, vec![1u8; (free - 64 * 1024) as usize]).unwrap();
+    let held = blocks_of(&slab);
+    let r = rig.store(&keys(0..2));
+    assert_eq!(r.outcome, JobOutcome::Failed, "no room to reserve the slots");
+    assert_eq!(blocks_of(&slab), held, "the failed reservation was undone");
+    assert!(!rig.hit(&key(0)));
+    // Space comes back: stores work.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(rig.store(&keys(0..2)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(0..2));
 }
 
 #[test]
