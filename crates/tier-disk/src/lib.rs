@@ -52,6 +52,8 @@ mod exec;
 #[cfg(feature = "test-utils")]
 pub mod faults;
 pub mod format;
+#[cfg(test)]
+mod fuzz;
 mod index;
 pub mod meter;
 pub mod options;

@@ -244,6 +244,14 @@ impl DiskTier {
         })
     }
 
+    /// Most slots one vectored read or write covers (a job's consecutive slots are split into
+    /// submissions of at most this many, and of at most `ceil(keys / io_threads)` so a job
+    /// keeps every thread busy).
+    #[must_use]
+    pub fn max_slots_per_io(&self) -> usize {
+        self.shared.max_run
+    }
+
     /// The measured cost of loads and stores: queue depths, and moving averages of the I/O
     /// time per MiB and of the queue wait (see [`IoCost`]).
     #[must_use]
