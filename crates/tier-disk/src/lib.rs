@@ -12,7 +12,7 @@
 //!   recently used chunk nobody is reading), writes it, and only then flips the index entry
 //!   (after `fdatasync` with `sync = "always"`, after the job's one `fdatasync` with
 //!   `sync = "batch"`).
-//! - **Index**: in memory, rebuilt at open by scanning every slot's header and commit block;
+//! - **Index**: in memory, rebuilt at open by scanning every slot's seal and first payload block;
 //!   newest sequence wins, torn or damaged slots become free, a slab of another geometry or
 //!   format is refused with a clear error (or wiped with `wipe_on_mismatch = true`). Lookups are
 //!   answered synchronously (`Hit`/`Miss`, never `Retry`).
@@ -20,7 +20,7 @@
 //!   the file, with `O_DIRECT` when the filesystem accepts it (probed at open). Loads and stores
 //!   have separate queues; loads go first, with a bound ([`LOADS_PER_STORE`]) so stores still
 //!   progress. [`DiskTier::io_cost`] reports queue depths and measured cost per MiB.
-//! - **Integrity**: every load verifies header, commit block and payload checksum before it is
+//! - **Integrity**: every load verifies the seal and the payload checksum before it is
 //!   reported; a bad slot fails its key (partial results), is erased and freed, and the key
 //!   becomes a `Miss` (a removal event).
 //! - **Errors**: a failing write or read fails its keys cleanly and is logged (rate-limited);

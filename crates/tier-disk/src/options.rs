@@ -95,7 +95,7 @@ fn default_name() -> String {
 pub struct DiskTierOptions {
     /// Directory holding the slab file; created when missing.
     pub path: PathBuf,
-    /// Upper bound of the slab file's size, slot headers included.
+    /// Upper bound of the slab file's size, seal blocks included.
     pub capacity: ByteSize,
     /// The `fdatasync` policy.
     #[serde(default)]

@@ -27,11 +27,11 @@ use crate::slab::Slab;
 pub struct RecoveryReport {
     /// Chunks found complete and adopted (now `Hit`s).
     pub recovered: usize,
-    /// Slots discarded: writes that never completed (torn), damaged headers.
+    /// Slots discarded: writes that never completed (torn), damaged seals.
     pub discarded: usize,
     /// Older copies of a key found again in a newer slot (the newest wins).
     pub duplicates: usize,
-    /// Slots whose header could not be read.
+    /// Slots whose seal could not be read.
     pub unreadable: usize,
     /// Whether a slab of another geometry or format was wiped (`wipe_on_mismatch`).
     pub wiped: bool,
@@ -105,7 +105,7 @@ fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskEr
 
 impl DiskTier {
     /// Opens the tier at `opts.path` for chunks of `geometry`: creates or adopts the slab,
-    /// rebuilds the index from the slot headers, and starts the I/O threads.
+    /// rebuilds the index from the slot seals, and starts the I/O threads.
     ///
     /// # Errors
     /// Invalid options, an unusable directory or file, a slab of another geometry or format
