@@ -7,7 +7,8 @@
 //! and the median tier/raw ratio of ABBA-paired runs (robust to drift on a shared device).
 //!
 //! `cargo bench -p tier-disk --bench throughput`. Environment: `KVTIER_BENCH_DIR` (default: the
-//! system temp dir), `KVTIER_BENCH_MIB` (volume per iteration, default 64).
+//! system temp dir), `KVTIER_BENCH_MIB` (volume per iteration, default 64), `KVTIER_BENCH_CHUNKS`
+//! (chunk sizes in KiB, comma-separated; default 16,256,2048).
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -352,7 +353,7 @@ fn bench_chunk(
     }
 }
 
-fn report(tally: &Tally, paired: &BTreeMap<(String, usize), f64>) {
+fn report(tally: &Tally, paired: &BTreeMap<(String, usize), f64>, chunks: &[usize]) {
     println!(
         "\ndisk tier throughput vs raw vectored I/O ({IO_THREADS} calls in flight each, same request size, volume and filesystem)"
     );
@@ -360,7 +361,7 @@ fn report(tally: &Tally, paired: &BTreeMap<(String, usize), f64>) {
         "{:<6} {:>8} {:>10} {:>10} {:>8} {:>14}",
         "dir", "chunk", "raw GB/s", "tier GB/s", "ratio", "paired median"
     );
-    for chunk in CHUNK_SIZES {
+    for &chunk in chunks {
         for direction in ["write", "read"] {
             let rate = |who| {
                 tally
@@ -395,11 +396,21 @@ fn main() {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .configure_from_args();
-    for chunk in CHUNK_SIZES {
+    let chunks: Vec<usize> = std::env::var("KVTIER_BENCH_CHUNKS")
+        .ok()
+        .map(|v| {
+            v.split(',')
+                .filter_map(|k| k.trim().parse::<usize>().ok())
+                .map(|k| k << 10)
+                .collect()
+        })
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| CHUNK_SIZES.to_vec());
+    for &chunk in &chunks {
         bench_chunk(&mut c, &root, mib << 20, chunk, &tally, &paired);
     }
     c.final_summary();
     if let (Ok(t), Ok(p)) = (tally.lock(), paired.lock()) {
-        report(&t, &p);
+        report(&t, &p, &chunks);
     }
 }
