@@ -1,28 +1,31 @@
-//! What an I/O thread does with one task: write a slot from a primary row, or read a slot into
-//! a primary row and verify it, then settle the key's outcome in the index and the job.
+//! What an I/O thread does with one submission: write consecutive slots from primary rows, or
+//! read consecutive slots into primary rows and verify each, then settle every key's outcome in
+//! the index and the job.
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::time::{Duration, Instant};
 
 use tiering_core::OffloadKey;
 
 use crate::buf::AlignedBuf;
-use crate::format::{BLOCK, SlabLayout, SlotCommit, SlotDefect, SlotHeader, verify_slot};
+use crate::format::{BLOCK, SlabLayout, SlotDefect, SlotSeal, verify_slot};
 use crate::options::SyncPolicy;
-use crate::shared::{Counters, KeyOutcome, Shared, Task, TaskOp};
+use crate::shared::{Counters, KeyOutcome, Run, RunItem, Shared, TaskOp};
 
-/// Per-thread scratch blocks: the header block and the padding + commit block of a slot.
+/// Per-thread scratch: for each slot of the longest run, its padding and seal block.
 pub(crate) struct Scratch {
-    header: AlignedBuf,
-    tail: AlignedBuf,
+    tails: AlignedBuf,
+    tail_len: usize,
 }
 
 impl Scratch {
-    pub(crate) fn new(layout: &SlabLayout) -> io::Result<Self> {
+    pub(crate) fn new(layout: &SlabLayout, max_run: usize) -> io::Result<Self> {
+        let tail_len = layout.pad() + BLOCK;
         Ok(Self {
-            header: AlignedBuf::zeroed(BLOCK)?,
-            tail: AlignedBuf::zeroed(layout.pad() + BLOCK)?,
+            tails: AlignedBuf::zeroed(tail_len * max_run.max(1))?,
+            tail_len,
         })
     }
 }
@@ -46,84 +49,155 @@ fn panicked() -> io::Error {
     io::Error::other("I/O task panicked")
 }
 
-/// Writes `row` as write `seq` of `key` into `slot`: one vectored write of header, payload,
-/// padding and commit block, then `fdatasync` when every write must be durable.
-fn write_slot(
+fn mismatched() -> io::Error {
+    io::Error::other("a run mixes loads and stores or is longer than the scratch space")
+}
+
+/// Writes the rows of `items` (consecutive slots) as the writes their items name: one vectored
+/// write of `payload | padding + seal` per slot, then `fdatasync` when every write must be
+/// durable.
+fn write_run(
     shared: &Shared,
     scratch: &mut Scratch,
-    slot: u32,
-    seq: u64,
-    key: &OffloadKey,
-    row: &[u8],
+    keys: &[OffloadKey],
+    items: &[RunItem],
 ) -> io::Result<()> {
     let pad = shared.slab.layout().pad();
-    // The scratch blocks may hold bytes of the last slot this thread read.
-    scratch.tail[..pad].fill(0);
-    let header = SlotHeader::encode_for(seq, key, row, &mut scratch.header);
-    SlotCommit::sealing(&header).encode(&mut scratch.tail[pad..]);
-    shared.slab.write_slot(
-        slot,
-        &mut [
-            IoSlice::new(&scratch.header),
-            IoSlice::new(row),
-            IoSlice::new(&scratch.tail),
-        ],
-    )?;
+    let tail_len = scratch.tail_len;
+    if items.len() * tail_len > scratch.tails.len() {
+        return Err(mismatched());
+    }
+    for (item, tail) in items.iter().zip(scratch.tails.chunks_mut(tail_len)) {
+        let TaskOp::Store(row) = &item.op else {
+            return Err(mismatched());
+        };
+        let key = keys.get(item.idx).ok_or_else(mismatched)?;
+        // The scratch may hold bytes of the last slots this thread read.
+        tail[..pad].fill(0);
+        SlotSeal::encode_for(item.seq, key, row, &mut tail[pad..]);
+    }
+    let mut iov = Vec::with_capacity(items.len() * 2);
+    for (item, tail) in items.iter().zip(scratch.tails.chunks(tail_len)) {
+        if let TaskOp::Store(row) = &item.op {
+            iov.push(IoSlice::new(row));
+            iov.push(IoSlice::new(tail));
+        }
+    }
+    let first = items.first().map_or(0, |i| i.slot);
+    shared.slab.write_run(first, items.len(), &mut iov)?;
     if shared.sync == SyncPolicy::Always {
         shared.slab.sync()?;
     }
     Ok(())
 }
 
-/// Reads `slot` into `row` and verifies it is write `seq` of `key`, intact.
-fn read_slot(
+/// Reads the slots of `items` (consecutive) into their rows with one vectored read, then
+/// verifies each against the key and write number the index expects.
+fn read_run(
     shared: &Shared,
     scratch: &mut Scratch,
-    slot: u32,
-    seq: u64,
-    key: &OffloadKey,
-    row: &mut [u8],
-) -> Result<(), LoadError> {
-    let layout = shared.slab.layout();
-    let want = 2 * BLOCK + layout.payload_span;
-    let got = shared
-        .slab
-        .read_slot(
-            slot,
-            &mut [
-                IoSliceMut::new(&mut scratch.header),
-                IoSliceMut::new(row),
-                IoSliceMut::new(&mut scratch.tail),
-            ],
-        )
-        .map_err(LoadError::Io)?;
-    if got < want {
-        return Err(LoadError::Defect(SlotDefect::ShortRead));
+    keys: &[OffloadKey],
+    items: &mut [RunItem],
+) -> io::Result<Vec<Result<(), SlotDefect>>> {
+    let layout = *shared.slab.layout();
+    let tail_len = scratch.tail_len;
+    if items.len() * tail_len > scratch.tails.len() {
+        return Err(mismatched());
     }
-    verify_slot(&scratch.header, row, &scratch.tail[layout.pad()..], key, seq)
-        .map(|_| ())
-        .map_err(LoadError::Defect)
+    let first = items.first().map_or(0, |i| i.slot);
+    let got = {
+        let mut iov = Vec::with_capacity(items.len() * 2);
+        for (item, tail) in items.iter_mut().zip(scratch.tails.chunks_mut(tail_len)) {
+            let TaskOp::Load(row) = &mut item.op else {
+                return Err(mismatched());
+            };
+            iov.push(IoSliceMut::new(row));
+            iov.push(IoSliceMut::new(tail));
+        }
+        shared.slab.read_run(first, &mut iov)?
+    };
+    let slot_bytes = layout.chunk_bytes + tail_len;
+    let verdicts = items
+        .iter()
+        .zip(scratch.tails.chunks(tail_len))
+        .enumerate()
+        .map(|(i, (item, tail))| {
+            if got < (i + 1) * slot_bytes {
+                return Err(SlotDefect::ShortRead);
+            }
+            let (TaskOp::Load(row), Some(key)) = (&item.op, keys.get(item.idx)) else {
+                return Err(SlotDefect::WrongOccupant);
+            };
+            verify_slot(row, &tail[layout.pad()..], key, item.seq).map(|_| ())
+        })
+        .collect();
+    Ok(verdicts)
 }
 
-/// Runs one task to completion and settles its key.
-pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, task: Task) {
-    let Task {
-        job,
-        idx,
-        slot,
-        seq,
-        op,
-    } = task;
-    let key = job.keys[idx];
-    match op {
-        TaskOp::Store(row) => {
-            let written = catch_unwind(AssertUnwindSafe(|| {
-                write_slot(shared, scratch, slot, seq, &key, &row)
-            }))
+/// Runs one submission to completion and settles its keys. Returns the bytes moved and how
+/// long the I/O took, when it succeeded.
+pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u64, Duration)> {
+    let Run { job, mut items, .. } = run;
+    let load = matches!(items.first().map(|i| &i.op), Some(TaskOp::Load(_)));
+    let bytes = (items.len() * shared.slab.layout().chunk_bytes) as u64;
+    let started = Instant::now();
+    if load {
+        let read = catch_unwind(AssertUnwindSafe(|| {
+            read_run(shared, scratch, &job.keys, &mut items)
+        }))
+        .unwrap_or_else(|_| Err(panicked()));
+        let took = started.elapsed();
+        let sample = read.is_ok().then_some((bytes, took));
+        let verdicts: Vec<Result<(), LoadError>> = match read {
+            Ok(v) => v.into_iter().map(|r| r.map_err(LoadError::Defect)).collect(),
+            Err(e) => {
+                let kind = e.kind();
+                let msg = e.to_string();
+                (0..items.len())
+                    .map(|_| Err(LoadError::Io(io::Error::new(kind, msg.clone()))))
+                    .collect()
+            }
+        };
+        for (item, verdict) in items.into_iter().zip(verdicts) {
+            let RunItem { idx, slot, op, .. } = item;
+            drop(op);
+            let ok = match verdict {
+                Ok(()) => {
+                    shared.index.lock().unpin(slot, true);
+                    true
+                }
+                Err(e) => {
+                    match job.keys.get(idx) {
+                        Some(key) => drop_unreadable(shared, slot, key, &e),
+                        None => shared.index.lock().unpin(slot, false),
+                    }
+                    false
+                }
+            };
+            shared.settle(&job, idx, KeyOutcome::Done(ok));
+        }
+        sample
+    } else {
+        let written = catch_unwind(AssertUnwindSafe(|| write_run(shared, scratch, &job.keys, &items)))
             .unwrap_or_else(|_| Err(panicked()));
-            // The primary row is no longer needed; the manager's pin lasts until the result.
-            drop(row);
-            let outcome = match written {
+        let took = started.elapsed();
+        // The primary rows are no longer needed; the manager's pins last until the result.
+        let slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
+        if let Err(e) = &written {
+            Counters::add(&shared.counters.io_errors, 1);
+            let first = slots.first().and_then(|&(idx, _)| job.keys.get(idx));
+            shared.log.warn(
+                &shared.name,
+                "store",
+                format_args!(
+                    "disk tier: storing {} chunk(s) from {} failed, they are not kept: {e}",
+                    slots.len(),
+                    first.map_or_else(String::new, ToString::to_string)
+                ),
+            );
+        }
+        for (idx, slot) in slots {
+            let outcome = match &written {
                 Ok(()) if shared.sync == SyncPolicy::Batch => KeyOutcome::Unsynced(slot),
                 Ok(()) => {
                     if shared.index.lock().commit(slot) {
@@ -132,48 +206,25 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, task: Task) {
                         KeyOutcome::Done(false)
                     }
                 }
-                Err(e) => {
+                Err(_) => {
                     shared.index.lock().abort(slot);
-                    Counters::add(&shared.counters.io_errors, 1);
-                    shared.log.warn(
-                        &shared.name,
-                        "store",
-                        format_args!("disk tier: storing {key} failed, the chunk is not kept: {e}"),
-                    );
                     KeyOutcome::Done(false)
                 }
             };
             shared.settle(&job, idx, outcome);
         }
-        TaskOp::Load(mut row) => {
-            let read = catch_unwind(AssertUnwindSafe(|| {
-                read_slot(shared, scratch, slot, seq, &key, &mut row)
-            }))
-            .unwrap_or_else(|_| Err(LoadError::Io(panicked())));
-            drop(row);
-            let ok = match read {
-                Ok(()) => {
-                    shared.index.lock().unpin(slot, true);
-                    true
-                }
-                Err(e) => {
-                    drop_unreadable(shared, slot, &key, &e);
-                    false
-                }
-            };
-            shared.settle(&job, idx, KeyOutcome::Done(ok));
-        }
+        written.is_ok().then_some((bytes, took))
     }
 }
 
-/// A slot that failed to load: drop the key (it becomes a miss), erase the header of a slot
+/// A slot that failed to load: drop the key (it becomes a miss), erase the seal of a slot
 /// whose content is bad so it does not come back after a restart, then release the pin.
 fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) {
     let dropped = shared.index.lock().retire(slot);
     let defect = matches!(e, LoadError::Defect(d) if *d != SlotDefect::ShortRead);
     if defect {
         Counters::add(&shared.counters.corrupt, 1);
-        // The slot stays pinned (retired) while its header is erased, so no store reuses it
+        // The slot stays pinned (retired) while its seal is erased, so no store reuses it
         // before this write lands.
         if let Err(err) = shared.slab.invalidate(slot, &shared.zero_block) {
             Counters::add(&shared.counters.io_errors, 1);
@@ -197,20 +248,25 @@ fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) 
     }
 }
 
-/// Settles a task that never ran (cancelled by `drain_jobs` or `shutdown`) as failed.
-pub(crate) fn cancel(shared: &Shared, task: Task) {
-    let Task {
-        job, idx, slot, op, ..
-    } = task;
+/// Settles a submission that never ran (cancelled by `drain_jobs` or `shutdown`) as failed.
+pub(crate) fn cancel(shared: &Shared, run: Run) {
+    let Run { job, items, .. } = run;
+    let n = items.len() as u64;
+    let mut idxs = Vec::with_capacity(items.len());
     {
         let mut index = shared.index.lock();
-        match op {
-            TaskOp::Store(_) => {
-                index.abort(slot);
+        for RunItem { idx, slot, op, .. } in items {
+            match op {
+                TaskOp::Store(_) => {
+                    index.abort(slot);
+                }
+                TaskOp::Load(_) => index.unpin(slot, false),
             }
-            TaskOp::Load(_) => index.unpin(slot, false),
+            idxs.push(idx);
         }
     }
-    Counters::add(&shared.counters.cancelled, 1);
-    shared.settle(&job, idx, KeyOutcome::Done(false));
+    Counters::add(&shared.counters.cancelled, n);
+    for idx in idxs {
+        shared.settle(&job, idx, KeyOutcome::Done(false));
+    }
 }

@@ -20,6 +20,8 @@ struct FaultState {
     write_errno: AtomicI32,
     read_errno: AtomicI32,
     write_budget: AtomicU64,
+    writes: AtomicU64,
+    reads: AtomicU64,
     gate: Mutex<Gate>,
     cond: Condvar,
 }
@@ -53,6 +55,8 @@ impl FaultInjector {
             write_errno: AtomicI32::new(0),
             read_errno: AtomicI32::new(0),
             write_budget: AtomicU64::new(u64::MAX),
+            writes: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
             gate: Mutex::new(Gate::default()),
             cond: Condvar::new(),
         }))
@@ -95,6 +99,18 @@ impl FaultInjector {
         self.0.gate.lock().open_on_drain = true;
     }
 
+    /// Slot write submissions so far (one vectored write may cover several slots).
+    #[must_use]
+    pub fn write_calls(&self) -> u64 {
+        self.0.writes.load(Ordering::SeqCst)
+    }
+
+    /// Slot read submissions so far (one vectored read may cover several slots).
+    #[must_use]
+    pub fn read_calls(&self) -> u64 {
+        self.0.reads.load(Ordering::SeqCst)
+    }
+
     /// How many I/O operations are waiting at the gate.
     #[must_use]
     pub fn held(&self) -> usize {
@@ -129,6 +145,7 @@ impl FaultInjector {
 
     pub(crate) fn before_write(&self, len: u64) -> io::Result<()> {
         self.pass_gate();
+        self.0.writes.fetch_add(1, Ordering::SeqCst);
         let errno = self.0.write_errno.load(Ordering::SeqCst);
         if errno != 0 {
             return Err(io::Error::from_raw_os_error(errno));
@@ -153,6 +170,7 @@ impl FaultInjector {
 
     pub(crate) fn before_read(&self) -> io::Result<()> {
         self.pass_gate();
+        self.0.reads.fetch_add(1, Ordering::SeqCst);
         match self.0.read_errno.load(Ordering::SeqCst) {
             0 => Ok(()),
             errno => Err(io::Error::from_raw_os_error(errno)),

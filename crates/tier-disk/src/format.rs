@@ -1,17 +1,22 @@
-//! The on-disk format: a superblock, then fixed slots of `header block | payload | commit block`.
+//! The on-disk format: a superblock, then fixed slots of `payload | seal block`.
 //!
 //! ```text
 //! offset 0           superblock (4 KiB): magic, format version, chunk geometry, slot count
-//! 4 KiB + i·slot     slot i: header (4 KiB) | payload (chunk_bytes rounded up to 4 KiB) | commit (4 KiB)
+//! 4 KiB + i·slot     slot i: payload (chunk_bytes rounded up to 4 KiB) | seal (4 KiB)
 //! ```
 //!
-//! A slot is written with **one** vectored write, header first and commit block last. The header
-//! holds magic, format version, a sequence number unique to this write, the key, the payload
-//! length and an xxh3 checksum of the header fields plus the payload; the commit block repeats
-//! the sequence and the checksum. A write that was cut short (the process was killed in the
-//! middle of it, the disk filled) leaves a new header with an old or missing commit block, so the
-//! start-up scan discards the slot without reading its payload. Every load additionally verifies
-//! the payload checksum, which also catches corruption that a crash cannot explain.
+//! A slot costs its payload plus **one** 4 KiB block (a 16 KiB chunk takes 20 KiB of file), and
+//! the payloads of consecutive slots are separated only by their seals, so one vectored write
+//! or read covers several consecutive slots straight from or into arena rows.
+//!
+//! The seal holds magic, format version, a sequence number unique to this write, the key, the
+//! payload length, an xxh3 of the payload's first block and an xxh3 of the seal fields plus the
+//! whole payload. A slot is written payload first and seal last, in one vectored write, so a
+//! write cut short (the process was killed in the middle of it) leaves either the slot's older
+//! seal or none. An older seal does not match the new first payload block, so the start-up scan
+//! discards the slot after reading just two blocks. Every load verifies the full payload checksum,
+//! which also catches what a crash cannot explain (and the rare write cut short whose new first
+//! block equals the old one).
 //!
 //! Every block is 4 KiB so every I/O is aligned for `O_DIRECT`.
 
@@ -21,20 +26,19 @@ use tiering_core::OffloadKey;
 use tiering_core::key::KEY_BYTES;
 use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
 
-/// The alignment and size of the superblock, the slot header and the commit block.
+/// The alignment and size of the superblock and the seal block.
 pub const BLOCK: usize = 4096;
-/// The format version written in the superblock and in every header.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version written in the superblock and in every seal. Version 1 had a header and
+/// a commit block per slot.
+pub const FORMAT_VERSION: u32 = 2;
 
 const SUPER_MAGIC: [u8; 8] = *b"KVTDISK\0";
-const HEADER_MAGIC: [u8; 8] = *b"KVTSLOT\0";
-const COMMIT_MAGIC: [u8; 8] = *b"KVTCMIT\0";
+const SEAL_MAGIC: [u8; 8] = *b"KVTSEAL\0";
 
 const SUPER_LEN: usize = 48;
-const HEADER_CHECKED: usize = 72;
-/// Bytes of the header block that carry the header.
-pub const HEADER_LEN: usize = 88;
-const COMMIT_LEN: usize = 32;
+const SEAL_CHECKED: usize = 80;
+/// Bytes of the seal block that carry the seal.
+pub const SEAL_LEN: usize = 96;
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
     let mut w = [0u8; 4];
@@ -55,7 +59,7 @@ pub struct SlabLayout {
     pub chunk_bytes: usize,
     /// Payload bytes reserved per slot: `chunk_bytes` rounded up to [`BLOCK`].
     pub payload_span: usize,
-    /// Bytes per slot: header block + payload span + commit block.
+    /// Bytes per slot: payload span + seal block.
     pub slot_bytes: u64,
     /// Number of slots.
     pub num_slots: u32,
@@ -67,7 +71,7 @@ impl SlabLayout {
     #[must_use]
     pub fn for_capacity(chunk_bytes: usize, capacity: u64) -> Option<Self> {
         let payload_span = chunk_bytes.checked_next_multiple_of(BLOCK)?;
-        let slot_bytes = u64::try_from(payload_span).ok()?.checked_add(2 * BLOCK as u64)?;
+        let slot_bytes = u64::try_from(payload_span).ok()?.checked_add(BLOCK as u64)?;
         let slots = capacity.checked_sub(BLOCK as u64)? / slot_bytes;
         let num_slots = u32::try_from(slots.min(u64::from(u32::MAX))).ok()?;
         (num_slots > 0 && chunk_bytes > 0).then_some(Self {
@@ -78,19 +82,19 @@ impl SlabLayout {
         })
     }
 
-    /// The file offset of slot `slot`'s header block.
+    /// The file offset of slot `slot` (its payload).
     #[must_use]
     pub fn slot_offset(&self, slot: u32) -> u64 {
         BLOCK as u64 + u64::from(slot) * self.slot_bytes
     }
 
-    /// The file offset of slot `slot`'s commit block.
+    /// The file offset of slot `slot`'s seal block.
     #[must_use]
-    pub fn commit_offset(&self, slot: u32) -> u64 {
-        self.slot_offset(slot) + self.slot_bytes - BLOCK as u64
+    pub fn seal_offset(&self, slot: u32) -> u64 {
+        self.slot_offset(slot) + self.payload_span as u64
     }
 
-    /// Padding between the payload and the commit block.
+    /// Padding between the payload and the seal block.
     #[must_use]
     pub fn pad(&self) -> usize {
         self.payload_span - self.chunk_bytes
@@ -191,128 +195,91 @@ impl fmt::Display for Superblock {
     }
 }
 
-/// The header block of one slot.
+/// The seal block that closes one slot: what the slot holds and how to check it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotHeader {
+pub struct SlotSeal {
     /// The write's sequence number (unique per write, increasing over the slab's life).
     pub seq: u64,
     /// The chunk's key.
     pub key: OffloadKey,
     /// Payload bytes.
     pub payload_len: u64,
-    /// xxh3 of the header fields (bytes 0..72) followed by the payload.
+    /// xxh3 of the payload's first block (its first `min(payload_len, BLOCK)` bytes): what the
+    /// start-up scan checks to tell a complete write from one cut short.
+    pub head_checksum: u64,
+    /// xxh3 of the seal fields (bytes 0..80) followed by the whole payload.
     pub checksum: u64,
 }
 
-impl SlotHeader {
-    fn write_fields(seq: u64, key: &OffloadKey, payload_len: u64, out: &mut [u8]) {
+impl SlotSeal {
+    /// Encodes the seal for `payload`, written as write `seq` of `key`, into `out` (at least
+    /// [`SEAL_LEN`] bytes; the rest of the first block is zeroed). Returns the seal.
+    pub fn encode_for(seq: u64, key: &OffloadKey, payload: &[u8], out: &mut [u8]) -> Self {
         let end = out.len().min(BLOCK);
         out[..end].fill(0);
-        out[0..8].copy_from_slice(&HEADER_MAGIC);
+        let payload_len = payload.len() as u64;
+        let head_checksum = xxh3_64(head_of(payload));
+        out[0..8].copy_from_slice(&SEAL_MAGIC);
         out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out[16..24].copy_from_slice(&seq.to_le_bytes());
         out[24..24 + KEY_BYTES].copy_from_slice(&key.to_bytes());
         out[64..72].copy_from_slice(&payload_len.to_le_bytes());
-    }
-
-    /// Encodes the header for `payload` into `out` (at least [`HEADER_LEN`] bytes; the rest of
-    /// the first block is zeroed), computing the checksum. Returns the header.
-    pub fn encode_for(seq: u64, key: &OffloadKey, payload: &[u8], out: &mut [u8]) -> Self {
-        let payload_len = payload.len() as u64;
-        Self::write_fields(seq, key, payload_len, out);
-        let checksum = content_checksum(&out[..HEADER_CHECKED], payload);
-        out[72..80].copy_from_slice(&checksum.to_le_bytes());
-        let crc = xxh3_64(&out[..80]);
-        out[80..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        out[72..80].copy_from_slice(&head_checksum.to_le_bytes());
+        let checksum = content_checksum(&out[..SEAL_CHECKED], payload);
+        out[80..88].copy_from_slice(&checksum.to_le_bytes());
+        let crc = xxh3_64(&out[..88]);
+        out[88..SEAL_LEN].copy_from_slice(&crc.to_le_bytes());
         Self {
             seq,
             key: *key,
             payload_len,
+            head_checksum,
             checksum,
         }
     }
 
-    /// Decodes a header block; `None` unless magic, version and the header's own checksum are
+    /// Decodes a seal block; `None` unless magic, version and the seal's own checksum are
     /// right.
     #[must_use]
     pub fn decode(block: &[u8]) -> Option<Self> {
-        if block.len() < HEADER_LEN || block[0..8] != HEADER_MAGIC || u32_at(block, 8) != FORMAT_VERSION {
+        if block.len() < SEAL_LEN || block[0..8] != SEAL_MAGIC || u32_at(block, 8) != FORMAT_VERSION {
             return None;
         }
-        if xxh3_64(&block[..80]) != u64_at(block, 80) {
+        if xxh3_64(&block[..88]) != u64_at(block, 88) {
             return None;
         }
         Some(Self {
             seq: u64_at(block, 16),
             key: OffloadKey::from_bytes(&block[24..24 + KEY_BYTES])?,
             payload_len: u64_at(block, 64),
-            checksum: u64_at(block, 72),
+            head_checksum: u64_at(block, 72),
+            checksum: u64_at(block, 80),
         })
     }
 
-    /// Whether `payload` (read along with this header from `block`) matches the checksum.
+    /// Whether `first_block` (the slot's first payload block, as read by the start-up scan)
+    /// is the one this seal was written with: false for a write that was cut short.
+    #[must_use]
+    pub fn head_matches(&self, first_block: &[u8]) -> bool {
+        let n = usize::try_from(self.payload_len).unwrap_or(usize::MAX).min(BLOCK);
+        first_block.len() >= n && xxh3_64(&first_block[..n]) == self.head_checksum
+    }
+
+    /// Whether `payload` (read along with this seal from `block`) matches the checksum.
     #[must_use]
     pub fn payload_matches(&self, block: &[u8], payload: &[u8]) -> bool {
         payload.len() as u64 == self.payload_len
-            && content_checksum(&block[..HEADER_CHECKED], payload) == self.checksum
+            && content_checksum(&block[..SEAL_CHECKED], payload) == self.checksum
     }
 }
 
-/// The commit block that closes a slot write.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct SlotCommit {
-    /// Must equal the header's sequence.
-    pub seq: u64,
-    /// Must equal the header's checksum.
-    pub checksum: u64,
+fn head_of(payload: &[u8]) -> &[u8] {
+    &payload[..payload.len().min(BLOCK)]
 }
 
-impl SlotCommit {
-    /// The commit block that seals `header`.
-    #[must_use]
-    pub fn sealing(header: &SlotHeader) -> Self {
-        Self {
-            seq: header.seq,
-            checksum: header.checksum,
-        }
-    }
-
-    /// Encodes into the first bytes of `out` and zeroes the rest of the first block.
-    pub fn encode(&self, out: &mut [u8]) {
-        let end = out.len().min(BLOCK);
-        out[..end].fill(0);
-        out[0..8].copy_from_slice(&COMMIT_MAGIC);
-        out[8..16].copy_from_slice(&self.seq.to_le_bytes());
-        out[16..24].copy_from_slice(&self.checksum.to_le_bytes());
-        let crc = xxh3_64(&out[..24]);
-        out[24..COMMIT_LEN].copy_from_slice(&crc.to_le_bytes());
-    }
-
-    /// Decodes a commit block; `None` unless magic and checksum are right.
-    #[must_use]
-    pub fn decode(block: &[u8]) -> Option<Self> {
-        if block.len() < COMMIT_LEN
-            || block[0..8] != COMMIT_MAGIC
-            || xxh3_64(&block[..24]) != u64_at(block, 24)
-        {
-            return None;
-        }
-        Some(Self {
-            seq: u64_at(block, 8),
-            checksum: u64_at(block, 16),
-        })
-    }
-
-    /// Whether this commit block seals `header`.
-    #[must_use]
-    pub fn seals(&self, header: &SlotHeader) -> bool {
-        self.seq == header.seq && self.checksum == header.checksum
-    }
-}
-
-fn content_checksum(header_fields: &[u8], payload: &[u8]) -> u64 {
+fn content_checksum(seal_fields: &[u8], payload: &[u8]) -> u64 {
     let mut h = Xxh3Default::new();
-    h.update(header_fields);
+    h.update(seal_fields);
     h.update(payload);
     h.digest()
 }
@@ -322,12 +289,10 @@ fn content_checksum(header_fields: &[u8], payload: &[u8]) -> u64 {
 pub enum SlotDefect {
     /// Fewer bytes than a slot came back (the file was truncated).
     ShortRead,
-    /// The header is missing or damaged.
-    BadHeader,
-    /// The header names another key or write than the index expects.
+    /// The seal is missing, damaged, or belongs to a write that never completed.
+    BadSeal,
+    /// The seal names another key or write than the index expects.
     WrongOccupant,
-    /// The commit block is missing, damaged or belongs to another write.
-    NotCommitted,
     /// The payload does not match its checksum.
     Checksum,
 }
@@ -336,37 +301,73 @@ impl fmt::Display for SlotDefect {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::ShortRead => "short read",
-            Self::BadHeader => "damaged header",
-            Self::WrongOccupant => "header names another chunk",
-            Self::NotCommitted => "slot write never completed (no matching commit block)",
+            Self::BadSeal => "missing or damaged seal block",
+            Self::WrongOccupant => "seal names another chunk",
             Self::Checksum => "payload checksum mismatch",
         })
     }
 }
 
-/// Verifies a slot read back in full: its header block, payload and commit block, against the
-/// key and write sequence the index expects in that slot.
+/// Verifies a slot read back in full (payload and seal block) against the key and write
+/// sequence the index expects in that slot.
 ///
 /// # Errors
 /// The first defect found.
 pub fn verify_slot(
-    header_block: &[u8],
     payload: &[u8],
-    commit_block: &[u8],
+    seal_block: &[u8],
     expect_key: &OffloadKey,
     expect_seq: u64,
-) -> Result<SlotHeader, SlotDefect> {
-    let header = SlotHeader::decode(header_block).ok_or(SlotDefect::BadHeader)?;
-    if header.key != *expect_key || header.seq != expect_seq {
+) -> Result<SlotSeal, SlotDefect> {
+    let seal = SlotSeal::decode(seal_block).ok_or(SlotDefect::BadSeal)?;
+    if seal.key != *expect_key || seal.seq != expect_seq {
         return Err(SlotDefect::WrongOccupant);
     }
-    if !SlotCommit::decode(commit_block).is_some_and(|c| c.seals(&header)) {
-        return Err(SlotDefect::NotCommitted);
-    }
-    if !header.payload_matches(header_block, payload) {
+    if !seal.payload_matches(seal_block, payload) {
         return Err(SlotDefect::Checksum);
     }
-    Ok(header)
+    Ok(seal)
+}
+
+/// What the start-up scan makes of one slot from its first payload block and its seal block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ScannedSlot {
+    /// Never written, or erased: an all-zero seal block.
+    Empty,
+    /// A complete write of `key`, write number `seq`.
+    Complete {
+        /// The chunk's key.
+        key: OffloadKey,
+        /// Its write number.
+        seq: u64,
+    },
+    /// A damaged seal, a seal for another chunk size, or a write cut short; `seq` is the
+    /// write number when the seal itself is intact (0 otherwise).
+    Discarded {
+        /// The write number of an intact seal, else 0.
+        seq: u64,
+    },
+}
+
+/// Classifies one slot for the start-up scan. `first_block` is the slot's first payload
+/// block (at least `min(chunk_bytes, BLOCK)` bytes), `seal_block` its seal block.
+#[must_use]
+pub fn scan_slot(first_block: &[u8], seal_block: &[u8], chunk_bytes: usize) -> ScannedSlot {
+    let Some(seal) = SlotSeal::decode(seal_block) else {
+        let blank = seal_block.iter().all(|&b| b == 0);
+        return if blank {
+            ScannedSlot::Empty
+        } else {
+            ScannedSlot::Discarded { seq: 0 }
+        };
+    };
+    if seal.payload_len != chunk_bytes as u64 || !seal.head_matches(first_block) {
+        return ScannedSlot::Discarded { seq: seal.seq };
+    }
+    ScannedSlot::Complete {
+        key: seal.key,
+        seq: seal.seq,
+    }
 }
 
 #[cfg(test)]
@@ -377,15 +378,15 @@ mod tests {
     fn layout_fits_capacity_and_aligns_every_slot() {
         let l = SlabLayout::for_capacity(10_000, 1 << 20).unwrap();
         assert_eq!(l.payload_span, 12_288);
-        assert_eq!(l.slot_bytes, 12_288 + 8192);
+        assert_eq!(l.slot_bytes, 12_288 + 4096);
         assert!(l.file_len() <= 1 << 20);
         assert!(l.file_len() + l.slot_bytes > 1 << 20, "as many slots as fit");
         for s in 0..l.num_slots {
             assert_eq!(l.slot_offset(s) % BLOCK as u64, 0);
-            assert_eq!(l.commit_offset(s) % BLOCK as u64, 0);
+            assert_eq!(l.seal_offset(s) % BLOCK as u64, 0);
         }
         assert_eq!(
-            SlabLayout::for_capacity(4096, 4096 * 3),
+            SlabLayout::for_capacity(4096, 4096 * 2),
             None,
             "no room for one slot"
         );
@@ -414,47 +415,67 @@ mod tests {
     fn a_sealed_slot_verifies_and_every_defect_is_named() {
         let key = OffloadKey::from_u64(42).with_group(3);
         let payload: Vec<u8> = (0..5000u32).map(|i| (i * 7) as u8).collect();
-        let mut header = vec![0u8; BLOCK];
-        let mut commit = vec![0u8; BLOCK];
-        let h = SlotHeader::encode_for(9, &key, &payload, &mut header);
-        SlotCommit::sealing(&h).encode(&mut commit);
-        assert_eq!(verify_slot(&header, &payload, &commit, &key, 9), Ok(h));
+        let mut seal = vec![0u8; BLOCK];
+        let h = SlotSeal::encode_for(9, &key, &payload, &mut seal);
+        assert_eq!(verify_slot(&payload, &seal, &key, 9), Ok(h));
+        assert_eq!(
+            scan_slot(&payload, &seal, payload.len()),
+            ScannedSlot::Complete { key, seq: 9 }
+        );
 
         let mut flipped = payload.clone();
         flipped[4999] ^= 0x80;
+        assert_eq!(verify_slot(&flipped, &seal, &key, 9), Err(SlotDefect::Checksum));
         assert_eq!(
-            verify_slot(&header, &flipped, &commit, &key, 9),
-            Err(SlotDefect::Checksum)
-        );
-        assert_eq!(
-            verify_slot(&header, &payload, &commit, &OffloadKey::from_u64(1), 9),
+            verify_slot(&payload, &seal, &OffloadKey::from_u64(1), 9),
             Err(SlotDefect::WrongOccupant)
         );
         assert_eq!(
-            verify_slot(&header, &payload, &commit, &key, 8),
+            verify_slot(&payload, &seal, &key, 8),
             Err(SlotDefect::WrongOccupant)
         );
         assert_eq!(
-            verify_slot(&header, &payload, &vec![0u8; BLOCK], &key, 9),
-            Err(SlotDefect::NotCommitted)
+            verify_slot(&payload, &vec![0u8; BLOCK], &key, 9),
+            Err(SlotDefect::BadSeal)
         );
-        let mut bad_header = header.clone();
-        bad_header[30] ^= 1;
+        let mut bad_seal = seal.clone();
+        bad_seal[30] ^= 1;
         assert_eq!(
-            verify_slot(&bad_header, &payload, &commit, &key, 9),
-            Err(SlotDefect::BadHeader)
+            verify_slot(&payload, &bad_seal, &key, 9),
+            Err(SlotDefect::BadSeal)
         );
+        assert_eq!(
+            scan_slot(&payload, &bad_seal, payload.len()),
+            ScannedSlot::Discarded { seq: 0 }
+        );
+        assert_eq!(scan_slot(&payload, &vec![0u8; BLOCK], 5000), ScannedSlot::Empty);
+        assert_eq!(
+            scan_slot(&payload, &seal, 4096),
+            ScannedSlot::Discarded { seq: 9 },
+            "a seal for another chunk size"
+        );
+    }
 
-        // A commit block of an older write of the same slot does not seal the new header.
-        let mut old_commit = vec![0u8; BLOCK];
-        SlotCommit {
-            seq: 3,
-            checksum: h.checksum,
-        }
-        .encode(&mut old_commit);
+    #[test]
+    fn a_write_cut_short_under_an_older_seal_is_discarded_by_the_scan() {
+        let old_key = OffloadKey::from_u64(1);
+        let old: Vec<u8> = (0..8192u32).map(|i| (i % 251) as u8).collect();
+        let mut seal = vec![0u8; BLOCK];
+        SlotSeal::encode_for(3, &old_key, &old, &mut seal);
+        // A new write got through its first payload block and stopped before its seal.
+        let mut torn = old.clone();
+        torn[..BLOCK].fill(0xEE);
         assert_eq!(
-            verify_slot(&header, &payload, &old_commit, &key, 9),
-            Err(SlotDefect::NotCommitted)
+            scan_slot(&torn, &seal, old.len()),
+            ScannedSlot::Discarded { seq: 3 }
         );
+        // Past the first block only: the scan cannot see it, the load's checksum does.
+        let mut late = old.clone();
+        late[BLOCK + 10] ^= 1;
+        assert_eq!(
+            scan_slot(&late, &seal, old.len()),
+            ScannedSlot::Complete { key: old_key, seq: 3 }
+        );
+        assert_eq!(verify_slot(&late, &seal, &old_key, 3), Err(SlotDefect::Checksum));
     }
 }

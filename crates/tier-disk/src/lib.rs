@@ -3,21 +3,24 @@
 //! The persistent disk secondary tier of kvtier: bounded, crash-safe, and never serving wrong
 //! bytes.
 //!
-//! - **Storage**: one pre-allocated slab file (`<path>/kvtier-disk.slab`) of fixed slots. Each
-//!   slot is `header block | payload | commit block`, written with one vectored `pwritev`; the
-//!   header carries magic, format version, a monotonically increasing write sequence, the key,
-//!   the payload length and an xxh3 checksum of header fields + payload. See [`format`].
+//! - **Storage**: one slab file (`<path>/kvtier-disk.slab`) of fixed slots. Each slot is
+//!   `payload | seal block`; consecutive slots of one job are written or read with one vectored
+//!   `pwritev`/`preadv`. The seal carries magic, format version, a monotonically increasing
+//!   write sequence, the key, the payload length, an xxh3 of the first payload block and an
+//!   xxh3 checksum of seal fields + payload. See [`format`].
 //! - **Writes never overwrite a live chunk**: a store reserves a free slot (or evicts the least
 //!   recently used chunk nobody is reading), writes it, and only then flips the index entry
 //!   (after `fdatasync` with `sync = "always"`, after the job's one `fdatasync` with
 //!   `sync = "batch"`).
-//! - **Index**: in memory, rebuilt at open by scanning every slot's header and commit block;
+//! - **Index**: in memory, rebuilt at open by scanning every slot's seal and first payload block;
 //!   newest sequence wins, torn or damaged slots become free, a slab of another geometry or
 //!   format is refused with a clear error (or wiped with `wipe_on_mismatch = true`). Lookups are
 //!   answered synchronously (`Hit`/`Miss`, never `Retry`).
 //! - **I/O**: `io_threads` threads doing `pwritev`/`preadv` straight between the arena rows and
-//!   the file, with `O_DIRECT` when the filesystem accepts it (probed at open).
-//! - **Integrity**: every load verifies header, commit block and payload checksum before it is
+//!   the file, with `O_DIRECT` when the filesystem accepts it (probed at open). Loads and stores
+//!   have separate queues; loads go first, with a bound ([`LOADS_PER_STORE`]) so stores still
+//!   progress. [`DiskTier::io_cost`] reports queue depths and measured cost per MiB.
+//! - **Integrity**: every load verifies the seal and the payload checksum before it is
 //!   reported; a bad slot fails its key (partial results), is erased and freed, and the key
 //!   becomes a `Miss` (a removal event).
 //! - **Errors**: a failing write or read fails its keys cleanly and is logged (rate-limited);
@@ -49,7 +52,10 @@ mod exec;
 #[cfg(feature = "test-utils")]
 pub mod faults;
 pub mod format;
+#[cfg(test)]
+mod fuzz;
 mod index;
+pub mod meter;
 pub mod options;
 mod pool;
 mod ratelog;
@@ -65,7 +71,9 @@ pub use error::DiskError;
 #[cfg(feature = "test-utils")]
 pub use faults::FaultInjector;
 pub use format::SlabLayout;
+pub use meter::{DirectionCost, IoCost};
 pub use options::{DirectIo, DiskGeometry, DiskTierOptions, SyncPolicy};
+pub use pool::LOADS_PER_STORE;
 pub use slab::SLAB_FILE;
 pub use tier::{DiskTier, RecoveryReport, SlotLocation};
 pub use tiering_core::config::ByteSize;

@@ -95,7 +95,7 @@ fn default_name() -> String {
 pub struct DiskTierOptions {
     /// Directory holding the slab file; created when missing.
     pub path: PathBuf,
-    /// Upper bound of the slab file's size, slot headers included.
+    /// Upper bound of the slab file's size, seal blocks included.
     pub capacity: ByteSize,
     /// The `fdatasync` policy.
     #[serde(default)]
@@ -109,8 +109,10 @@ pub struct DiskTierOptions {
     /// The tier's name in stats, events and logs.
     #[serde(default = "default_name")]
     pub name: String,
-    /// Reserve the whole file up front (`fallocate`), so a full filesystem is reported when the
-    /// tier opens rather than as failed stores later. Turn off for sparse files.
+    /// Check at open that the filesystem has room for the whole capacity (a clear `NoSpace`
+    /// error otherwise, leaving nothing behind), then reserve the file with `fallocate` in
+    /// 64 MiB steps as slots are first used, so a large, mostly empty tier does not take its
+    /// whole capacity on disk. `false`: no check, the file grows sparse as it is written.
     #[serde(default = "default_true")]
     pub preallocate: bool,
     /// When the slab on disk was written for another chunk size or format version: `false`

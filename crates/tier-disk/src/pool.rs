@@ -1,4 +1,10 @@
-//! The bounded pool of I/O threads and its FIFO task queue.
+//! The bounded pool of I/O threads and its two queues: loads (promotions) and stores.
+//!
+//! Loads go first, because a request is waiting for them, while a store only frees primary
+//! memory later. So that stores still progress under a steady stream of loads, a thread takes
+//! the oldest store after [`LOADS_PER_STORE`] loads were taken in a row while a store was
+//! waiting: a queued store waits behind at most `LOADS_PER_STORE` load submissions for each
+//! store submission ahead of it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -7,12 +13,78 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::exec::{self, Scratch};
-use crate::shared::{Shared, Task};
+use crate::meter::DirectionCost;
+use crate::shared::{Run, Shared};
+
+/// Load submissions taken in a row, while a store waits, before one store submission goes.
+pub const LOADS_PER_STORE: usize = 8;
+
+#[derive(Default)]
+struct Lane {
+    runs: VecDeque<Run>,
+    chunks: u64,
+    bytes: u64,
+    in_flight: u64,
+}
+
+impl Lane {
+    fn push(&mut self, run: Run, chunk_bytes: u64) {
+        let n = run.items.len() as u64;
+        self.chunks += n;
+        self.bytes += n * chunk_bytes;
+        self.runs.push_back(run);
+    }
+
+    fn pop(&mut self, chunk_bytes: u64) -> Option<Run> {
+        let run = self.runs.pop_front()?;
+        let n = run.items.len() as u64;
+        self.chunks -= n;
+        self.bytes -= n * chunk_bytes;
+        self.in_flight += n;
+        Some(run)
+    }
+
+    fn take_all(&mut self) -> impl Iterator<Item = Run> + '_ {
+        self.chunks = 0;
+        self.bytes = 0;
+        self.runs.drain(..)
+    }
+
+    fn cost(&self) -> DirectionCost {
+        DirectionCost {
+            queued_chunks: self.chunks,
+            queued_bytes: self.bytes,
+            in_flight_chunks: self.in_flight,
+            ..DirectionCost::default()
+        }
+    }
+}
 
 #[derive(Default)]
 struct QueueState {
-    tasks: VecDeque<Task>,
+    loads: Lane,
+    stores: Lane,
+    /// Loads taken in a row while a store was waiting.
+    loads_in_a_row: usize,
     stop: bool,
+}
+
+impl QueueState {
+    /// The next run: loads first, with the fairness bound for stores.
+    fn next(&mut self, chunk_bytes: u64) -> Option<Run> {
+        let store_waits = !self.stores.runs.is_empty();
+        let store_turn =
+            store_waits && (self.loads.runs.is_empty() || self.loads_in_a_row >= LOADS_PER_STORE);
+        if store_turn {
+            self.loads_in_a_row = 0;
+            return self.stores.pop(chunk_bytes);
+        }
+        let run = self.loads.pop(chunk_bytes)?;
+        if store_waits {
+            self.loads_in_a_row += 1;
+        }
+        Some(run)
+    }
 }
 
 #[derive(Default)]
@@ -21,27 +93,30 @@ struct Queue {
     cond: Condvar,
 }
 
-/// `io_threads` threads taking tasks from one queue.
+/// `io_threads` threads taking submissions from the load and store queues.
 pub(crate) struct Pool {
     queue: Arc<Queue>,
     threads: Vec<JoinHandle<()>>,
+    chunk_bytes: u64,
 }
 
 impl Pool {
     /// Starts `n` threads named `kvtier-disk-io-<i>`.
     pub(crate) fn start(shared: &Arc<Shared>, n: usize) -> std::io::Result<Self> {
         let queue = Arc::new(Queue::default());
+        let chunk_bytes = shared.slab.layout().chunk_bytes as u64;
         let mut pool = Self {
             queue,
             threads: Vec::with_capacity(n),
+            chunk_bytes,
         };
         for i in 0..n {
-            let scratch = Scratch::new(shared.slab.layout())?;
+            let scratch = Scratch::new(shared.slab.layout(), shared.max_run)?;
             let shared = Arc::clone(shared);
             let queue = Arc::clone(&pool.queue);
             let spawned = std::thread::Builder::new()
                 .name(format!("kvtier-disk-io-{i}"))
-                .spawn(move || worker(&shared, &queue, scratch));
+                .spawn(move || worker(&shared, &queue, scratch, chunk_bytes));
             match spawned {
                 Ok(handle) => pool.threads.push(handle),
                 Err(e) => {
@@ -53,12 +128,18 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Queues tasks (FIFO).
-    pub(crate) fn push(&self, tasks: impl IntoIterator<Item = Task>) {
+    /// Queues runs, each on its direction's queue (FIFO within a direction).
+    pub(crate) fn push(&self, runs: impl IntoIterator<Item = Run>) {
         let mut q = self.queue.state.lock();
-        let before = q.tasks.len();
-        q.tasks.extend(tasks);
-        let added = q.tasks.len() - before;
+        let mut added = 0;
+        for run in runs {
+            if run.is_load() {
+                q.loads.push(run, self.chunk_bytes);
+            } else {
+                q.stores.push(run, self.chunk_bytes);
+            }
+            added += 1;
+        }
         drop(q);
         if added == 1 {
             self.queue.cond.notify_one();
@@ -67,17 +148,27 @@ impl Pool {
         }
     }
 
-    /// Removes every task not yet started.
-    pub(crate) fn take_queued(&self) -> Vec<Task> {
-        self.queue.state.lock().tasks.drain(..).collect()
+    /// Removes every run not yet started.
+    pub(crate) fn take_queued(&self) -> Vec<Run> {
+        let mut q = self.queue.state.lock();
+        let mut out: Vec<Run> = q.loads.take_all().collect();
+        out.extend(q.stores.take_all());
+        out
     }
 
-    /// Tasks waiting for a thread.
-    pub(crate) fn queued(&self) -> usize {
-        self.queue.state.lock().tasks.len()
+    /// Chunks waiting for a thread.
+    pub(crate) fn queued(&self) -> u64 {
+        let q = self.queue.state.lock();
+        q.loads.chunks + q.stores.chunks
     }
 
-    /// Stops the threads once the queue is empty and joins them; returns how many panicked.
+    /// What is queued and in flight, per direction (the averages are filled in by the caller).
+    pub(crate) fn depths(&self) -> (DirectionCost, DirectionCost) {
+        let q = self.queue.state.lock();
+        (q.loads.cost(), q.stores.cost())
+    }
+
+    /// Stops the threads once the queues are empty and joins them; returns how many panicked.
     pub(crate) fn stop_and_join(&mut self) -> usize {
         self.queue.state.lock().stop = true;
         self.queue.cond.notify_all();
@@ -89,13 +180,13 @@ impl Pool {
     }
 }
 
-fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch) {
+fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch, chunk_bytes: u64) {
     loop {
-        let task = {
+        let run = {
             let mut q = queue.state.lock();
             loop {
-                if let Some(t) = q.tasks.pop_front() {
-                    break t;
+                if let Some(r) = q.next(chunk_bytes) {
+                    break r;
                 }
                 if q.stop {
                     return;
@@ -103,6 +194,13 @@ fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch) {
                 queue.cond.wait(&mut q);
             }
         };
-        exec::run(shared, &mut scratch, task);
+        let load = run.is_load();
+        let n = run.items.len() as u64;
+        let waited = run.queued.elapsed();
+        let sample = exec::run(shared, &mut scratch, run);
+        shared.record_io(load, sample, waited);
+        let mut q = queue.state.lock();
+        let lane = if load { &mut q.loads } else { &mut q.stores };
+        lane.in_flight -= n;
     }
 }

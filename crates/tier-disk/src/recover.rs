@@ -1,12 +1,12 @@
-//! The start-up scan: read every slot's header and commit block (not the payload) and keep the
-//! slots whose write completed.
+//! The start-up scan: read every slot's seal block and first payload block (not the rest of the
+//! payload) and keep the slots whose write completed.
 
 use std::io;
 
 use tiering_core::OffloadKey;
 
 use crate::buf::AlignedBuf;
-use crate::format::{BLOCK, SlotCommit, SlotHeader};
+use crate::format::{BLOCK, ScannedSlot, scan_slot};
 use crate::slab::Slab;
 
 /// What the scan found.
@@ -14,12 +14,12 @@ use crate::slab::Slab;
 pub(crate) struct ScanOutcome {
     /// Completely written slots: `(slot, key, seq)`.
     pub(crate) found: Vec<(u32, OffloadKey, u64)>,
-    /// Slots with a header but no matching commit block, a damaged header, or a header for
-    /// another chunk size: writes that never completed, or damage.
+    /// Slots with a seal that does not match their first payload block, a damaged seal, or a
+    /// seal for another chunk size: writes that never completed, or damage.
     pub(crate) discarded: usize,
     /// Slots whose blocks could not be read.
     pub(crate) unreadable: usize,
-    /// The highest write number seen in any parsable header.
+    /// The highest write number seen in any intact seal.
     pub(crate) max_seq: u64,
 }
 
@@ -32,49 +32,33 @@ impl ScanOutcome {
     }
 }
 
-enum SlotScan {
-    Empty,
-    Complete(OffloadKey, u64),
-    Discarded(u64),
-}
-
-fn scan_slot(slab: &Slab, slot: u32, header: &mut [u8], commit: &mut [u8]) -> io::Result<SlotScan> {
+fn read_slot_ends(slab: &Slab, slot: u32, head: &mut [u8], seal: &mut [u8]) -> io::Result<ScannedSlot> {
     let layout = slab.layout();
-    if slab.read_block(layout.slot_offset(slot), header)? < BLOCK {
-        return Ok(SlotScan::Empty);
+    if slab.read_block(layout.seal_offset(slot), seal)? < BLOCK {
+        // Past the end of the file: never written.
+        return Ok(ScannedSlot::Empty);
     }
-    let Some(h) = SlotHeader::decode(header) else {
-        // Zeroed (never written, or invalidated) is empty; anything else is a damaged header.
-        return Ok(if header.iter().all(|&b| b == 0) {
-            SlotScan::Empty
-        } else {
-            SlotScan::Discarded(0)
-        });
-    };
-    if h.payload_len != layout.chunk_bytes as u64 {
-        return Ok(SlotScan::Discarded(h.seq));
+    if seal.iter().all(|&b| b == 0) {
+        return Ok(ScannedSlot::Empty);
     }
-    if slab.read_block(layout.commit_offset(slot), commit)? < BLOCK {
-        return Ok(SlotScan::Discarded(h.seq));
+    if slab.read_block(layout.slot_offset(slot), head)? < BLOCK {
+        head.fill(0);
     }
-    Ok(match SlotCommit::decode(commit) {
-        Some(c) if c.seals(&h) => SlotScan::Complete(h.key, h.seq),
-        _ => SlotScan::Discarded(h.seq),
-    })
+    Ok(scan_slot(head, seal, layout.chunk_bytes))
 }
 
 fn scan_range(slab: &Slab, slots: std::ops::Range<u32>) -> io::Result<ScanOutcome> {
-    let mut header = AlignedBuf::zeroed(BLOCK)?;
-    let mut commit = AlignedBuf::zeroed(BLOCK)?;
+    let mut head = AlignedBuf::zeroed(BLOCK)?;
+    let mut seal = AlignedBuf::zeroed(BLOCK)?;
     let mut out = ScanOutcome::default();
     for slot in slots {
-        match scan_slot(slab, slot, &mut header, &mut commit) {
-            Ok(SlotScan::Empty) => {}
-            Ok(SlotScan::Complete(key, seq)) => {
+        match read_slot_ends(slab, slot, &mut head, &mut seal) {
+            Ok(ScannedSlot::Empty) => {}
+            Ok(ScannedSlot::Complete { key, seq }) => {
                 out.max_seq = out.max_seq.max(seq);
                 out.found.push((slot, key, seq));
             }
-            Ok(SlotScan::Discarded(seq)) => {
+            Ok(ScannedSlot::Discarded { seq }) => {
                 out.max_seq = out.max_seq.max(seq);
                 out.discarded += 1;
             }

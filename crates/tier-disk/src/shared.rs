@@ -12,6 +12,7 @@ use tiering_core::{
 
 use crate::buf::AlignedBuf;
 use crate::index::Index;
+use crate::meter::DirectionCost;
 use crate::options::SyncPolicy;
 use crate::ratelog::RateLimitedLog;
 use crate::slab::Slab;
@@ -98,7 +99,7 @@ impl JobState {
     }
 }
 
-/// The row a task copies from (store) or into (load).
+/// The row an item copies from (store) or into (load).
 pub(crate) enum TaskOp {
     /// Write this primary row into the slot.
     Store(RowRead),
@@ -106,13 +107,57 @@ pub(crate) enum TaskOp {
     Load(RowWrite),
 }
 
-/// One key of one job, for one I/O thread.
-pub(crate) struct Task {
-    pub(crate) job: std::sync::Arc<JobState>,
+/// One key of a job: its slot, the write number to write or expect, and its row.
+pub(crate) struct RunItem {
     pub(crate) idx: usize,
     pub(crate) slot: u32,
     pub(crate) seq: u64,
     pub(crate) op: TaskOp,
+}
+
+/// Keys of one job in consecutive slots, all loads or all stores: one vectored read or write.
+pub(crate) struct Run {
+    pub(crate) job: std::sync::Arc<JobState>,
+    /// In slot order; `items[i].slot == items[0].slot + i`.
+    pub(crate) items: Vec<RunItem>,
+    /// When it was queued.
+    pub(crate) queued: Instant,
+}
+
+impl Run {
+    /// Whether this run reads slots into primary rows.
+    pub(crate) fn is_load(&self) -> bool {
+        matches!(self.items.first().map(|i| &i.op), Some(TaskOp::Load(_)))
+    }
+
+    /// Splits a job's items into runs of at most `max_len` items whose slots follow each other
+    /// in the job's key order (so the keys of a job still land, and enter the LRU order, in
+    /// job order).
+    pub(crate) fn split(
+        job: &std::sync::Arc<JobState>,
+        items: Vec<RunItem>,
+        max_len: usize,
+        queued: Instant,
+    ) -> Vec<Self> {
+        let mut runs: Vec<Self> = Vec::new();
+        for item in items {
+            let extend = runs.last().is_some_and(|r| {
+                r.items.len() < max_len
+                    && r.items
+                        .last()
+                        .is_some_and(|l| l.slot.checked_add(1) == Some(item.slot))
+            });
+            match runs.last_mut() {
+                Some(r) if extend => r.items.push(item),
+                _ => runs.push(Self {
+                    job: std::sync::Arc::clone(job),
+                    items: vec![item],
+                    queued,
+                }),
+            }
+        }
+        runs
+    }
 }
 
 /// Finished results waiting for `poll_finished`, and the jobs not finished yet.
@@ -134,12 +179,22 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     pub(crate) waker: Mutex<Option<ControlWaker>>,
     pub(crate) log: RateLimitedLog,
-    /// A zeroed block, written over the header of a slot found corrupt.
+    /// A zeroed block, written over the seal of a slot found corrupt.
     pub(crate) zero_block: AlignedBuf,
+    /// Most slots one vectored read or write covers.
+    pub(crate) max_run: usize,
+    /// Measured cost of loads and stores.
+    pub(crate) meters: Mutex<(DirectionCost, DirectionCost)>,
 }
 
 impl Shared {
-    pub(crate) fn new(name: String, slab: Slab, index: Index, sync: SyncPolicy) -> std::io::Result<Self> {
+    pub(crate) fn new(
+        name: String,
+        slab: Slab,
+        index: Index,
+        sync: SyncPolicy,
+        max_run: usize,
+    ) -> std::io::Result<Self> {
         Ok(Self {
             name,
             slab,
@@ -152,7 +207,20 @@ impl Shared {
             waker: Mutex::new(None),
             log: RateLimitedLog::new(Duration::from_secs(10)),
             zero_block: AlignedBuf::zeroed(crate::format::BLOCK)?,
+            max_run: max_run.max(1),
+            meters: Mutex::new((DirectionCost::default(), DirectionCost::default())),
         })
+    }
+
+    /// Records one finished submission of `bytes` whose I/O took `took` after waiting `waited`
+    /// in the queue.
+    pub(crate) fn record_io(&self, load: bool, sample: Option<(u64, Duration)>, waited: Duration) {
+        let Some((bytes, took)) = sample else {
+            return;
+        };
+        let mut m = self.meters.lock();
+        let meter = if load { &mut m.0 } else { &mut m.1 };
+        meter.record(bytes, took, waited);
     }
 
     /// Records an event about this tier's own storage.

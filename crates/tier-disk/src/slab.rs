@@ -6,6 +6,9 @@ use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::buf::AlignedBuf;
 use crate::error::DiskError;
@@ -20,6 +23,10 @@ pub const SLAB_FILE: &str = "kvtier-disk.slab";
 /// Most iovecs one `preadv`/`pwritev` takes (Linux's `UIO_MAXIOV`).
 const IOV_MAX: usize = 1024;
 
+/// The slab file is reserved (`fallocate`) in steps of this size as slots are first used, so a
+/// large, mostly empty tier does not hold its whole capacity on disk.
+pub const GROW_STEP: u64 = 64 << 20;
+
 /// An open, locked, correctly sized slab file.
 pub(crate) struct Slab {
     /// The file descriptor all slot I/O goes through (`O_DIRECT` when enabled).
@@ -29,6 +36,9 @@ pub(crate) struct Slab {
     path: PathBuf,
     layout: SlabLayout,
     direct: bool,
+    growth: Mutex<Growth>,
+    /// `growth.end`, readable without the lock.
+    reserved_end: AtomicU64,
     #[cfg(feature = "test-utils")]
     faults: Option<FaultInjector>,
 }
@@ -65,12 +75,13 @@ fn lock_exclusive(file: &File, path: &Path) -> Result<(), DiskError> {
     }
 }
 
-/// `fallocate` the whole file. `Ok(false)` when the filesystem cannot pre-allocate.
-fn preallocate(file: &File, len: u64) -> io::Result<bool> {
-    let len = offset(len)?;
+/// `fallocate` `len` bytes from `off` (extending the file). `Ok(false)` when the filesystem
+/// cannot pre-allocate.
+fn preallocate(file: &File, off: u64, len: u64) -> io::Result<bool> {
+    let (off, len) = (offset(off)?, offset(len)?);
     loop {
         // SAFETY: plain syscall on a descriptor `file` keeps open; no memory is passed.
-        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, len) };
+        let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, off, len) };
         if rc == 0 {
             return Ok(true);
         }
@@ -81,6 +92,56 @@ fn preallocate(file: &File, len: u64) -> io::Result<bool> {
             _ => return Err(err),
         }
     }
+}
+
+/// Bytes an unprivileged writer may still allocate on `file`'s filesystem.
+fn available_bytes(file: &File) -> io::Result<u64> {
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `fstatvfs` writes one `statvfs` into the pointer, which points to zeroed memory
+    // of exactly that type and lives for the call.
+    let rc = unsafe { libc::fstatvfs(file.as_raw_fd(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the call succeeded, so the kernel filled the struct (it was zeroed before anyway).
+    let st = unsafe { st.assume_init() };
+    Ok(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
+/// What opening created, removed again when opening fails.
+struct Created {
+    file: Option<PathBuf>,
+    /// Directories created, deepest first.
+    dirs: Vec<PathBuf>,
+}
+
+impl Created {
+    fn remove(self) {
+        if let Some(f) = &self.file
+            && let Err(e) = std::fs::remove_file(f)
+        {
+            tracing::warn!(path = %f.display(), error = %e, "cannot remove the slab file of a failed open");
+        }
+        for d in &self.dirs {
+            // Only empty directories go; anything else put there meanwhile stays.
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+/// The directories on the way to `dir` (itself included) that do not exist yet, deepest first.
+fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
+    dir.ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// How far the file is reserved, and how to grow it.
+struct Growth {
+    /// File length up to which space is allocated (or, when pre-allocation is off or not
+    /// supported, `u64::MAX`: writes extend the file themselves).
+    end: u64,
 }
 
 /// Writes every byte of `bufs` at `off`, retrying short writes.
@@ -169,51 +230,103 @@ impl Slab {
     ) -> Result<Opened, DiskError> {
         let layout = SlabLayout::for_capacity(chunk_bytes, opts.capacity.bytes()).ok_or_else(|| {
             DiskError::InvalidOptions(format!(
-                "capacity {} cannot hold one slot of a {chunk_bytes}-byte chunk (plus {} bytes of headers)",
+                "capacity {} cannot hold one slot of a {chunk_bytes}-byte chunk (plus {} bytes of superblock and seal)",
                 opts.capacity,
-                3 * BLOCK
+                2 * BLOCK
             ))
         })?;
+        let created_dirs = missing_dirs(&opts.path);
         std::fs::create_dir_all(&opts.path).map_err(io_err("creating directory", &opts.path))?;
         let path = opts.path.join(SLAB_FILE);
-        let lock = OpenOptions::new()
+        let (lock, created_file) = match Self::create_new(&path) {
+            Ok(file) => (file, true),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                let file = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .map_err(io_err("opening", &path))?;
+                (file, false)
+            }
+            Err(e) => {
+                Created {
+                    file: None,
+                    dirs: created_dirs,
+                }
+                .remove();
+                return Err(io_err("opening", &path)(e));
+            }
+        };
+        let created = Created {
+            file: created_file.then(|| path.clone()),
+            dirs: created_dirs,
+        };
+        match Self::finish_open(
+            opts,
+            chunk_bytes,
+            layout,
+            lock,
+            path,
+            #[cfg(feature = "test-utils")]
+            faults,
+        ) {
+            Ok(opened) => Ok(opened),
+            Err(e) => {
+                created.remove();
+                Err(e)
+            }
+        }
+    }
+
+    fn create_new(path: &Path) -> io::Result<File> {
+        OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(false)
+            .create_new(true)
             .mode(0o644)
-            .open(&path)
-            .map_err(io_err("opening", &path))?;
+            .open(path)
+    }
+
+    fn finish_open(
+        opts: &DiskTierOptions,
+        chunk_bytes: usize,
+        layout: SlabLayout,
+        lock: File,
+        path: PathBuf,
+        #[cfg(feature = "test-utils")] faults: Option<FaultInjector>,
+    ) -> Result<Opened, DiskError> {
         lock_exclusive(&lock, &path)?;
 
         let wiped = Self::check_format(&lock, &path, &layout, opts.wipe_on_mismatch)?;
         let len = layout.file_len();
-        let current = lock.metadata().map_err(io_err("inspecting", &path))?.len();
+        let meta = lock.metadata().map_err(io_err("inspecting", &path))?;
+        let current = meta.len();
         let slots_to_scan = u32::try_from(current.saturating_sub(BLOCK as u64).div_ceil(layout.slot_bytes))
             .unwrap_or(u32::MAX)
             .min(layout.num_slots);
-        if current != len {
-            // Shrinking drops the slots past the new end; growing adds zeroed (empty) slots.
+        if current > len {
+            // Shrinking drops the slots past the new end. The file is never grown here: it
+            // grows as slots are first written (slots past its end read as empty).
             lock.set_len(len).map_err(io_err("resizing", &path))?;
         }
-        if opts.preallocate {
-            match preallocate(&lock, len) {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::info!(path = %path.display(), "filesystem cannot pre-allocate; the slab is sparse");
-                }
-                Err(e)
-                    if e.raw_os_error() == Some(libc::ENOSPC) || e.raw_os_error() == Some(libc::EDQUOT) =>
-                {
-                    return Err(DiskError::NoSpace {
-                        path,
-                        bytes: len,
-                        source: e,
-                    });
-                }
-                Err(e) => return Err(io_err("pre-allocating", &path)(e)),
+        let growth_end = if opts.preallocate {
+            // Check the whole capacity fits now, so a too-small filesystem is a clear error at
+            // open, but reserve it step by step as slots are used.
+            use std::os::unix::fs::MetadataExt;
+            let allocated = meta.blocks().saturating_mul(512);
+            let needed = len.saturating_sub(allocated);
+            let available = available_bytes(&lock).map_err(io_err("inspecting the filesystem of", &path))?;
+            if needed > available {
+                return Err(DiskError::NoSpace {
+                    path,
+                    bytes: len,
+                    source: io::Error::from_raw_os_error(libc::ENOSPC),
+                });
             }
-        }
+            current.min(len).max(BLOCK as u64)
+        } else {
+            u64::MAX
+        };
 
         let (io, direct) = Self::open_io(opts.direct_io, chunk_bytes, &lock, &path, &layout)?;
         let slab = Self {
@@ -222,6 +335,8 @@ impl Slab {
             path,
             layout,
             direct,
+            growth: Mutex::new(Growth { end: growth_end }),
+            reserved_end: AtomicU64::new(growth_end),
             #[cfg(feature = "test-utils")]
             faults,
         };
@@ -230,6 +345,36 @@ impl Slab {
             wiped,
             slots_to_scan,
         })
+    }
+
+    /// Makes sure the file is reserved up to `end`: grows the reservation by [`GROW_STEP`]s
+    /// (never past the slab's full length). A reservation that fails is undone (the file is
+    /// cut back to what was reserved before), so a full filesystem is not left fuller.
+    fn reserve_through(&self, end: u64) -> io::Result<()> {
+        if end <= self.reserved_end.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut g = self.growth.lock();
+        if end <= g.end {
+            return Ok(());
+        }
+        let full = self.layout.file_len();
+        let target = end.next_multiple_of(GROW_STEP).min(full).max(end);
+        match preallocate(&self.io, g.end, target - g.end) {
+            Ok(true) => g.end = target,
+            Ok(false) => {
+                tracing::info!(path = %self.path.display(), "filesystem cannot pre-allocate; the slab grows as it is written");
+                g.end = u64::MAX;
+            }
+            Err(e) => {
+                if let Err(cut) = self.io.set_len(g.end) {
+                    tracing::warn!(path = %self.path.display(), error = %cut, "cannot undo a failed reservation");
+                }
+                return Err(e);
+            }
+        }
+        self.reserved_end.store(g.end, Ordering::Release);
+        Ok(())
     }
 
     /// Validates the superblock; returns whether the file was wiped.
@@ -344,22 +489,26 @@ impl Slab {
         self.direct
     }
 
-    /// Writes one whole slot (header block, payload, padding and commit block) in one call.
-    pub(crate) fn write_slot(&self, slot: u32, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
+    /// Writes `slots` whole consecutive slots from `first` (payload, padding and seal block
+    /// each) in one vectored write.
+    pub(crate) fn write_run(&self, first: u32, slots: usize, bufs: &mut [IoSlice<'_>]) -> io::Result<()> {
         #[cfg(feature = "test-utils")]
         if let Some(f) = &self.faults {
             f.before_write(bufs.iter().map(|b| b.len() as u64).sum())?;
         }
-        pwritev_all(&self.io, bufs, self.layout.slot_offset(slot))
+        let off = self.layout.slot_offset(first);
+        self.reserve_through(off + slots as u64 * self.layout.slot_bytes)?;
+        pwritev_all(&self.io, bufs, off)
     }
 
-    /// Reads one whole slot; returns the bytes read (less than asked at end of file).
-    pub(crate) fn read_slot(&self, slot: u32, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
+    /// Reads whole consecutive slots from `first` in one vectored read; returns the bytes read
+    /// (less than asked at end of file).
+    pub(crate) fn read_run(&self, first: u32, bufs: &mut [IoSliceMut<'_>]) -> io::Result<usize> {
         #[cfg(feature = "test-utils")]
         if let Some(f) = &self.faults {
             f.before_read()?;
         }
-        preadv_all(&self.io, bufs, self.layout.slot_offset(slot))
+        preadv_all(&self.io, bufs, self.layout.slot_offset(first))
     }
 
     /// Reads one aligned block at `off` (start-up scan); returns the bytes read.
@@ -367,12 +516,12 @@ impl Slab {
         preadv_all(&self.io, &mut [IoSliceMut::new(buf)], off)
     }
 
-    /// Overwrites slot `slot`'s header block with `zero_block`, so the slot never reappears.
+    /// Overwrites slot `slot`'s seal block with `zero_block`, so the slot never reappears.
     pub(crate) fn invalidate(&self, slot: u32, zero_block: &[u8]) -> io::Result<()> {
         pwritev_all(
             &self.io,
             &mut [IoSlice::new(zero_block)],
-            self.layout.slot_offset(slot),
+            self.layout.seal_offset(slot),
         )
     }
 

@@ -13,12 +13,13 @@ use crate::error::DiskError;
 use crate::exec;
 #[cfg(feature = "test-utils")]
 use crate::faults::FaultInjector;
-use crate::format::{BLOCK, SlabLayout};
+use crate::format::SlabLayout;
 use crate::index::{Index, Reservation, SlotState};
+use crate::meter::IoCost;
 use crate::options::{DiskGeometry, DiskTierOptions};
 use crate::pool::Pool;
 use crate::recover;
-use crate::shared::{Counters, JobState, KeyOutcome, Shared, Task, TaskOp};
+use crate::shared::{Counters, JobState, KeyOutcome, Run, RunItem, Shared, TaskOp};
 use crate::slab::Slab;
 
 /// What the start-up scan did with the slab's previous contents.
@@ -26,11 +27,11 @@ use crate::slab::Slab;
 pub struct RecoveryReport {
     /// Chunks found complete and adopted (now `Hit`s).
     pub recovered: usize,
-    /// Slots discarded: writes that never completed (torn), damaged headers.
+    /// Slots discarded: writes that never completed (torn), damaged seals.
     pub discarded: usize,
     /// Older copies of a key found again in a newer slot (the newest wins).
     pub duplicates: usize,
-    /// Slots whose header could not be read.
+    /// Slots whose seal could not be read.
     pub unreadable: usize,
     /// Whether a slab of another geometry or format was wiped (`wipe_on_mismatch`).
     pub wiped: bool,
@@ -43,13 +44,17 @@ pub struct SlotLocation {
     pub file: PathBuf,
     /// Slot number.
     pub slot: u32,
-    /// File offset of the slot's header block.
-    pub header_offset: u64,
-    /// File offset of the payload.
+    /// File offset of the payload (the start of the slot).
     pub payload_offset: u64,
-    /// File offset of the commit block.
-    pub commit_offset: u64,
+    /// File offset of the seal block.
+    pub seal_offset: u64,
 }
+
+/// Most bytes one vectored read or write moves: long enough to amortise a system call over
+/// many small chunks, short enough that a long store does not hold a thread for long.
+const MAX_RUN_BYTES: u64 = 1 << 20;
+/// Most slots one vectored read or write covers.
+const MAX_RUN_SLOTS: u64 = 64;
 
 /// The persistent, bounded disk tier. See the crate documentation.
 pub struct DiskTier {
@@ -58,6 +63,7 @@ pub struct DiskTier {
     info: TierInfo,
     recovery: RecoveryReport,
     shut_down: bool,
+    io_threads: usize,
 }
 
 impl std::fmt::Debug for DiskTier {
@@ -84,6 +90,11 @@ fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskEr
             geometry.chunk_bytes, geometry.row_stride
         )));
     }
+    if opts.path.as_os_str().is_empty() {
+        return Err(DiskError::InvalidOptions(
+            "path must name a directory; it is empty".to_owned(),
+        ));
+    }
     if opts.name.is_empty() {
         return Err(DiskError::InvalidOptions(
             "the tier name must not be empty".to_owned(),
@@ -94,7 +105,7 @@ fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskEr
 
 impl DiskTier {
     /// Opens the tier at `opts.path` for chunks of `geometry`: creates or adopts the slab,
-    /// rebuilds the index from the slot headers, and starts the I/O threads.
+    /// rebuilds the index from the slot seals, and starts the I/O threads.
     ///
     /// # Errors
     /// Invalid options, an unusable directory or file, a slab of another geometry or format
@@ -151,8 +162,12 @@ impl DiskTier {
             wiped: opened.wiped,
         };
         let recovered_keys = index.live_keys();
+        let layout = *slab.layout();
+        let max_run =
+            usize::try_from((MAX_RUN_BYTES / layout.slot_bytes).clamp(1, MAX_RUN_SLOTS)).unwrap_or(1);
         let shared = Arc::new(
-            Shared::new(opts.name.clone(), slab, index, opts.sync).map_err(io("allocating buffers for"))?,
+            Shared::new(opts.name.clone(), slab, index, opts.sync, max_run)
+                .map_err(io("allocating buffers for"))?,
         );
         shared.event(recovered_keys, false);
         let pool = Pool::start(&shared, opts.io_threads).map_err(io("starting I/O threads for"))?;
@@ -173,6 +188,7 @@ impl DiskTier {
             info: TierInfo::new(opts.name.clone(), Some(Medium::Storage), Some(Locality::Local)),
             recovery,
             shut_down: false,
+            io_threads: opts.io_threads,
         })
     }
 
@@ -223,10 +239,35 @@ impl DiskTier {
         Some(SlotLocation {
             file: self.shared.slab.path().to_owned(),
             slot,
-            header_offset: layout.slot_offset(slot),
-            payload_offset: layout.slot_offset(slot) + BLOCK as u64,
-            commit_offset: layout.commit_offset(slot),
+            payload_offset: layout.slot_offset(slot),
+            seal_offset: layout.seal_offset(slot),
         })
+    }
+
+    /// Most slots one vectored read or write covers (a job's consecutive slots are split into
+    /// submissions of at most this many, and of at most `ceil(keys / io_threads)` so a job
+    /// keeps every thread busy).
+    #[must_use]
+    pub fn max_slots_per_io(&self) -> usize {
+        self.shared.max_run
+    }
+
+    /// The measured cost of loads and stores: queue depths, and moving averages of the I/O
+    /// time per MiB and of the queue wait (see [`IoCost`]).
+    #[must_use]
+    pub fn io_cost(&self) -> IoCost {
+        let (mut loads, mut stores) = self.pool.depths();
+        let (l, s) = *self.shared.meters.lock();
+        for (d, m) in [(&mut loads, l), (&mut stores, s)] {
+            d.secs_per_mib = m.secs_per_mib;
+            d.queue_wait_secs = m.queue_wait_secs;
+            d.samples = m.samples;
+        }
+        IoCost {
+            loads,
+            stores,
+            io_threads: self.io_threads,
+        }
     }
 
     /// Reports a job as failed without doing anything (its grants drop with the caller's job).
@@ -278,18 +319,22 @@ impl DiskTier {
             return;
         }
         debug_assert!(!job.settled());
-        self.pool.push(tasks.into_iter().map(|(idx, slot, seq, op)| Task {
-            job: Arc::clone(&job),
-            idx,
-            slot,
-            seq,
-            op,
-        }));
+        // Consecutive slots go in one submission, but a job keeps every thread busy.
+        let max_len = self
+            .shared
+            .max_run
+            .min(tasks.len().div_ceil(self.io_threads))
+            .max(1);
+        let items = tasks
+            .into_iter()
+            .map(|(idx, slot, seq, op)| RunItem { idx, slot, seq, op })
+            .collect();
+        self.pool.push(Run::split(&job, items, max_len, Instant::now()));
     }
 
     fn cancel_queued(&self) {
-        for task in self.pool.take_queued() {
-            exec::cancel(&self.shared, task);
+        for run in self.pool.take_queued() {
+            exec::cancel(&self.shared, run);
         }
         #[cfg(feature = "test-utils")]
         if let Some(f) = self.shared.slab.faults() {
@@ -466,10 +511,23 @@ impl SecondaryTier for DiskTier {
             ("not_admitted_keys", Counters::get(&c.not_admitted)),
             ("recovered_at_open", self.recovery.recovered as u64),
             ("discarded_at_open", self.recovery.discarded as u64),
-            ("queued_tasks", self.pool.queued() as u64),
+            ("queued_chunks", self.pool.queued()),
         ];
         for (name, value) in extra {
             s.extra.insert(name.to_owned(), value as f64);
+        }
+        let cost = self.io_cost();
+        for (dir, d) in [("load", cost.loads), ("store", cost.stores)] {
+            s.extra
+                .insert(format!("{dir}_queued_chunks"), d.queued_chunks as f64);
+            s.extra
+                .insert(format!("{dir}_in_flight_chunks"), d.in_flight_chunks as f64);
+            if let Some(v) = d.secs_per_mib {
+                s.extra.insert(format!("{dir}_secs_per_mib_ema"), v);
+            }
+            if let Some(v) = d.queue_wait_secs {
+                s.extra.insert(format!("{dir}_queue_wait_secs_ema"), v);
+            }
         }
         s
     }

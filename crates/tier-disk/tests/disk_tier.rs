@@ -206,23 +206,23 @@ fn a_flipped_payload_byte_fails_that_key_only_and_it_becomes_a_miss() {
 }
 
 #[test]
-fn a_damaged_header_or_commit_block_is_caught_at_load_and_at_open() {
+fn a_damaged_seal_is_caught_at_load_and_at_open() {
     let dir = tempfile::tempdir().unwrap();
     let opts = options(dir.path(), 8, CHUNK);
     let mut rig = Rig::open(&opts, CHUNK, 4);
     rig.store(&keys(0..4));
-    let header = rig.tier.slot_location(&key(0)).unwrap();
-    let commit = rig.tier.slot_location(&key(1)).unwrap();
-    // While the tier runs, the load path verifies header and commit block too.
-    flip(&header.file, header.header_offset + 30, 0x01);
-    flip(&commit.file, commit.commit_offset + 9, 0x01);
+    let zero = rig.tier.slot_location(&key(0)).unwrap();
+    let one = rig.tier.slot_location(&key(1)).unwrap();
+    // While the tier runs, the load path verifies the seal too.
+    flip(&zero.file, zero.seal_offset + 30, 0x01);
+    flip(&one.file, one.seal_offset + 9, 0x01);
     let (r, _) = rig.load(&keys(0..4));
     assert_eq!(r.outcome, JobOutcome::Partial(vec![key(2), key(3)]));
     assert!(!rig.hit(&key(0)) && !rig.hit(&key(1)));
     let key2 = rig.tier.slot_location(&key(2)).unwrap();
     drop(rig);
-    // Offline damage to key 2's header is caught by the start-up scan.
-    flip(&key2.file, key2.header_offset + 70, 0x40);
+    // Offline damage to key 2's seal is caught by the start-up scan.
+    flip(&key2.file, key2.seal_offset + 70, 0x40);
     let mut rig = Rig::open(&opts, CHUNK, 4);
     let rec = rig.tier.recovery();
     assert_eq!((rec.recovered, rec.discarded), (1, 1));
@@ -232,6 +232,7 @@ fn a_damaged_header_or_commit_block_is_caught_at_load_and_at_open() {
 
 #[test]
 fn torn_writes_are_discarded_at_reopen() {
+    use std::os::unix::fs::FileExt;
     let dir = tempfile::tempdir().unwrap();
     let opts = options(dir.path(), 8, CHUNK);
     let mut rig = Rig::open(&opts, CHUNK, 6);
@@ -242,26 +243,29 @@ fn torn_writes_are_discarded_at_reopen() {
         .collect();
     drop(rig);
     let file = loc[0].file.clone();
-    // 0: the write stopped before its commit block (an older commit block is left there).
-    poke(&file, loc[0].commit_offset, &[0u8; 4096]);
-    // 1: the header itself was cut: zeroed.
-    poke(&file, loc[1].header_offset, &[0u8; 4096]);
-    // 2: the header was cut halfway through.
-    poke(&file, loc[2].header_offset + 40, &[0u8; 4096 - 40]);
-    // 3: the new header landed but the payload and commit block are those of an older write.
-    let mut stale_commit = vec![0u8; 4096];
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::File::open(&file).unwrap();
-        f.read_exact_at(&mut stale_commit, loc[4].commit_offset).unwrap();
-    }
-    poke(&file, loc[3].commit_offset, &stale_commit);
+    let read_block = |off: u64| {
+        let mut b = vec![0u8; 4096];
+        std::fs::File::open(&file)
+            .unwrap()
+            .read_exact_at(&mut b, off)
+            .unwrap();
+        b
+    };
+    // 0: the first write into a fresh slot stopped before its seal: the slot is empty.
+    poke(&file, loc[0].seal_offset, &[0u8; 4096]);
+    // 1: a write stopped before its seal, over an older write's seal (another key's).
+    let older_seal = read_block(loc[4].seal_offset);
+    poke(&file, loc[1].seal_offset, &older_seal);
+    // 2: the seal was cut halfway through.
+    poke(&file, loc[2].seal_offset + 40, &[0u8; 4096 - 40]);
+    // 3: the new payload's first block landed, the seal is still the one of the older write.
+    poke(&file, loc[3].payload_offset, &[0xA5u8; 4096]);
     let mut rig = Rig::open(&opts, CHUNK, 6);
     let rec = rig.tier.recovery();
     assert_eq!(rec.recovered, 2, "{rec:?}");
     assert_eq!(
         rec.discarded, 3,
-        "header without commit (x2) and a half header; a zeroed header is empty"
+        "a foreign seal, a half seal and a seal of an older payload; a zeroed seal is empty"
     );
     for k in keys(0..4) {
         assert!(!rig.hit(&k), "{k} was torn and must be a miss");
@@ -440,6 +444,44 @@ fn invalid_options_are_refused_with_a_reason() {
         DiskTier::open(&options(dir.path(), 4, CHUNK), bad_geometry),
         Err(DiskError::InvalidOptions(_))
     ));
+    let no_path = DiskTierOptions::new("", 1 << 20);
+    let err = DiskTier::open(&no_path, geometry(CHUNK)).unwrap_err();
+    assert!(
+        matches!(err, DiskError::InvalidOptions(_)) && err.to_string().contains("path"),
+        "{err}"
+    );
+    assert!(
+        !std::path::Path::new(SLAB_FILE).exists(),
+        "nothing in the current directory"
+    );
+}
+
+#[test]
+fn a_large_tier_reserves_disk_space_only_as_it_is_used() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // 256 MiB of capacity: the file is reserved in 64 MiB steps as slots are first written.
+    let opts = DiskTierOptions::new(dir.path(), 256 << 20);
+    let mut rig = Rig::open(&opts, CHUNK, 4);
+    let file = dir.path().join(SLAB_FILE);
+    let on_disk = || std::fs::metadata(&file).unwrap().blocks() * 512;
+    assert!(on_disk() <= 64 << 10, "{} bytes after open", on_disk());
+    rig.store(&keys(0..4));
+    let after = on_disk();
+    assert!(
+        after > 0 && after <= (64 << 20) + (64 << 10),
+        "{after} bytes after 4 chunks"
+    );
+    assert!(std::fs::metadata(&file).unwrap().len() <= (64 << 20) + (64 << 10));
+    rig.assert_loads(&keys(0..4));
+    drop(rig);
+    let mut rig = Rig::open(&opts, CHUNK, 4);
+    assert_eq!(
+        rig.tier.recovery().recovered,
+        4,
+        "slots past the file's end read as empty"
+    );
+    rig.assert_loads(&keys(0..4));
 }
 
 #[test]

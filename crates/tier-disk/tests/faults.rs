@@ -25,8 +25,8 @@ fn rig_with_faults(opts: &DiskTierOptions, rows: usize) -> (Rig, FaultInjector) 
     (Rig::new(tier, rows), faults)
 }
 
-/// The bytes one slot write takes (header + payload + commit block).
-const SLOT_WRITE: u64 = CHUNK as u64 + 8192;
+/// The bytes one slot write takes (payload + seal block).
+const SLOT_WRITE: u64 = CHUNK as u64 + 4096;
 
 /// Stores until the "filesystem" is full, then checks that stores fail cleanly, the tier keeps
 /// loading what it has, and recovers once space is back.
@@ -138,7 +138,70 @@ fn a_really_full_small_filesystem_fails_stores_cleanly() {
         let other = fs.path().join("prealloc");
         let err = DiskTier::open(&options(&other, 64, CHUNK), geometry()).unwrap_err();
         assert!(matches!(err, tier_disk::DiskError::NoSpace { .. }), "{err}");
+        assert!(!other.exists(), "the failed open removed what it created");
     }
+}
+
+fn blocks_of(file: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(file).unwrap().blocks() * 512
+}
+
+#[test]
+fn a_failed_preallocation_leaves_nothing_behind() {
+    let Some(fs) = SmallFs::mount(1 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+        return;
+    };
+    // A capacity bigger than the filesystem, in directories the open has to create.
+    let nested = fs.path().join("a").join("b");
+    let err = DiskTier::open(&options(&nested, 256, CHUNK), geometry()).unwrap_err();
+    assert!(matches!(err, tier_disk::DiskError::NoSpace { .. }), "{err}");
+    assert!(!fs.path().join("a").exists(), "no file, no directory left");
+    // In an existing directory: the directory stays, the slab file goes.
+    let err = DiskTier::open(&options(fs.path(), 256, CHUNK), geometry()).unwrap_err();
+    assert!(err.to_string().contains(tier_disk::SLAB_FILE), "{err}");
+    assert_eq!(std::fs::read_dir(fs.path()).unwrap().count(), 0);
+    // An existing slab is never deleted by a failed open, only left as it was.
+    let mut rig = Rig::open(&options(fs.path(), 8, CHUNK), CHUNK, 2);
+    rig.store(&keys(0..2));
+    drop(rig);
+    let slab = fs.path().join(tier_disk::SLAB_FILE);
+    let before = std::fs::metadata(&slab).unwrap().len();
+    let mut wide = options(fs.path(), 256, CHUNK);
+    wide.wipe_on_mismatch = false;
+    assert!(DiskTier::open(&wide, geometry()).is_err());
+    assert_eq!(std::fs::metadata(&slab).unwrap().len(), before);
+    let mut rig = Rig::open(&options(fs.path(), 8, CHUNK), CHUNK, 2);
+    rig.assert_loads(&keys(0..2));
+}
+
+#[test]
+fn a_reservation_that_fails_while_running_is_undone() {
+    let Some(fs) = SmallFs::mount(2 << 20) else {
+        eprintln!("SKIPPED: cannot mount a tmpfs here (not root, or no mount permission)");
+        return;
+    };
+    let opts = options(fs.path(), 64, CHUNK);
+    let (mut rig, _faults) = rig_with_faults(&opts, 4);
+    let slab = fs.path().join(tier_disk::SLAB_FILE);
+    assert!(
+        blocks_of(&slab) < opts.capacity.bytes() / 4,
+        "nothing is reserved before a slot is used"
+    );
+    // Someone else fills the filesystem, leaving less than the slab's next step.
+    let filler = fs.path().join("filler");
+    let free = 2 * 1024 * 1024 - blocks_of(&slab);
+    std::fs::write(&filler, vec![1u8; (free - 64 * 1024) as usize]).unwrap();
+    let held = blocks_of(&slab);
+    let r = rig.store(&keys(0..2));
+    assert_eq!(r.outcome, JobOutcome::Failed, "no room to reserve the slots");
+    assert_eq!(blocks_of(&slab), held, "the failed reservation was undone");
+    assert!(!rig.hit(&key(0)));
+    // Space comes back: stores work.
+    std::fs::remove_file(&filler).unwrap();
+    assert_eq!(rig.store(&keys(0..2)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(0..2));
 }
 
 #[test]
@@ -216,7 +279,8 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
         "the one I/O thread holds the first write"
     );
     assert!(tier.has_pending_work());
-    assert_eq!(tier.stats().extra["queued_tasks"], 5.0);
+    // The first job's two consecutive slots are one write, held at the gate.
+    assert_eq!(tier.stats().extra["queued_chunks"], 4.0);
     faults.release_io_on_drain();
     tier.drain_jobs();
     let mut results = Vec::new();
@@ -226,7 +290,7 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
     assert_eq!(
         outcomes,
         vec![
-            (ids[0], JobOutcome::Partial(vec![key(0)])),
+            (ids[0], JobOutcome::Ok),
             (ids[1], JobOutcome::Failed),
             (ids[2], JobOutcome::Failed),
         ],
@@ -234,14 +298,16 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
     );
     assert_eq!(arena.granted_rows(), 0);
     assert!(!tier.has_pending_work());
-    assert_eq!(tier.stats().extra["cancelled_keys"], 5.0);
+    assert_eq!(tier.stats().extra["cancelled_keys"], 4.0);
     let ctx = tiering_core::ReqContext::local("drain");
-    assert_eq!(tier.lookup(&key(0), &ctx), tiering_core::LookupResult::Hit);
-    for n in 1..6 {
+    for n in 0..2 {
+        assert_eq!(tier.lookup(&key(n), &ctx), tiering_core::LookupResult::Hit);
+    }
+    for n in 2..6 {
         assert_eq!(tier.lookup(&key(n), &ctx), tiering_core::LookupResult::Miss);
     }
     // The cancelled slots are free again.
-    assert_eq!(tier.stats().resident_chunks, 1);
+    assert_eq!(tier.stats().resident_chunks, 2);
     let mut rig = Rig::new(tier, 4);
     assert_eq!(rig.store(&keys(1..4)).outcome, JobOutcome::Ok);
     rig.assert_loads(&keys(0..4));
@@ -283,8 +349,8 @@ fn shutdown_with_queued_jobs_reports_them_failed() {
     );
     assert_eq!(
         results[0].outcome,
-        JobOutcome::Partial(vec![key(0)]),
-        "the running read finished"
+        JobOutcome::Ok,
+        "the running read (both slots in one call) finished"
     );
     assert_eq!(rig.arena.granted_rows(), 0);
 }

@@ -33,7 +33,7 @@ fn a_chain_table_builds_a_working_disk_tier() {
     assert_eq!(info.name, "ssd");
     assert_eq!(info.medium, Some(Medium::Storage));
     let stats = tier.stats();
-    assert_eq!(stats.capacity_chunks, 4 * 1024 * 1024 / (64 * 1024 + 8192) as u64);
+    assert_eq!(stats.capacity_chunks, 4 * 1024 * 1024 / (64 * 1024 + 4096) as u64);
     assert!(dir.path().join(tier_disk::SLAB_FILE).exists());
 }
 

@@ -1,8 +1,8 @@
 //! The child process of the crash test: writes chunks into a disk tier, as fast as it can and
 //! forever, until the test kills it with SIGKILL.
 //!
-//! Usage: `tier-disk-crash-writer DIR CAPACITY_BYTES CHUNK_BYTES FIRST_KEY DIRECT_IO` (DIRECT_IO
-//! is `auto` or `off`). Each job stores
+//! Usage: `tier-disk-crash-writer DIR CAPACITY_BYTES CHUNK_BYTES FIRST_KEY DIRECT_IO [SYNC]`
+//! (DIRECT_IO is `auto` or `off`; SYNC is `never` (default), `batch` or `always`). Each job stores
 //! `KEYS_PER_JOB` consecutive keys; when a job succeeds the writer prints `acked <first key>`.
 //! Chunk contents come from [`tier_disk::testing::fill_chunk`], so the test can verify every
 //! chunk it finds after the crash, and check that acknowledged chunks survived it.
@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tier_disk::testing::fill_chunk;
-use tier_disk::{DirectIo, DiskGeometry, DiskTier, DiskTierOptions};
+use tier_disk::{DirectIo, DiskGeometry, DiskTier, DiskTierOptions, SyncPolicy};
 use tiering_core::{
     ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, OffloadKey, ReqContext, RowGrant, SecondaryTier,
     TransferJob,
@@ -41,6 +41,14 @@ fn run() -> Result<(), Box<dyn Error>> {
     opts.direct_io = match direct.as_str() {
         "off" => DirectIo::Off,
         _ => DirectIo::Auto,
+    };
+    opts.sync = match args.get(6).map(String::as_str) {
+        None | Some("never") => SyncPolicy::Never,
+        Some("batch") => SyncPolicy::Batch,
+        Some("always") => SyncPolicy::Always,
+        Some(other) => {
+            return Err(format!("argument 6 (sync) must be never, batch or always, not {other}").into());
+        }
     };
     let geometry = DiskGeometry {
         chunk_bytes: chunk,

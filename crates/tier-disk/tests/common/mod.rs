@@ -19,7 +19,7 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 /// The file capacity that holds exactly `slots` chunks of `chunk_bytes`.
 pub fn capacity_for(slots: u64, chunk_bytes: usize) -> u64 {
     let span = chunk_bytes.next_multiple_of(4096) as u64;
-    4096 + slots * (span + 8192)
+    4096 + slots * (span + 4096)
 }
 
 /// Options for a tier of `slots` slots under `dir`.
