@@ -17,6 +17,7 @@ use super::config::{ManagerConfig, OnTierFailure};
 use super::faults::TierFault;
 use super::jobs::Servicer;
 use super::state::TieringState;
+use super::telemetry::Holder;
 
 /// What the engine-facing handle, its steps and the control thread share.
 pub(crate) struct Shared {
@@ -185,6 +186,7 @@ fn run(shared: &Shared) {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
+        let asked = Instant::now();
         let Some(mut guard) = shared.state.try_lock_for(config.lock_timeout) else {
             let now = Instant::now();
             match starved_since {
@@ -196,6 +198,10 @@ fn run(shared: &Shared) {
                         config.starvation_warning
                     );
                     starved_since = Some(now);
+                    shared
+                        .state
+                        .try_lock_for(Duration::ZERO)
+                        .map(|s| s.telemetry.starved());
                 }
                 Some(_) => {}
             }
@@ -203,6 +209,7 @@ fn run(shared: &Shared) {
             continue;
         };
         starved_since = None;
+        let acquired = Instant::now();
         // Shutdown may have begun while this thread waited for the lock.
         if shared.stop.load(Ordering::Acquire) {
             return;
@@ -225,6 +232,10 @@ fn run(shared: &Shared) {
         wait = guard.next_deadline().map_or(config.idle_wait, |d| {
             d.saturating_duration_since(Instant::now()).min(config.idle_wait)
         });
+        guard.publish_metrics();
+        guard
+            .telemetry
+            .lock(Holder::Control, acquired - asked, acquired.elapsed());
         MutexGuard::unlock_fair(guard);
     }
 }

@@ -98,6 +98,7 @@ impl TieringState {
             return Ok(());
         };
         self.counters.results_processed += 1;
+        self.telemetry.job(idx, meta.kind, meta.keys.len(), r);
         match meta.kind {
             JobKind::Promotion => self.complete_promotion(idx, &meta, r),
             JobKind::Store => self.release_store_job(&meta),

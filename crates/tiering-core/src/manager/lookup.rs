@@ -24,8 +24,17 @@ impl TieringState {
             let faults = self.gated_poll();
             self.handle_faults(faults)?;
         }
+        let (r, tier) = self.walk_tiers(key, ctx);
+        if poll {
+            self.telemetry.lookup(r, tier);
+        }
+        Ok(r)
+    }
+
+    /// The walk itself; returns the verdict and the index (0 = primary) of the tier that gave it.
+    fn walk_tiers(&mut self, key: &OffloadKey, ctx: &ReqContext) -> (LookupResult, Option<usize>) {
         match self.primary.lookup(key, ctx) {
-            r @ (LookupResult::Hit | LookupResult::HitPending) => return Ok(r),
+            r @ (LookupResult::Hit | LookupResult::HitPending) => return (r, Some(0)),
             LookupResult::Retry | LookupResult::Miss => {}
         }
         let mut retry = false;
@@ -40,16 +49,17 @@ impl TieringState {
                 continue;
             };
             match tier.lookup(key, ctx) {
-                LookupResult::Hit => return Ok(self.initiate_promotion(idx, key, ctx)),
+                LookupResult::Hit => return (self.initiate_promotion(idx, key, ctx), Some(idx + 1)),
                 LookupResult::Retry | LookupResult::HitPending => retry = true,
                 LookupResult::Miss => {}
             }
         }
-        Ok(if retry {
+        let r = if retry {
             LookupResult::Retry
         } else {
             LookupResult::Miss
-        })
+        };
+        (r, None)
     }
 
     /// Reserves a primary slot for promoting `key` from tier `idx` and queues it for the

@@ -26,6 +26,7 @@ pub mod state;
 pub mod step;
 mod store;
 mod teardown;
+mod telemetry;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -89,6 +89,7 @@ pub struct TieringState {
     /// returns it.
     pub(crate) deferred_failure: Option<crate::error::ManagerError>,
     pub(crate) tier_timeout: std::time::Duration,
+    pub(crate) telemetry: super::telemetry::Telemetry,
 }
 
 impl TieringState {
@@ -99,7 +100,10 @@ impl TieringState {
     ) -> Self {
         let arena = Arc::clone(primary.arena());
         let n = secondaries.len();
+        let names: Vec<String> = secondaries.iter().map(|t| t.info().name).collect();
+        let telemetry = super::telemetry::Telemetry::new(&primary.info().name, &names);
         Self {
+            telemetry,
             primary,
             arena,
             tiers: secondaries
@@ -191,6 +195,13 @@ impl TieringState {
         self.tiers
             .get(idx)
             .map_or_else(|| format!("#{idx}"), |s| s.info.name.clone())
+    }
+
+    /// Publishes the tiers' and the manager's counters as metrics, at most once a second.
+    pub(crate) fn publish_metrics(&mut self) {
+        if self.telemetry.publish_due() {
+            super::telemetry::publish(&self.stats_unlocked());
+        }
     }
 
     /// The earliest deadline a present tier or the ledger asked to be woken at.

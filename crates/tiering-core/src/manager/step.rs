@@ -4,6 +4,7 @@ use std::marker::PhantomData;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use parking_lot::RawMutex;
 use parking_lot::lock_api::ArcMutexGuard;
@@ -17,6 +18,7 @@ use crate::request::ReqContext;
 use super::control::Shared;
 use super::jobs::Servicer;
 use super::state::TieringState;
+use super::telemetry::Holder;
 
 /// One scheduler step: holds the manager's lock from [`TieringManager::step`](super::TieringManager::step)
 /// until it is dropped, and carries the engine calls of the step (it implements
@@ -29,6 +31,9 @@ use super::state::TieringState;
 /// also when the stack unwinds from a panic.
 pub struct Step<'m> {
     shared: Arc<Shared>,
+    /// When the lock was asked for and when it was granted (for the lock metrics).
+    asked: Instant,
+    acquired: Instant,
     guard: Option<ArcMutexGuard<RawMutex, TieringState>>,
     failure: Option<Arc<ControlPlaneFailure>>,
     _handle: PhantomData<&'m mut ()>,
@@ -36,6 +41,7 @@ pub struct Step<'m> {
 
 impl Step<'_> {
     pub(crate) fn begin(shared: &Arc<Shared>) -> Self {
+        let asked = Instant::now();
         let guard = if shared.shut_down.load(Ordering::Acquire) {
             None
         } else {
@@ -47,6 +53,8 @@ impl Step<'_> {
         let failure = shared.take_failure();
         Self {
             shared: Arc::clone(shared),
+            asked,
+            acquired: Instant::now(),
             guard,
             failure,
             _handle: PhantomData,
@@ -126,6 +134,10 @@ impl Drop for Step<'_> {
         // While unwinding, only release the lock: running tier code now could panic again.
         if !std::thread::panicking() {
             Self::finish(&self.shared, &mut guard);
+            guard.publish_metrics();
+            guard
+                .telemetry
+                .lock(Holder::Step, self.acquired - self.asked, self.acquired.elapsed());
         }
         ArcMutexGuard::unlock_fair(guard);
         if let Some(f) = self.failure.take() {

@@ -140,6 +140,8 @@ impl TieringState {
             };
             self.primary.complete_store(&group, &ctx, ok);
             if ok {
+                self.telemetry
+                    .device_stores(group.len(), self.arena.chunk_bytes());
                 for idx in 0..self.tiers.len() {
                     self.cascade_to(idx, &group, &ctx);
                 }
