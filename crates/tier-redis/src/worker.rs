@@ -37,7 +37,7 @@ impl Workers {
                         shared: s,
                         conn: None,
                     }
-                    .run()
+                    .run();
                 });
             match spawned {
                 Ok(h) => workers.threads.push(h),

@@ -136,11 +136,12 @@ impl RedisServer {
 
     /// A direct client connection (with the password, if any).
     pub fn client(&self) -> redis::Connection {
-        let url = match &self.password {
-            Some(p) => format!("redis://:{p}@127.0.0.1:{}", self.port),
-            None => self.url(),
-        };
-        redis::Client::open(url).unwrap().get_connection().unwrap()
+        let mut info = redis::IntoConnectionInfo::into_connection_info(self.url().as_str()).unwrap();
+        if let Some(p) = &self.password {
+            let settings = info.redis_settings().clone().set_password(p);
+            info = info.set_redis_settings(settings);
+        }
+        redis::Client::open(info).unwrap().get_connection().unwrap()
     }
 
     /// Kills the process (SIGKILL) and waits for it.
@@ -297,7 +298,7 @@ impl Node {
             self.end_step();
         }
         self.next_req += 1;
-        self.ctx = ReqContext::local(&format!("r{}", self.next_req));
+        self.ctx = ReqContext::local(format!("r{}", self.next_req));
         self.m.on_new_request(&self.ctx).unwrap();
     }
 
