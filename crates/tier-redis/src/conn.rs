@@ -47,6 +47,10 @@ impl Endpoint {
     /// password variable.
     pub(crate) fn new(opts: &RedisTierOptions) -> Result<Self, RedisTierError> {
         let urls = opts.server_urls()?;
+        // rustls needs a process-wide crypto provider; another crate may have installed one
+        // already, which is fine.
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let key = if opts.url.is_some() { "url" } else { "urls" };
         let mut infos = Vec::with_capacity(urls.len());
         for u in &urls {

@@ -40,7 +40,11 @@
 //!   summed over the masters).
 //! - **Credentials**: `password_env` names an environment variable holding the password (never
 //!   the password itself); a missing variable is an error when the tier is built, and refused
-//!   credentials are an error when it connects. TLS (`rediss://`) needs the `tls` feature.
+//!   credentials are an error when it connects.
+//! - **TLS** (`rediss://host:port`, the `tls` feature, rustls with the ring provider): server
+//!   certificates are verified against the system's trust store and the webpki roots, so a
+//!   private CA goes into the host's trust store; `rediss://host:port/#insecure` skips
+//!   verification (test servers with self-signed certificates only).
 //! - **Invalidation**: [`invalidate_namespace`] deletes every key of a namespace (`SCAN` +
 //!   `UNLINK` in batches, on every master); the `kvtier redis invalidate` command uses it. Do
 //!   it after a model or weights update that keeps the layout.
