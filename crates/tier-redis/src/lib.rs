@@ -6,7 +6,7 @@
 //! - **Keys**: `kvtier:<namespace>:<layout>:<key hex>`. The namespace separates models or
 //!   deployments sharing a server; the layout (16 hex digits) is derived from the chunk size and
 //!   the `layout_fingerprint` option, so two layouts never read each other's chunks. No hash
-//!   tag: a cluster spreads chunks over every master. See [`format`].
+//!   tag: a cluster spreads chunks over every master. See [`format`](mod@format).
 //! - **Values**: an 88-byte header (magic, format version, chunk size, layout id, the key, and
 //!   an xxh3 checksum over header and payload) followed by the chunk. A load whose value is
 //!   missing, short, of another layout or key, or fails its checksum fails that key only
