@@ -371,3 +371,42 @@ fn the_server_memory_and_evictions_are_reported() {
         }
     }
 }
+
+#[test]
+fn a_full_queue_refuses_jobs_at_once_and_every_job_is_reported() {
+    if !redis_installed() {
+        return;
+    }
+    let server = RedisServer::start();
+    let mut opts = options(&server.url(), "queue");
+    opts.workers = 1;
+    opts.max_queued_jobs = 1;
+    let mut rig = Rig::new(&opts, CHUNK, 8);
+    let pid = server.pid().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // The one worker blocks on the stopped server; one job waits; the rest are refused.
+    for i in 0..4u32 {
+        rig.submit_store_at(&[key(u64::from(i))], i);
+    }
+    let results = rig.wait(4);
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        results.iter().all(|r| r.outcome == JobOutcome::Failed),
+        "{results:?}"
+    );
+    let rejected = rig.stat("rejected_jobs");
+    assert!((2.0..=3.0).contains(&rejected), "rejected {rejected}");
+    assert_eq!(rig.tier.stats().failures, 4);
+}

@@ -471,6 +471,22 @@ impl Rig {
         }
     }
 
+    /// Submits a store of `keys` from rows `first_row..` without waiting.
+    pub fn submit_store_at(&mut self, keys: &[OffloadKey], first_row: u32) {
+        use tiering_core::{JobId, JobKind, RowGrant, SecondaryTier, TransferJob};
+        self.next_job += 1;
+        let rows: Vec<u32> = (first_row..first_row + keys.len() as u32).collect();
+        let job = TransferJob {
+            id: JobId(self.next_job),
+            kind: JobKind::Store,
+            keys: keys.to_vec(),
+            chunk_ids: rows.clone(),
+            req: ReqContext::local("test"),
+            rows: RowGrant::Read(self.arena.read_rows(&rows).unwrap()),
+        };
+        self.tier.submit_store(job);
+    }
+
     /// Stores `keys` (key `i` from row `i`) in one job and waits for its result.
     pub fn store(&mut self, keys: &[OffloadKey]) -> tiering_core::JobResult {
         use tiering_core::SecondaryTier;
