@@ -1,4 +1,4 @@
-//! Subcommands: `tiers`, `check`, `peer`, and the simulator's `run` and `bench`.
+//! Subcommands: `tiers`, `check`, `peer`, `redis`, and the simulator's `run` and `bench`.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -51,6 +51,11 @@ enum Command {
     Run(kvtier::sim::RunArgs),
     /// One node of a multi-process P2P setup: serve synthetic chunks, or pull them from a peer.
     Peer(kvtier::peer::PeerArgs),
+    /// Operator commands for a shared Redis tier (`invalidate` a namespace).
+    Redis {
+        #[command(subcommand)]
+        cmd: kvtier::redis_admin::RedisCommand,
+    },
     /// Benchmarks, each next to its physical reference measured in the same run.
     Bench {
         #[command(subcommand)]
@@ -76,6 +81,7 @@ pub fn main() -> ExitCode {
         } => check(&configs, build, chunk_bytes),
         Command::Run(args) => kvtier::sim::run_command(&args, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
         Command::Peer(args) => kvtier::peer::peer_command(&args),
+        Command::Redis { cmd } => kvtier::redis_admin::run_command(&cmd),
         Command::Bench { bench } => kvtier::bench::run_command(&bench, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
     };
     match result {

@@ -7,8 +7,11 @@
 //!   inference engine's connector does, over seeded workloads, with a device KV pool in host
 //!   memory and a worker thread doing the real device↔primary copies;
 //! - [`peer`](crate::peer): one node of a multi-process P2P setup;
+//! - [`redis_admin`]: operator commands for a shared Redis tier
+//!   (`kvtier redis invalidate`);
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
 pub mod peer;
+pub mod redis_admin;
 pub mod sim;

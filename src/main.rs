@@ -7,6 +7,7 @@ use tier_cpu as _;
 use tier_disk as _;
 use tier_example as _;
 use tier_p2p as _;
+use tier_redis as _;
 
 fn main() -> std::process::ExitCode {
     cli::main()

@@ -77,7 +77,12 @@ fn check_validates_every_shipped_chain() {
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    for required in ["default.toml", "cpu-only.toml", "cpu-disk-p2p.toml"] {
+    for required in [
+        "default.toml",
+        "cpu-only.toml",
+        "cpu-disk-p2p.toml",
+        "cpu-redis.toml",
+    ] {
         assert!(
             names.iter().any(|n| n == required),
             "config/{required} is shipped"

@@ -80,6 +80,23 @@ fn write_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> Result<()> {
     Ok(())
 }
 
+/// The chain's `redis` tiers with their options.
+fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::RedisTarget>> {
+    chain
+        .secondaries
+        .iter()
+        .filter(|s| s.tier_type == "redis")
+        .map(|s| {
+            let options: tier_redis::RedisTierOptions = tiering_core::config::parse_options(&s.options)
+                .with_context(|| format!("{}: {}", chain.source, s.describe()))?;
+            Ok(super::RedisTarget {
+                name: options.name.clone(),
+                options,
+            })
+        })
+        .collect()
+}
+
 /// Runs a `kvtier bench` subcommand and prints its figures.
 ///
 /// # Errors
@@ -105,6 +122,7 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
                 batch_chunks: *batch_chunks,
                 total_bytes: mib.saturating_mul(1 << 20),
                 scratch_dir,
+                redis: redis_targets(&chain)?,
                 ..TierBenchConfig::default()
             };
             let tiers = BuiltTiers::from_config(&chain, registry()?, cfg.chunk_bytes)

@@ -3,6 +3,8 @@
 //!
 //! - [`tiers`]: store/load throughput of every tier of a chain (memcpy for the CPU tier, raw
 //!   `O_DIRECT` file I/O for storage tiers);
+//! - [`redis`](mod@redis): a Redis tier against raw pipelined `SET`/`GET` to the same server, and
+//!   its lookup latency;
 //! - [`fetch_rtt`](mod@fetch_rtt): a peer's fetch round trip from a busy producer in each control-plane mode
 //!   (step-driven, control thread, control thread with off-step store completions), in the
 //!   prefill→decode hand-off or a plain pull, next to a raw control round trip and the raw
@@ -10,12 +12,14 @@
 
 pub mod command;
 pub mod fetch_rtt;
+pub mod redis;
 pub mod tiers;
 
 pub use command::{BenchCommand, run_command};
 pub use fetch_rtt::{
     ControlPlaneMode, FetchRttConfig, FetchRttReport, Flow, ModeResult, TargetCheck, fetch_rtt,
 };
+pub use redis::{LookupLatency, RedisTarget};
 pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
 
 /// Why a benchmark could not run.

@@ -9,6 +9,8 @@
 //!   (`submit_load` into reserved rows, verified byte for byte), against raw `O_DIRECT`
 //!   `pwrite`/`pread` of the same bytes in the same directory (buffered I/O when the filesystem
 //!   refuses `O_DIRECT`, and the report says so).
+//! - Redis tiers: the same cascade and promotion jobs against the `redis` crate's raw pipelined
+//!   `SET`/`GET` of the same bytes to the same server, plus lookup latency (see [`super::redis`]).
 //! - Remote tiers (peers) move data only between nodes: `kvtier bench fetch-rtt` measures them.
 
 use std::fmt;
@@ -25,6 +27,7 @@ use tiering_core::{
 };
 
 use super::BenchError;
+use super::redis::{LookupLatency, RedisTarget};
 use crate::sim::{BuiltTiers, SimRng, chunk_matches, fill_chunk};
 
 /// What to measure.
@@ -43,6 +46,9 @@ pub struct TierBenchConfig {
     pub job_timeout: Duration,
     /// Seed for the chunk keys (fresh keys per run, so a persistent tier stores new data).
     pub seed: u64,
+    /// The chain's Redis tiers, measured against a raw pipeline to the same server.
+    #[serde(skip)]
+    pub redis: Vec<RedisTarget>,
 }
 
 impl Default for TierBenchConfig {
@@ -54,6 +60,7 @@ impl Default for TierBenchConfig {
             scratch_dir: std::env::temp_dir(),
             job_timeout: Duration::from_secs(30),
             seed: 0,
+            redis: Vec::new(),
         }
     }
 }
@@ -86,6 +93,8 @@ pub struct TierBenchReport {
     pub rows: Vec<TierBenchRow>,
     /// Tiers not measured, with the reason.
     pub skipped: Vec<(String, String)>,
+    /// Lookup latency of the tiers that answer lookups asynchronously (Redis).
+    pub lookups: Vec<LookupLatency>,
 }
 
 impl fmt::Display for TierBenchReport {
@@ -109,6 +118,13 @@ impl fmt::Display for TierBenchReport {
                 r.tier, r.op, r.gib_per_s, r.reference, r.reference_gib_per_s, r.ratio
             )?;
         }
+        for l in &self.lookups {
+            writeln!(
+                f,
+                "  {:<10} lookup p50 {:.0} µs, p99 {:.0} µs (first Retry to answer, {} keys); one lookup call p99 {:.1} µs",
+                l.tier, l.p50_us, l.p99_us, l.samples, l.call_p99_us
+            )?;
+        }
         for (tier, why) in &self.skipped {
             writeln!(f, "  {tier:<10} skipped: {why}")?;
         }
@@ -118,13 +134,13 @@ impl fmt::Display for TierBenchReport {
 
 /// Accumulates bytes and time for one figure.
 #[derive(Default)]
-struct Meter {
+pub(super) struct Meter {
     bytes: u64,
     time: Duration,
 }
 
 impl Meter {
-    fn add(&mut self, bytes: u64, time: Duration) {
+    pub(super) fn add(&mut self, bytes: u64, time: Duration) {
         self.bytes += bytes;
         self.time += time;
     }
@@ -139,7 +155,7 @@ impl Meter {
     }
 }
 
-fn row(tier: &str, op: &'static str, m: &Meter, reference: &str, r: &Meter) -> TierBenchRow {
+pub(super) fn row(tier: &str, op: &'static str, m: &Meter, reference: &str, r: &Meter) -> TierBenchRow {
     let (a, b) = (m.gib_per_s(), r.gib_per_s());
     TierBenchRow {
         tier: tier.to_owned(),
@@ -192,10 +208,17 @@ pub fn bench_tiers(tiers: BuiltTiers, cfg: &TierBenchConfig) -> Result<TierBench
     };
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
+    let mut lookups = Vec::new();
     let result = (|| -> Result<(), BenchError> {
         rows.extend(bench.primary(primary.as_mut())?);
         for tier in &mut secondaries {
             let info = tier.info();
+            if let Some(target) = cfg.redis.iter().find(|t| t.name == info.name) {
+                let (r, l) = bench.redis(primary.as_mut(), tier.as_mut(), target)?;
+                rows.extend(r);
+                lookups.push(l);
+                continue;
+            }
             if info.locality == Some(Locality::Remote) {
                 skipped.push((
                     info.name,
@@ -225,26 +248,27 @@ pub fn bench_tiers(tiers: BuiltTiers, cfg: &TierBenchConfig) -> Result<TierBench
         config: cfg.clone(),
         rows,
         skipped,
+        lookups,
     })
 }
 
-struct Bench<'a> {
-    arena: Arc<ChunkArena>,
-    ctx: ReqContext,
+pub(super) struct Bench<'a> {
+    pub(super) arena: Arc<ChunkArena>,
+    pub(super) ctx: ReqContext,
     rng: SimRng,
-    batch: usize,
-    rounds: u64,
-    cfg: &'a TierBenchConfig,
+    pub(super) batch: usize,
+    pub(super) rounds: u64,
+    pub(super) cfg: &'a TierBenchConfig,
 }
 
 impl Bench<'_> {
-    fn fresh_keys(&mut self) -> Vec<OffloadKey> {
+    pub(super) fn fresh_keys(&mut self) -> Vec<OffloadKey> {
         (0..self.batch)
             .map(|_| OffloadKey::from_u64(self.rng.next_u64()))
             .collect()
     }
 
-    fn tier_err(tier: &str, message: impl Into<String>) -> BenchError {
+    pub(super) fn tier_err(tier: &str, message: impl Into<String>) -> BenchError {
         BenchError::Tier {
             tier: tier.to_owned(),
             message: message.into(),
@@ -427,7 +451,7 @@ impl Bench<'_> {
         ])
     }
 
-    fn wait(&self, tier: &mut dyn SecondaryTier, id: JobId) -> Result<JobResult, BenchError> {
+    pub(super) fn wait(&self, tier: &mut dyn SecondaryTier, id: JobId) -> Result<JobResult, BenchError> {
         let deadline = Instant::now() + self.cfg.job_timeout;
         let mut out = Vec::new();
         loop {

@@ -1,0 +1,320 @@
+//! The Redis tier in `kvtier bench tiers`: store and load throughput of the tier's cascade and
+//! promotion jobs against the `redis` crate's raw pipelined `SET`/`GET` of the same bytes on
+//! one connection to the same server, interleaved round by round; plus the latency of a lookup
+//! from its first `Retry` to its answer (one pipelined `EXISTS` batch per round, asked by a
+//! second tier instance with an empty presence cache so every answer comes from the server).
+//!
+//! The ratio depends on the chunk size (per-command overhead vs bytes), the batch size (one
+//! pipeline per job up to the tier's `pipeline_bytes`), the tier's header and checksum work,
+//! and — since server and client share this machine — on how many cores are free.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tier_redis::{KeyScheme, RedisTier, RedisTierOptions};
+use tiering_core::{
+    JobId, JobKind, JobOutcome, LookupResult, OffloadKey, PrimaryTier, ReqContext, RowGrant, SecondaryTier,
+    TransferJob,
+};
+
+use super::BenchError;
+use super::tiers::{Bench, Meter, TierBenchRow, row};
+use crate::sim::{chunk_matches, fill_chunk};
+
+/// A Redis tier of the chain, with the options it was built from (the reference connects to
+/// the same server).
+#[derive(Clone, Debug)]
+pub struct RedisTarget {
+    /// The tier's name.
+    pub name: String,
+    /// Its options.
+    pub options: RedisTierOptions,
+}
+
+/// Lookup latency of one tier: first call (`Retry`) to answer.
+#[derive(Clone, Debug, Serialize)]
+pub struct LookupLatency {
+    /// The tier.
+    pub tier: String,
+    /// Keys looked up.
+    pub samples: usize,
+    /// Median, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+    /// 99th percentile of one `lookup` call itself (what the scheduler thread pays), µs.
+    pub call_p99_us: f64,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)].as_secs_f64() * 1e6
+}
+
+fn raw_err(e: &redis::RedisError) -> BenchError {
+    BenchError::Reference {
+        reference: "redis raw pipeline".into(),
+        error: std::io::Error::other(e.to_string()),
+    }
+}
+
+impl Bench<'_> {
+    /// Measures the Redis tier `tier` (built from `target`).
+    pub(super) fn redis(
+        &mut self,
+        primary: &mut dyn PrimaryTier,
+        tier: &mut dyn SecondaryTier,
+        target: &RedisTarget,
+    ) -> Result<(Vec<TierBenchRow>, LookupLatency), BenchError> {
+        let name = target.name.clone();
+        let cb = self.cfg.chunk_bytes;
+        let mut raw = RawRedis::connect(&target.options)?;
+        // A second instance: same server, namespace and layout, empty presence cache.
+        let mut prober =
+            RedisTier::connect(&target.options, cb).map_err(|e| Self::tier_err(&name, e.to_string()))?;
+        let (mut store, mut load, mut raw_w, mut raw_r) = (
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+            Meter::default(),
+        );
+        let (mut latencies, mut calls) = (Vec::new(), Vec::new());
+        let mut staging = vec![0u8; self.batch * cb];
+        tier.on_new_request(&self.ctx);
+        let mut job_id = 1u64 << 41;
+        let scheme = KeyScheme::new(&target.options.namespace, cb, &target.options.layout_fingerprint);
+        for round in 0..=self.rounds {
+            let keys = self.fresh_keys();
+            raw.stored.extend(keys.iter().map(|k| scheme.name(k)));
+            let out = primary
+                .prepare_store(&keys, &self.ctx)
+                .ok_or_else(|| Self::tier_err(&name, "the primary has no room for one batch"))?;
+            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+                fill_chunk(k, &mut self.arena.write_row(*c)?);
+            }
+            primary.complete_store(&out.keys_to_store, &self.ctx, true);
+            let rows = primary
+                .prepare_read(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            for (c, dst) in rows.iter().zip(staging.chunks_mut(cb)) {
+                dst.copy_from_slice(&self.arena.read_row(*c)?);
+            }
+            job_id += 1;
+            let job = TransferJob {
+                id: JobId(job_id),
+                kind: JobKind::Store,
+                keys: keys.clone(),
+                chunk_ids: rows.clone(),
+                req: self.ctx.clone(),
+                rows: RowGrant::Read(self.arena.read_rows(&rows)?),
+            };
+            let t = Instant::now();
+            tier.submit_store(job);
+            let r = self.wait(tier, JobId(job_id))?;
+            let store_time = t.elapsed();
+            primary
+                .complete_read(&keys, &self.ctx)
+                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            if r.outcome != JobOutcome::Ok {
+                return Err(Self::tier_err(
+                    &name,
+                    format!("store job failed: {:?}", r.outcome),
+                ));
+            }
+            let write_time = raw.set_batch(&staging, cb)?;
+
+            self.lookups(&mut prober, &keys, &mut latencies, &mut calls)?;
+
+            primary.reset();
+            let out = primary
+                .prepare_write(&keys, &self.ctx)
+                .ok_or_else(|| Self::tier_err(&name, "the primary has no room to load a batch"))?;
+            job_id += 1;
+            let job = TransferJob {
+                id: JobId(job_id),
+                kind: JobKind::Promotion,
+                keys: out.keys_to_store.clone(),
+                chunk_ids: out.chunk_ids.clone(),
+                req: self.ctx.clone(),
+                rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
+            };
+            let t = Instant::now();
+            tier.submit_load(job);
+            let r = self.wait(tier, JobId(job_id))?;
+            let load_time = t.elapsed();
+            let ok = r.outcome == JobOutcome::Ok;
+            primary.complete_write(&out.keys_to_store, &self.ctx, ok);
+            if !ok {
+                return Err(Self::tier_err(&name, format!("load job failed: {:?}", r.outcome)));
+            }
+            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+                if !chunk_matches(k, &self.arena.read_row(*c)?) {
+                    return Err(Self::tier_err(
+                        &name,
+                        format!("chunk {k} came back with different bytes"),
+                    ));
+                }
+            }
+            let read_time = raw.get_batch(&mut staging, cb)?;
+            primary.reset();
+            if round > 0 {
+                let b = (keys.len() * cb) as u64;
+                store.add(b, store_time);
+                load.add(b, load_time);
+                raw_w.add(b, write_time);
+                raw_r.add(b, read_time);
+            }
+        }
+        tier.on_request_finished(&self.ctx);
+        if let Err(e) = prober.shutdown() {
+            tracing::warn!(error = %e, "shutting the lookup prober down failed");
+        }
+        raw.cleanup();
+        latencies.sort();
+        calls.sort();
+        let lookup = LookupLatency {
+            tier: name.clone(),
+            samples: latencies.len(),
+            p50_us: percentile(&latencies, 0.50),
+            p99_us: percentile(&latencies, 0.99),
+            call_p99_us: percentile(&calls, 0.99),
+        };
+        Ok((
+            vec![
+                row(&name, "store", &store, "redis-rs raw pipelined SET", &raw_w),
+                row(&name, "load", &load, "redis-rs raw pipelined GET", &raw_r),
+            ],
+            lookup,
+        ))
+    }
+
+    /// Looks `keys` up on `prober` as a scheduler does: every key once (`Retry`), the step
+    /// ends (the batch goes out), then again until each resolves; records each key's latency.
+    fn lookups(
+        &self,
+        prober: &mut RedisTier,
+        keys: &[OffloadKey],
+        latencies: &mut Vec<Duration>,
+        calls: &mut Vec<Duration>,
+    ) -> Result<(), BenchError> {
+        let ctx = ReqContext::local("kvtier-bench-lookup");
+        let start = Instant::now();
+        let mut pending: Vec<OffloadKey> = keys.to_vec();
+        let deadline = start + self.cfg.job_timeout;
+        loop {
+            let mut still = Vec::with_capacity(pending.len());
+            for k in pending {
+                let t = Instant::now();
+                let r = prober.lookup(&k, &ctx);
+                calls.push(t.elapsed());
+                match r {
+                    LookupResult::Retry => still.push(k),
+                    LookupResult::Hit => latencies.push(start.elapsed()),
+                    other => {
+                        return Err(Self::tier_err(
+                            &prober.info().name,
+                            format!("lookup of a stored chunk answered {other:?}"),
+                        ));
+                    }
+                }
+            }
+            if still.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(Self::tier_err(&prober.info().name, "lookups never resolved"));
+            }
+            prober.on_schedule_end();
+            pending = still;
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
+/// The reference: one connection, one pipeline per batch, the chunk bytes as plain values.
+struct RawRedis {
+    conn: redis::Connection,
+    prefix: String,
+    keys: usize,
+    /// The tier's keys this run stored (deleted at the end: the benchmark's data is not cache).
+    stored: Vec<Vec<u8>>,
+}
+
+impl RawRedis {
+    fn connect(opts: &RedisTierOptions) -> Result<Self, BenchError> {
+        let url = opts
+            .server_urls()
+            .ok()
+            .and_then(|u| u.into_iter().next())
+            .unwrap_or_default();
+        if opts.cluster {
+            return Err(BenchError::InvalidSetting {
+                name: "cluster",
+                reason: "the raw reference needs one standalone server; bench a `url` chain".into(),
+            });
+        }
+        let mut info =
+            redis::IntoConnectionInfo::into_connection_info(url.as_str()).map_err(|e| raw_err(&e))?;
+        if let Ok(Some(p)) = opts.password() {
+            let settings = info.redis_settings().clone().set_password(p);
+            info = info.set_redis_settings(settings);
+        }
+        let conn = redis::Client::open(info)
+            .and_then(|c| c.get_connection())
+            .map_err(|e| raw_err(&e))?;
+        Ok(Self {
+            conn,
+            prefix: format!("kvtier-bench-raw:{}:", std::process::id()),
+            keys: 0,
+            stored: Vec::new(),
+        })
+    }
+
+    fn set_batch(&mut self, data: &[u8], cb: usize) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        let mut p = redis::pipe();
+        for (i, chunk) in data.chunks(cb).enumerate() {
+            p.cmd("SET")
+                .arg(format!("{}{i}", self.prefix))
+                .arg(chunk)
+                .ignore();
+        }
+        p.query::<()>(&mut self.conn).map_err(|e| raw_err(&e))?;
+        self.keys = self.keys.max(data.len() / cb);
+        Ok(t.elapsed())
+    }
+
+    fn get_batch(&mut self, out: &mut [u8], cb: usize) -> Result<Duration, BenchError> {
+        let t = Instant::now();
+        let mut p = redis::pipe();
+        for i in 0..out.len() / cb {
+            p.cmd("GET").arg(format!("{}{i}", self.prefix));
+        }
+        let values: Vec<Vec<u8>> = p.query(&mut self.conn).map_err(|e| raw_err(&e))?;
+        for (dst, v) in out.chunks_mut(cb).zip(&values) {
+            if v.len() == cb {
+                dst.copy_from_slice(v);
+            }
+        }
+        Ok(t.elapsed())
+    }
+
+    /// Deletes the reference's keys and the chunks the tier stored during the run.
+    fn cleanup(&mut self) {
+        let raw = (0..self.keys).map(|i| format!("{}{i}", self.prefix).into_bytes());
+        let all: Vec<Vec<u8>> = raw.chain(std::mem::take(&mut self.stored)).collect();
+        for part in all.chunks(1000) {
+            let mut p = redis::pipe();
+            for k in part {
+                p.cmd("UNLINK").arg(k).ignore();
+            }
+            if let Err(e) = p.query::<()>(&mut self.conn) {
+                tracing::warn!(error = %e, "cannot delete the benchmark's keys");
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! `kvtier redis invalidate` and `kvtier bench tiers` with a Redis tier, against a real
+//! `redis-server` started on a free loopback port (killed on drop). Skipped loudly when
+//! redis-server is not installed (`scripts/install-test-deps.sh` installs it).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tier_redis::{RedisTier, RedisTierOptions};
+use tiering_core::{
+    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, ReqContext, RowGrant, SecondaryTier, TransferJob,
+};
+
+struct Server {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl Server {
+    fn start() -> Option<Self> {
+        if Command::new("redis-server").arg("--version").output().is_err() {
+            eprintln!(
+                "\n!!!!!!!! SKIPPED: redis-server is not installed; run scripts/install-test-deps.sh !!!!!!!!\n"
+            );
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Self {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server never listened");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(s)
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn kvtier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kvtier")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// Stores `n` chunks of 4 KiB under `namespace`.
+fn store(url: &str, namespace: &str, n: u32) {
+    let mut opts = RedisTierOptions::new(url);
+    opts.namespace = namespace.into();
+    let arena = ChunkArena::new(n as usize, 4096).unwrap();
+    let mut tier = RedisTier::connect(&opts, 4096).unwrap();
+    let waker = ControlWaker::new();
+    tier.set_waker(waker.clone());
+    let rows: Vec<u32> = (0..n).collect();
+    tier.submit_store(TransferJob {
+        id: JobId(1),
+        kind: JobKind::Store,
+        keys: (0..u64::from(n))
+            .map(tiering_core::OffloadKey::from_u64)
+            .collect(),
+        chunk_ids: rows.clone(),
+        req: ReqContext::local("t"),
+        rows: RowGrant::Read(arena.read_rows(&rows).unwrap()),
+    });
+    let mut out = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while out.is_empty() {
+        assert!(Instant::now() < deadline);
+        waker.wait(Duration::from_millis(20));
+        tier.poll_finished(&mut out);
+    }
+    assert_eq!(out[0].outcome, JobOutcome::Ok);
+}
+
+#[test]
+fn invalidate_deletes_a_namespace_by_url_and_by_chain() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    store(&server.url(), "cli-a", 9);
+    store(&server.url(), "cli-b", 4);
+    let out = kvtier(&[
+        "redis",
+        "invalidate",
+        "--url",
+        &server.url(),
+        "--namespace",
+        "cli-a",
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("deleted 9 keys of namespace `cli-a`"), "{t}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain.toml");
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"1MiB\"\n\n[[secondary]]\ntype = \"redis\"\nurl = \"{}\"\nnamespace = \"cli-b\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = kvtier(&["redis", "invalidate", "--config", chain.to_str().unwrap()]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("deleted 4 keys of namespace `cli-b`"), "{t}");
+
+    // Errors: no namespace with --url, a bad namespace, a chain without redis.
+    let out = kvtier(&["redis", "invalidate", "--url", &server.url()]);
+    assert!(
+        !out.status.success() && text(&out).contains("--namespace"),
+        "{}",
+        text(&out)
+    );
+    let out = kvtier(&["redis", "invalidate", "--url", &server.url(), "--namespace", "a*"]);
+    assert!(
+        !out.status.success() && text(&out).contains("`namespace`"),
+        "{}",
+        text(&out)
+    );
+    let out = kvtier(&["redis", "invalidate", "--config", "config/cpu-only.toml"]);
+    assert!(
+        !out.status.success() && text(&out).contains("no `type = \"redis\"` tier"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn bench_tiers_measures_redis_against_a_raw_pipeline() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("chain.toml");
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"redis\"\nurl = \"{}\"\nnamespace = \"bench\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let json = dir.path().join("bench.json");
+    let out = kvtier(&[
+        "bench",
+        "tiers",
+        "--config",
+        chain.to_str().unwrap(),
+        "--chunk-bytes",
+        "65536",
+        "--batch-chunks",
+        "8",
+        "--mib",
+        "2",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(
+        t.contains("redis-rs raw pipelined SET") && t.contains("redis-rs raw pipelined GET"),
+        "{t}"
+    );
+    assert!(t.contains("lookup p50"), "{t}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    let redis_rows: Vec<_> = rows.iter().filter(|r| r["tier"] == "redis").collect();
+    assert_eq!(redis_rows.len(), 2, "{t}");
+    for r in redis_rows {
+        assert!(r["gib_per_s"].as_f64().unwrap() > 0.0 && r["reference_gib_per_s"].as_f64().unwrap() > 0.0);
+    }
+    assert_eq!(
+        report["lookups"][0]["samples"],
+        2 * 1024 * 1024 / 65536 + 8,
+        "{t}"
+    );
+}
