@@ -15,8 +15,12 @@
 //! - eviction walks from the front, skipping sentinels and chunks that are pinned, in flight or
 //!   protected (normally few, since pins last one transfer).
 //!
-//! A group's sentinel is recycled once the group is empty and its request can no longer add
-//! members (finished, or its context was dropped — detected through a `Weak` token).
+//! A group's sentinel is recycled once the group is empty and its request context is gone
+//! (detected through a `Weak` token). Finishing is not enough: a finished request may still store
+//! a key it observed before (one whose earlier store failed or was evicted since), and vLLM 0.33.0
+//! then ranks it with the request's old rank, among the oldest keys. Keeping the sentinel costs
+//! one node per live context, released with the context, so nothing accumulates for finished
+//! requests the engine has let go of.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,12 +62,11 @@ struct Group {
     last: u32,
     len: usize,
     token: Weak<()>,
-    closed: bool,
 }
 
 impl Group {
     fn reclaimable(&self) -> bool {
-        self.len == 0 && (self.closed || self.token.strong_count() == 0)
+        self.len == 0 && self.token.strong_count() == 0
     }
 }
 
@@ -144,7 +147,6 @@ impl LruPolicy {
                 last: sentinel,
                 len: 0,
                 token: Arc::downgrade(&token),
-                closed: false,
             },
         );
         self.sweep_groups(rank);
@@ -333,22 +335,11 @@ impl EvictionPolicy for LruPolicy {
         }
     }
 
-    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, ctx: &ReqContext) {
+    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        // The request's group stays while its context lives: a finished request that stores a
+        // key it saw before still ranks it with its old rank (see the module docs).
         for k in keys.iter().rev() {
             self.rerank_global(k.chunk);
-        }
-        // The request can add no member any more; recycle its group once empty.
-        let (owner, generation) = (self.owner, self.generation);
-        let rank = ctx.with_state(RequestRank::unset, |s| {
-            (s.owner == owner && s.generation == generation).then_some(s.rank)
-        });
-        if let Some(rank) = rank
-            && let Some(g) = self.groups.get_mut(&rank)
-        {
-            g.closed = true;
-            if g.reclaimable() {
-                self.reclaim_group(rank);
-            }
         }
     }
 
