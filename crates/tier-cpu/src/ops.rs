@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tiering_core::{
-    ChunkArena, ChunkId, KeyMap, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    ChunkArena, ChunkId, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
     PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
@@ -42,107 +42,109 @@ impl CpuTier {
         }));
     }
 
-    /// Tells the policy about keys a request observed for the first time.
-    fn announce_first_access(&mut self, new: &[OffloadKey], ctx: &ReqContext) {
-        if new.is_empty() {
+    /// Tells the policy about keys a request observed for the first time; `refs` are already
+    /// resolved (their positions are filled in here).
+    fn announce_first_access(&mut self, refs: &mut [KeyRef], ctx: &ReqContext) {
+        if refs.is_empty() {
             return;
         }
-        let mut refs = std::mem::take(&mut self.buf_refs);
         let mut positions = std::mem::take(&mut self.buf_positions);
-        self.resolve_into(new, &mut refs);
+        let mut keys = std::mem::take(&mut self.buf_keys);
         positions.clear();
-        ctx.key_positions_into(new, &mut positions);
+        keys.clear();
+        keys.extend(refs.iter().map(|r| r.key));
+        ctx.key_positions_into(&keys, &mut positions);
         for (r, p) in refs.iter_mut().zip(&positions) {
             r.position = *p;
         }
-        self.policy.on_request_access(&refs, self.table.view(), ctx);
-        self.buf_refs = refs;
+        self.policy.on_request_access(refs, self.table.view(), ctx);
         self.buf_positions = positions;
+        self.buf_keys = keys;
     }
 
-    /// Resolves every key to a row that can take one more reader, into `out`; changes nothing.
-    fn resolve_pinnable(&self, keys: &[OffloadKey], out: &mut Vec<ChunkId>) -> Result<(), TierError> {
-        let headroom = i32::MAX - i32::try_from(keys.len()).unwrap_or(i32::MAX);
-        for k in keys {
-            let Some(e) = self.table.get(k) else {
-                return Err(TierError::NotFound(*k));
-            };
-            if e.ref_cnt < 0 {
-                return Err(TierError::NotReady(*k));
-            }
-            if e.ref_cnt > headroom {
-                return Err(TierError::Other(format!("key {k} has too many readers")));
-            }
-            out.push(e.chunk);
-        }
-        Ok(())
-    }
-
-    /// Pins every key (all or nothing); records the access when `record` (engine loads only).
+    /// Pins every key (all or nothing), one probe per key; records the access when `record`
+    /// (engine loads only). On a bad key the pins already taken are released again.
     fn pin(
         &mut self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
         record: bool,
     ) -> Result<Vec<ChunkId>, TierError> {
-        let mut out = Vec::with_capacity(keys.len());
-        self.resolve_pinnable(keys, &mut out)?;
+        let mut rows = Vec::with_capacity(keys.len());
+        let mut edges = std::mem::take(&mut self.buf_chunks);
+        edges.clear();
         for k in keys {
-            if let Some((chunk, true)) = self.table.pin(k) {
-                self.policy.mark_non_evictable(chunk);
+            match self.table.pin(k) {
+                Ok((chunk, edge)) => {
+                    rows.push(chunk);
+                    if edge {
+                        edges.push(chunk);
+                    }
+                }
+                Err(e) => {
+                    for done in &keys[..rows.len()] {
+                        // Pinned by this loop a moment ago, so the release cannot fail.
+                        let _ = self.table.unpin(done);
+                    }
+                    self.buf_chunks = edges;
+                    return Err(e);
+                }
             }
         }
+        for &chunk in &edges {
+            self.policy.mark_non_evictable(chunk);
+        }
+        self.buf_chunks = edges;
         if record {
             self.counters.loads += keys.len() as u64;
-            let mut new = std::mem::take(&mut self.buf_keys);
+            let mut new = std::mem::take(&mut self.buf_new);
             new.clear();
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
                 rec.record_load(keys, &mut new);
             });
-            self.announce_first_access(&new, ctx);
-            self.buf_keys = new;
+            if !new.is_empty() {
+                let mut refs = std::mem::take(&mut self.buf_refs);
+                refs.clear();
+                refs.extend(new.iter().map(|&j| KeyRef {
+                    key: keys[j],
+                    chunk: Some(rows[j]),
+                    position: None,
+                }));
+                self.announce_first_access(&mut refs, ctx);
+                self.buf_refs = refs;
+            }
+            self.buf_new = new;
         } else {
             self.counters.reads += keys.len() as u64;
         }
-        Ok(out)
+        Ok(rows)
     }
 
-    /// Checks that every key holds at least as many readers as it appears in `keys`; changes
-    /// nothing.
-    fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
-        // Small batches count repeats among the rows already checked (a row is one key).
-        let mut rows = [0 as ChunkId; SMALL_BATCH];
-        for (i, k) in keys.iter().enumerate() {
-            let Some(e) = self.table.get(k) else {
-                return Err(TierError::NotFound(*k));
-            };
-            let needed = match counts.as_mut() {
-                Some(m) => {
-                    let n = m.entry(*k).or_insert(0);
-                    *n += 1;
-                    *n
-                }
-                None => {
-                    rows[i] = e.chunk;
-                    1 + rows[..i].iter().filter(|&&c| c == e.chunk).count() as i32
-                }
-            };
-            if e.ref_cnt < needed {
-                return Err(TierError::NotPinned(*k));
-            }
-        }
-        Ok(())
-    }
-
-    /// Releases one pin per key (all or nothing).
+    /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
+    /// already released are taken again.
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.check_unpinnable(keys)?;
-        for k in keys {
-            if let Some((chunk, true)) = self.table.unpin(k) {
-                self.policy.mark_evictable(chunk);
+        let mut edges = std::mem::take(&mut self.buf_chunks);
+        edges.clear();
+        for (i, k) in keys.iter().enumerate() {
+            match self.table.unpin(k) {
+                Ok((chunk, edge)) => {
+                    if edge {
+                        edges.push(chunk);
+                    }
+                }
+                Err(e) => {
+                    for done in &keys[..i] {
+                        self.table.repin(done);
+                    }
+                    self.buf_chunks = edges;
+                    return Err(e);
+                }
             }
         }
+        for &chunk in &edges {
+            self.policy.mark_evictable(chunk);
+        }
+        self.buf_chunks = edges;
         Ok(())
     }
 
@@ -153,7 +155,7 @@ impl CpuTier {
         &self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
-        observed: &mut Vec<(OffloadKey, bool)>,
+        observed: &mut Vec<KeyRef>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
@@ -181,10 +183,18 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                     }
-                    observed.push((*k, false));
+                    observed.push(KeyRef {
+                        key: *k,
+                        chunk: None,
+                        position: None,
+                    });
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    observed.push((*k, true));
+                    observed.push(KeyRef {
+                        key: *k,
+                        chunk: Some(e.chunk),
+                        position: None,
+                    });
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -333,10 +343,10 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut observed = std::mem::take(&mut self.buf_observed);
+        let mut observed = std::mem::take(&mut self.buf_refs);
         let mut ready_rows = std::mem::take(&mut self.buf_rows);
         let mut misses = std::mem::take(&mut self.buf_misses);
-        let mut new = std::mem::take(&mut self.buf_keys);
+        let mut new = std::mem::take(&mut self.buf_new);
         observed.clear();
         ready_rows.clear();
         misses.clear();
@@ -351,10 +361,17 @@ impl PrimaryTier for CpuTier {
         if !misses.is_empty() {
             self.policy.on_store_miss(&misses, ctx);
         }
-        self.announce_first_access(&new, ctx);
-        self.buf_observed = observed;
+        if !new.is_empty() {
+            // First observations, in offer order: compact them to the front of `observed`.
+            for (dst, &src) in new.iter().enumerate() {
+                observed[dst] = observed[src];
+            }
+            observed.truncate(new.len());
+            self.announce_first_access(&mut observed, ctx);
+        }
+        self.buf_refs = observed;
         self.buf_misses = misses;
-        self.buf_keys = new;
+        self.buf_new = new;
 
         let out = self.reserve_rows(to_store, &ready_rows, ctx);
         self.buf_rows = ready_rows;
@@ -362,7 +379,7 @@ impl PrimaryTier for CpuTier {
     }
 
     fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
-        let mut done = Vec::new();
+        let mut done = Vec::with_capacity(keys.len());
         for k in keys {
             if success {
                 if let Some(chunk) = self.table.mark_written(k) {
@@ -396,31 +413,30 @@ impl PrimaryTier for CpuTier {
     }
 
     fn on_request_finished(&mut self, ctx: &ReqContext) {
-        let table = &self.table;
-        let finished: Option<Vec<FinishedKey>> = ctx.with_state(RequestAccess::default, |rec| {
-            if !rec.belongs_to(self.id, self.generation) {
-                return None;
+        let (owner, generation) = (self.id, self.generation);
+        let observed = ctx.with_state(RequestAccess::default, |rec| {
+            if rec.belongs_to(owner, generation) {
+                rec.finish(ctx)
+            } else {
+                None
             }
-            let order = rec.finish(ctx)?;
-            Some(
-                order
-                    .iter()
-                    .filter_map(|k| {
-                        let e = table.get(k)?;
-                        let reused = rec.reused(k);
-                        Some(FinishedKey {
-                            key: *k,
-                            chunk: e.chunk,
-                            insertion_only: !reused && rec.inserted(k),
-                            reused,
-                        })
-                    })
-                    .collect(),
-            )
         });
-        if let Some(keys) = finished {
-            self.policy.on_request_finished(&keys, self.table.view(), ctx);
-        }
+        let Some(observed) = observed else {
+            return;
+        };
+        let keys: Vec<FinishedKey> = observed
+            .iter()
+            .filter_map(|o| {
+                let e = self.table.get(&o.key)?;
+                Some(FinishedKey {
+                    key: o.key,
+                    chunk: e.chunk,
+                    insertion_only: o.insertion_only,
+                    reused: o.reused,
+                })
+            })
+            .collect();
+        self.policy.on_request_finished(&keys, self.table.view(), ctx);
     }
 
     fn take_events(&mut self) -> Vec<OffloadingEvent> {

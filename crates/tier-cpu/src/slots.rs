@@ -9,7 +9,7 @@
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
 
-use tiering_core::{ChunkId, KeyMap, OffloadKey};
+use tiering_core::{ChunkId, KeyMap, OffloadKey, TierError};
 
 use crate::policy::SlotView;
 
@@ -101,31 +101,56 @@ impl ChunkTable {
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
-    /// being evictable (0 → 1).
+    /// being evictable (0 → 1); an absent key, a write in flight or a reader count at its limit
+    /// is an error and changes nothing.
     #[inline]
-    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
+    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
+        let Some(e) = self.map.get_mut(key) else {
+            return Err(TierError::NotFound(*key));
+        };
+        if e.ref_cnt < 0 {
+            return Err(TierError::NotReady(*key));
+        }
+        if e.ref_cnt == i32::MAX {
+            return Err(TierError::Other(format!("key {key} has too many readers")));
+        }
         let edge = e.ref_cnt == 0;
         e.ref_cnt += 1;
         self.refs[e.chunk as usize] = e.ref_cnt;
         if edge {
             self.num_evictable -= 1;
         }
-        Some((e.chunk, edge))
+        Ok((e.chunk, edge))
     }
 
     /// Removes one reader from pinned `key`. Returns its row and whether it just became
-    /// evictable (1 → 0).
+    /// evictable (1 → 0); an absent or unpinned key is an error and changes nothing.
     #[inline]
-    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
+    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
+        let Some(e) = self.map.get_mut(key) else {
+            return Err(TierError::NotFound(*key));
+        };
+        if e.ref_cnt <= 0 {
+            return Err(TierError::NotPinned(*key));
+        }
         e.ref_cnt -= 1;
         self.refs[e.chunk as usize] = e.ref_cnt;
         let edge = e.ref_cnt == 0;
         if edge {
             self.num_evictable += 1;
         }
-        Some((e.chunk, edge))
+        Ok((e.chunk, edge))
+    }
+
+    /// Undoes one successful [`ChunkTable::unpin`] of `key` (rolling back a batch).
+    pub(crate) fn repin(&mut self, key: &OffloadKey) {
+        if let Some(e) = self.map.get_mut(key) {
+            if e.ref_cnt == 0 {
+                self.num_evictable -= 1;
+            }
+            e.ref_cnt += 1;
+            self.refs[e.chunk as usize] = e.ref_cnt;
+        }
     }
 
     /// Completes the write of `key` if it is in flight. Returns its row then.

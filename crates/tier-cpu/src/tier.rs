@@ -44,7 +44,7 @@ pub struct CpuTier {
     pub(crate) counters: Counters,
     // Reused buffers of the hot paths.
     pub(crate) buf_keys: Vec<OffloadKey>,
-    pub(crate) buf_observed: Vec<(OffloadKey, bool)>,
+    pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_rows: Vec<ChunkId>,
     pub(crate) buf_misses: Vec<OffloadKey>,
     pub(crate) buf_positions: Vec<Option<u64>>,
@@ -142,7 +142,7 @@ impl CpuTier {
             events: events.then(Vec::new),
             counters: Counters::default(),
             buf_keys: Vec::new(),
-            buf_observed: Vec::new(),
+            buf_new: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
             buf_positions: Vec::new(),
