@@ -51,6 +51,7 @@
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
+mod index;
 mod ops;
 mod options;
 pub mod policy;

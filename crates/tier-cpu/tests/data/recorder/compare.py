@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CRATE = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
@@ -54,23 +55,30 @@ def load():
         return " ".join(f.read().split()[:3])
 
 
-def target_dir():
-    meta = subprocess.run(
-        ["cargo", "metadata", "--format-version", "1", "--no-deps"],
+def build_bench():
+    """Builds the criterion bench once and returns its executable, so every round runs the same
+    binary (and nothing is rebuilt between rounds)."""
+    build = subprocess.run(
+        ["cargo", "bench", "-p", "tier-cpu", "--bench", "cpu_tier", "--no-run", "--message-format=json"],
         cwd=CRATE, check=True, capture_output=True, text=True,
     )
-    return json.loads(meta.stdout)["target_directory"]
+    for line in build.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "cpu_tier":
+            return msg["executable"]
+    raise SystemExit("cargo built no cpu_tier bench executable")
 
 
-def rust_round(n, policy, seconds, crit_root):
+def rust_round(exe, n, policy, seconds, crit_root):
     """One criterion run of the cpu_tier bench for one size and policy; ns/op by function id."""
-    env = dict(os.environ, KVTIER_BENCH_SIZES=str(n), KVTIER_BENCH_POLICIES=policy)
+    env = dict(os.environ, KVTIER_BENCH_SIZES=str(n), KVTIER_BENCH_POLICIES=policy, CRITERION_HOME=crit_root)
     cmd = [
-        "cargo", "bench", "-q", "-p", "tier-cpu", "--bench", "cpu_tier", "--",
-        "--noplot", "--warm-up-time", "0.3", "--measurement-time", str(seconds),
+        exe, "--bench", "--noplot", "--warm-up-time", "0.3", "--measurement-time", str(seconds),
         f"^cpu_tier/{n}/(hashmap_probe_hit|lookup_hit|touch16|load16|store16_evict)",
     ]
-    subprocess.run(cmd, cwd=CRATE, env=env, check=True, stdout=subprocess.DEVNULL)
+    run = subprocess.run(cmd, cwd=CRATE, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"bench failed:\n{run.stdout}\n{run.stderr}")
     out = {}
     for bench_json in glob.glob(os.path.join(crit_root, "**", "new", "benchmark.json"), recursive=True):
         with open(bench_json) as f:
@@ -109,9 +117,10 @@ def main():
 
     sizes = [int(s) for s in args.sizes.split(",")]
     policies = args.policies.split(",")
-    crit_root = os.path.join(target_dir(), "criterion")
-    subprocess.run(["cargo", "bench", "-q", "-p", "tier-cpu", "--bench", "cpu_tier", "--no-run"],
-                   cwd=CRATE, check=True)
+    # Criterion's reports go to a temporary directory, removed at the end.
+    crit_dir = tempfile.TemporaryDirectory(prefix="kvtier-compare-")
+    crit_root = crit_dir.name
+    exe = build_bench()
     print(f"load average at start: {load()}", flush=True)
     rust = {}  # (policy, n, fid) -> [ops/s]
     py = {}
@@ -122,7 +131,7 @@ def main():
                 sides = ["rust", "python"] if r % 2 == 0 else ["python", "rust"]
                 for side in sides:
                     if side == "rust":
-                        ns = rust_round(n, policy, args.seconds, crit_root)
+                        ns = rust_round(exe, n, policy, args.seconds, crit_root)
                         for fid, v in ns.items():
                             rust.setdefault((policy, n, fid), []).append(1e9 / v)
                     else:
