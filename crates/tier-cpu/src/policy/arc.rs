@@ -63,14 +63,14 @@ impl ArcPolicy {
     /// Adapts the target if `key` is a ghost; returns whether it was.
     fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) -> bool {
         let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
-        match self.ghosts.list_of(key) {
+        // Moving within its list changes no length, so the lengths read above still hold.
+        match self.ghosts.move_to_back(key) {
             Some(B1) => {
                 self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
             }
             Some(_) => self.target = (self.target - (b1 / b2).max(1.0)).max(0.0),
             None => return false,
         }
-        self.ghosts.move_to_back(key);
         true
     }
 

@@ -1,16 +1,17 @@
 //! Ghost lists: ordered sets of keys that are no longer resident (ARC's B1/B2, S3-FIFO's ghost
-//! queue). Several lists share one key index, so asking "is this key a ghost, and of which list"
-//! is a single probe. Membership, removal, move-to-back and pop-front are O(1).
+//! queue). Several lists share one compact key index (8-byte slots naming a ghost slot, the key
+//! confirmed on the slot), so asking "is this key a ghost, and of which list" is a single probe.
+//! Ghost slots are recycled through a free list: no allocation per key once the lists are at
+//! their bound. Membership, removal, move-to-back and pop-front are O(1).
 
-use std::collections::hash_map::Entry;
-
-use tiering_core::{KeyMap, OffloadKey};
+use tiering_core::OffloadKey;
 
 use super::list::{Links, List, NIL};
+use crate::index::KeyIndex;
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
-    index: KeyMap<u32>,
+    index: KeyIndex,
     keys: Vec<OffloadKey>,
     owner: Vec<u8>,
     links: Links,
@@ -21,7 +22,7 @@ pub(crate) struct Ghosts<const N: usize> {
 impl<const N: usize> Default for Ghosts<N> {
     fn default() -> Self {
         Self {
-            index: KeyMap::default(),
+            index: KeyIndex::with_capacity(0),
             keys: Vec::new(),
             owner: Vec::new(),
             links: Links::default(),
@@ -42,25 +43,26 @@ impl<const N: usize> Ghosts<N> {
         self.lists[l].len()
     }
 
-    /// The list holding `key`, if any.
     #[inline]
+    fn find(&self, key: &OffloadKey) -> Option<u32> {
+        self.index.find(key.digest(), |n| self.keys[n as usize] == *key)
+    }
+
+    /// The list holding `key`, if any.
+    #[cfg(test)]
     pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
-        self.index.get(key).map(|&n| usize::from(self.owner[n as usize]))
+        self.find(key).map(|n| usize::from(self.owner[n as usize]))
     }
 
     /// Appends `key` at the back of list `l` (moving it there from wherever it was).
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
-        let vacant = match self.index.entry(key) {
-            Entry::Occupied(o) => {
-                let n = *o.get();
-                let from = usize::from(self.owner[n as usize]);
-                self.lists[from].remove(&mut self.links, n);
-                self.lists[l].push_back(&mut self.links, n);
-                self.owner[n as usize] = l as u8;
-                return;
-            }
-            Entry::Vacant(v) => v,
-        };
+        if let Some(n) = self.find(&key) {
+            let from = usize::from(self.owner[n as usize]);
+            self.lists[from].remove(&mut self.links, n);
+            self.lists[l].push_back(&mut self.links, n);
+            self.owner[n as usize] = l as u8;
+            return;
+        }
         let n = if let Some(n) = self.free.pop() {
             self.keys[n as usize] = key;
             n
@@ -75,27 +77,24 @@ impl<const N: usize> Ghosts<N> {
             self.links.grow_to(self.keys.len());
             n
         };
-        vacant.insert(n);
+        self.index.insert(key.digest(), n);
         self.owner[n as usize] = l as u8;
         self.lists[l].push_back(&mut self.links, n);
     }
 
-    /// Moves `key` to the back of its list; returns whether it was a ghost.
-    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> bool {
-        match self.index.get(key) {
-            Some(&n) => {
-                let l = usize::from(self.owner[n as usize]);
-                self.lists[l].move_to_back(&mut self.links, n);
-                true
-            }
-            None => false,
-        }
+    /// Moves `key` to the back of its list; returns that list, or `None` if it is no ghost.
+    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> Option<usize> {
+        let n = self.find(key)?;
+        let l = usize::from(self.owner[n as usize]);
+        self.lists[l].move_to_back(&mut self.links, n);
+        Some(l)
     }
 
     /// Forgets `key`; returns whether it was a ghost.
     pub(crate) fn remove(&mut self, key: &OffloadKey) -> bool {
-        match self.index.remove(key) {
+        match self.find(key) {
             Some(n) => {
+                self.index.remove(key.digest(), n);
                 let l = usize::from(self.owner[n as usize]);
                 self.lists[l].remove(&mut self.links, n);
                 self.free.push(n);
@@ -113,7 +112,7 @@ impl<const N: usize> Ghosts<N> {
         }
         let key = self.keys[n as usize];
         self.lists[l].remove(&mut self.links, n);
-        self.index.remove(&key);
+        self.index.remove(key.digest(), n);
         self.free.push(n);
         Some(key)
     }
@@ -154,8 +153,8 @@ mod tests {
             g.push_back(0, k(n));
         }
         g.push_back(1, k(9));
-        assert!(g.move_to_back(&k(2)));
-        assert!(!g.move_to_back(&k(8)));
+        assert_eq!(g.move_to_back(&k(2)), Some(0));
+        assert_eq!(g.move_to_back(&k(8)), None);
         assert_eq!(g.keys(0), vec![k(1), k(3), k(4), k(2)]);
         assert_eq!(
             (g.list_of(&k(9)), g.list_of(&k(1)), g.list_of(&k(8))),
