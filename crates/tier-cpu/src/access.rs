@@ -18,6 +18,14 @@ const STORE_MISS: u8 = 8;
 /// Records up to this many keys are searched by scanning; larger ones build a hash index.
 const SMALL_RECORD: usize = 32;
 
+/// A key's first hash word: random, so equal words almost always mean equal keys.
+#[inline]
+fn word_of(key: &OffloadKey) -> u64 {
+    key.hash_bytes()
+        .first_chunk::<8>()
+        .map_or(0, |w| u64::from_le_bytes(*w))
+}
+
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
 /// Keys and their flags sit in two parallel vectors in the order the request first flagged them
@@ -30,6 +38,8 @@ pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
     keys: Vec<OffloadKey>,
+    /// Each key's first hash word, scanned before comparing whole keys.
+    words: Vec<u64>,
     flags: Vec<u8>,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
@@ -80,7 +90,14 @@ impl RequestAccess {
     fn find(&self, key: &OffloadKey) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(key).map(|&i| i as usize),
-            None => self.keys.iter().position(|k| k == key),
+            None => {
+                let w = word_of(key);
+                self.words
+                    .iter()
+                    .enumerate()
+                    .find(|&(i, &x)| x == w && self.keys[i] == *key)
+                    .map(|(i, _)| i)
+            }
         }
     }
 
@@ -91,6 +108,7 @@ impl RequestAccess {
         }
         let i = self.keys.len();
         self.keys.push(*key);
+        self.words.push(word_of(key));
         self.flags.push(0);
         match self.index.as_mut() {
             Some(index) => {

@@ -85,6 +85,34 @@ impl KeyIndex {
         self.len += 1;
     }
 
+    /// The id of the key with `digest` that satisfies `is_key`, or, when there is none, `new()`
+    /// inserted for it, in one probe run: `Ok(existing)` or `Err(inserted)`.
+    pub(crate) fn find_or_insert(
+        &mut self,
+        digest: u64,
+        mut is_key: impl FnMut(u32) -> bool,
+        new: impl FnOnce() -> u32,
+    ) -> Result<u32, u32> {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let tag = tag_of(digest);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                let id = new();
+                self.slots[i] = pack(tag, id);
+                self.len += 1;
+                return Err(id);
+            }
+            if (slot >> 32) as u32 == tag && is_key(id_of(slot)) {
+                return Ok(id_of(slot));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     fn place(&mut self, slot: u64) {
         let mut i = self.home((slot >> 32) as u32);
         while self.slots[i] != EMPTY {
@@ -190,6 +218,19 @@ mod tests {
             index.find(digest(live.first().copied().unwrap_or(0)), |_| true),
             None
         );
+    }
+
+    #[test]
+    fn find_or_insert_inserts_once() {
+        let mut index = KeyIndex::with_capacity(2);
+        for n in 0..100 {
+            assert_eq!(index.find_or_insert(digest(n), |id| id == n, || n), Err(n));
+        }
+        for n in 0..100 {
+            assert_eq!(index.find_or_insert(digest(n), |id| id == n, || 999), Ok(n));
+            assert_eq!(index.find(digest(n), |id| id == n), Some(n));
+        }
+        assert_eq!(index.len(), 100);
     }
 
     #[test]

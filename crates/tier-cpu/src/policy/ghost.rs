@@ -54,32 +54,42 @@ impl<const N: usize> Ghosts<N> {
         self.find(key).map(|n| usize::from(self.owner[n as usize]))
     }
 
-    /// Appends `key` at the back of list `l` (moving it there from wherever it was).
+    /// Appends `key` at the back of list `l` (moving it there from wherever it was); one probe
+    /// run finds the key or reserves its index slot.
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
-        if let Some(n) = self.find(&key) {
-            let from = usize::from(self.owner[n as usize]);
-            self.lists[from].remove(&mut self.links, n);
-            self.lists[l].push_back(&mut self.links, n);
-            self.owner[n as usize] = l as u8;
-            return;
-        }
-        let n = if let Some(n) = self.free.pop() {
-            self.keys[n as usize] = key;
-            n
-        } else {
-            let Some(n) = u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) else {
+        // The slot a new ghost takes: the last freed one, else a fresh one.
+        let candidate = match self.free.last() {
+            Some(&n) => n,
+            None => match u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) {
+                Some(n) => n,
                 // More ghosts than u32 ids cannot happen below the arena's row limit; keep the
                 // structure bounded anyway by forgetting this key.
-                return;
-            };
-            self.keys.push(key);
-            self.owner.push(0);
-            self.links.grow_to(self.keys.len());
-            n
+                None => return,
+            },
         };
-        self.index.insert(key.digest(), n);
-        self.owner[n as usize] = l as u8;
-        self.lists[l].push_back(&mut self.links, n);
+        let keys = &self.keys;
+        match self
+            .index
+            .find_or_insert(key.digest(), |n| keys[n as usize] == key, || candidate)
+        {
+            Ok(n) => {
+                let from = usize::from(self.owner[n as usize]);
+                self.lists[from].remove(&mut self.links, n);
+                self.lists[l].push_back(&mut self.links, n);
+                self.owner[n as usize] = l as u8;
+            }
+            Err(n) => {
+                if self.free.pop().is_some() {
+                    self.keys[n as usize] = key;
+                } else {
+                    self.keys.push(key);
+                    self.owner.push(0);
+                    self.links.grow_to(self.keys.len());
+                }
+                self.owner[n as usize] = l as u8;
+                self.lists[l].push_back(&mut self.links, n);
+            }
+        }
     }
 
     /// Moves `key` to the back of its list; returns that list, or `None` if it is no ghost.
