@@ -37,12 +37,17 @@ fn word_of(key: &OffloadKey) -> u64 {
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
-    keys: Vec<OffloadKey>,
-    /// Each key's first hash word, scanned before comparing whole keys.
-    words: Vec<u64>,
-    flags: Vec<u8>,
+    entries: Vec<Flagged>,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
+}
+
+/// A key the request flagged, with its first hash word (scanned before comparing whole keys).
+#[derive(Clone, Copy)]
+struct Flagged {
+    word: u64,
+    key: OffloadKey,
+    flags: u8,
 }
 
 /// A key of a finished request's record with what the request did with it.
@@ -92,11 +97,7 @@ impl RequestAccess {
             Some(index) => index.get(key).map(|&i| i as usize),
             None => {
                 let w = word_of(key);
-                self.words
-                    .iter()
-                    .enumerate()
-                    .find(|&(i, &x)| x == w && self.keys[i] == *key)
-                    .map(|(i, _)| i)
+                self.entries.iter().position(|e| e.word == w && e.key == *key)
             }
         }
     }
@@ -106,18 +107,21 @@ impl RequestAccess {
         if let Some(i) = self.find(key) {
             return i;
         }
-        let i = self.keys.len();
-        self.keys.push(*key);
-        self.words.push(word_of(key));
-        self.flags.push(0);
+        let i = self.entries.len();
+        self.entries.push(Flagged {
+            word: word_of(key),
+            key: *key,
+            flags: 0,
+        });
         match self.index.as_mut() {
             Some(index) => {
                 index.insert(*key, i as u32);
             }
-            None if self.keys.len() > SMALL_RECORD => {
+            None if self.entries.len() > SMALL_RECORD => {
                 self.index = Some(
-                    self.keys
+                    self.entries
                         .iter()
+                        .map(|e| &e.key)
                         .enumerate()
                         .map(|(j, k)| (*k, j as u32))
                         .collect(),
@@ -130,7 +134,7 @@ impl RequestAccess {
 
     #[cfg(test)]
     fn flags(&self, key: &OffloadKey) -> u8 {
-        self.find(key).map_or(0, |i| self.flags[i])
+        self.find(key).map_or(0, |i| self.entries[i].flags)
     }
 
     /// Whether this request inserted `key`.
@@ -145,51 +149,67 @@ impl RequestAccess {
         self.flags(key) & REUSED != 0
     }
 
+    /// Marks the entries [`RequestAccess::record_store`] reported as inserted by this request.
+    pub(crate) fn mark_inserted_entries(&mut self, entries: &[u32]) {
+        for &i in entries {
+            if let Some(e) = self.entries.get_mut(i as usize) {
+                e.flags |= INSERTED;
+            }
+        }
+    }
+
     /// Marks `keys` as inserted by this request.
+    #[cfg(test)]
     pub(crate) fn mark_inserted(&mut self, keys: &[OffloadKey]) {
         for k in keys {
             let i = self.slot(k);
-            self.flags[i] |= INSERTED;
+            self.entries[i].flags |= INSERTED;
         }
     }
 
     /// Marks the key at `i` seen; whether it was new to the request.
     fn see(&mut self, i: usize) -> bool {
-        if self.flags[i] & SEEN != 0 {
+        if self.entries[i].flags & SEEN != 0 {
             return false;
         }
         if self.finished {
             // vLLM asserts here; see the crate docs.
-            tracing::debug!(key = %self.keys[i], "key observed after its request finished; not recorded");
+            tracing::debug!(key = %self.entries[i].key, "key observed after its request finished; not recorded");
             return false;
         }
-        self.flags[i] |= SEEN;
+        self.entries[i].flags |= SEEN;
         true
     }
 
     /// Records a store offer in one pass: `observed` are the offered keys that are not being
     /// written by someone else, with their chunk when ready (a reuse) and none when new (a store
     /// miss). Appends to `misses` the store misses this request has not reported before, and to
-    /// `new` the indices (into `observed`) of keys observed for the first time.
+    /// `new` the indices (into `observed`) of keys observed for the first time, and to
+    /// `absent_entries` the record entry of every offered key that is not resident (for
+    /// [`RequestAccess::mark_inserted_entries`] once they are stored).
     pub(crate) fn record_store(
         &mut self,
         observed: &[KeyRef],
         misses: &mut Vec<OffloadKey>,
         new: &mut Vec<usize>,
+        absent_entries: &mut Vec<u32>,
     ) {
         for (j, r) in observed.iter().enumerate() {
             let (k, ready) = (&r.key, r.chunk.is_some());
             let i = self.slot(k);
-            if !ready && self.flags[i] & STORE_MISS == 0 {
-                self.flags[i] |= STORE_MISS;
+            if !ready {
+                absent_entries.push(i as u32);
+            }
+            if !ready && self.entries[i].flags & STORE_MISS == 0 {
+                self.entries[i].flags |= STORE_MISS;
                 misses.push(*k);
             }
             if self.see(i) {
                 new.push(j);
             }
             // Re-reading a chunk this request inserted is not a reuse.
-            if ready && self.flags[i] & INSERTED == 0 {
-                self.flags[i] |= REUSED;
+            if ready && self.entries[i].flags & INSERTED == 0 {
+                self.entries[i].flags |= REUSED;
             }
         }
     }
@@ -202,8 +222,8 @@ impl RequestAccess {
             if self.see(i) {
                 new.push(j);
             }
-            if self.flags[i] & INSERTED == 0 {
-                self.flags[i] |= REUSED;
+            if self.entries[i].flags & INSERTED == 0 {
+                self.entries[i].flags |= REUSED;
             }
         }
     }
@@ -217,14 +237,13 @@ impl RequestAccess {
         }
         self.finished = true;
         let mut seen: Vec<ObservedKey> = self
-            .keys
+            .entries
             .iter()
-            .zip(&self.flags)
-            .filter(|(_, f)| **f & SEEN != 0)
-            .map(|(k, f)| ObservedKey {
-                key: *k,
-                insertion_only: f & (INSERTED | REUSED) == INSERTED,
-                reused: f & REUSED != 0,
+            .filter(|e| e.flags & SEEN != 0)
+            .map(|e| ObservedKey {
+                key: e.key,
+                insertion_only: e.flags & (INSERTED | REUSED) == INSERTED,
+                reused: e.flags & REUSED != 0,
             })
             .collect();
         let mut positions = Vec::with_capacity(seen.len());
@@ -340,7 +359,7 @@ mod tests {
             (k(6, 0), false),
             (k(2, 0), true),
         ];
-        rec.record_store(&refs(&offer), &mut misses, &mut new);
+        rec.record_store(&refs(&offer), &mut misses, &mut new, &mut Vec::new());
         assert_eq!(
             (misses.clone(), new.clone()),
             (vec![k(5, 0), k(6, 0)], vec![0, 2])
@@ -348,11 +367,14 @@ mod tests {
         rec.finish(&ReqContext::local("r"));
         misses.clear();
         new.clear();
+        let mut absent = Vec::new();
         rec.record_store(
             &refs(&[(k(6, 0), false), (k(9, 0), false)]),
             &mut misses,
             &mut new,
+            &mut absent,
         );
+        assert_eq!(absent.len(), 2, "absent keys are reported even after finish");
         assert_eq!(
             misses,
             vec![k(9, 0)],

@@ -290,7 +290,6 @@ impl CpuTier {
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_positions = positions;
-        RequestAccess::with(ctx, self.id, self.generation, |rec| rec.mark_inserted(&to_store));
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
             chunk_ids,
@@ -352,8 +351,10 @@ impl PrimaryTier for CpuTier {
         misses.clear();
         new.clear();
         self.partition_offer(keys, &mut to_store, &mut observed, &mut ready_rows);
+        let mut absent = std::mem::take(&mut self.buf_entries);
+        absent.clear();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record_store(&observed, &mut misses, &mut new);
+            rec.record_store(&observed, &mut misses, &mut new, &mut absent);
         });
         // ARC learns from ghost hits before insertion drops the ghosts (once per key per
         // request), then the policy sees first observations; both before any early return, as
@@ -374,6 +375,14 @@ impl PrimaryTier for CpuTier {
         self.buf_new = new;
 
         let out = self.reserve_rows(to_store, &ready_rows, ctx);
+        if out.as_ref().is_some_and(|o| !o.keys_to_store.is_empty()) {
+            // Every absent key of the offer was just stored (repeats once): mark the request's
+            // entries of them inserted, found by index rather than by key.
+            RequestAccess::with(ctx, self.id, self.generation, |rec| {
+                rec.mark_inserted_entries(&absent);
+            });
+        }
+        self.buf_entries = absent;
         self.buf_rows = ready_rows;
         out
     }

@@ -45,6 +45,7 @@ pub struct CpuTier {
     // Reused buffers of the hot paths.
     pub(crate) buf_keys: Vec<OffloadKey>,
     pub(crate) buf_new: Vec<usize>,
+    pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
     pub(crate) buf_misses: Vec<OffloadKey>,
     pub(crate) buf_positions: Vec<Option<u64>>,
@@ -143,6 +144,7 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_new: Vec::new(),
+            buf_entries: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
             buf_positions: Vec::new(),
