@@ -194,6 +194,7 @@ impl RequestAccess {
         new: &mut Vec<usize>,
         absent_entries: &mut Vec<u32>,
     ) {
+        self.entries.reserve(observed.len());
         for (j, r) in observed.iter().enumerate() {
             let (k, ready) = (&r.key, r.chunk.is_some());
             let i = self.slot(k);
@@ -217,6 +218,7 @@ impl RequestAccess {
     /// Records loaded keys (all reuses) in one pass; appends the indices (into `keys`) of first
     /// observations to `new`.
     pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<usize>) {
+        self.entries.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
             if self.see(i) {
