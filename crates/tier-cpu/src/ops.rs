@@ -45,7 +45,7 @@ impl CpuTier {
     /// Tells the policy about keys a request observed for the first time; `refs` are already
     /// resolved (their positions are filled in here).
     fn announce_first_access(&mut self, refs: &mut [KeyRef], ctx: &ReqContext) {
-        if refs.is_empty() {
+        if refs.is_empty() || !self.policy.observes_request_access() {
             return;
         }
         let mut positions = std::mem::take(&mut self.buf_positions);
@@ -102,7 +102,7 @@ impl CpuTier {
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
                 rec.record_load(keys, &mut new);
             });
-            if !new.is_empty() {
+            if !new.is_empty() && self.policy.observes_request_access() {
                 let mut refs = std::mem::take(&mut self.buf_refs);
                 refs.clear();
                 refs.extend(new.iter().map(|&j| KeyRef {
@@ -362,7 +362,7 @@ impl PrimaryTier for CpuTier {
         if !misses.is_empty() {
             self.policy.on_store_miss(&misses, ctx);
         }
-        if !new.is_empty() {
+        if !new.is_empty() && self.policy.observes_request_access() {
             // First observations, in offer order: compact them to the front of `observed`.
             for (dst, &src) in new.iter().enumerate() {
                 observed[dst] = observed[src];

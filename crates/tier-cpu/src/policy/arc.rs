@@ -26,7 +26,9 @@ pub struct ArcPolicy {
     links: Links,
     t1: List,
     t2: List,
-    in_t2: Vec<bool>,
+    /// Bit per chunk: set when the chunk is in T2 (a bitmap stays cache resident where a byte
+    /// per chunk would not).
+    in_t2: Vec<u64>,
     /// B1 (list 0) and B2 (list 1).
     ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
@@ -47,7 +49,7 @@ impl ArcPolicy {
             links: Links::with_nodes(capacity),
             t1: List::new(),
             t2: List::new(),
-            in_t2: vec![false; capacity],
+            in_t2: vec![0; capacity.div_ceil(64)],
             ghosts: Ghosts::new(),
             picked: Vec::new(),
             not_ghosts: Vec::new(),
@@ -74,18 +76,33 @@ impl ArcPolicy {
         true
     }
 
+    #[inline]
+    fn is_in_t2(&self, chunk: ChunkId) -> bool {
+        self.in_t2[chunk as usize / 64] & (1 << (chunk % 64)) != 0
+    }
+
+    #[inline]
+    fn set_in_t2(&mut self, chunk: ChunkId, on: bool) {
+        let (word, bit) = (chunk as usize / 64, 1u64 << (chunk % 64));
+        if on {
+            self.in_t2[word] |= bit;
+        } else {
+            self.in_t2[word] &= !bit;
+        }
+    }
+
     fn move_to_t2_back(&mut self, chunk: ChunkId) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
             self.t1.remove(&mut self.links, chunk);
             self.t2.push_back(&mut self.links, chunk);
-            self.in_t2[chunk as usize] = true;
+            self.set_in_t2(chunk, true);
         }
     }
 
     fn move_to_own_back(&mut self, chunk: ChunkId) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
             self.t1.move_to_back(&mut self.links, chunk);
@@ -110,6 +127,10 @@ impl EvictionPolicy for ArcPolicy {
         PolicyKind::Arc
     }
 
+    fn observes_request_access(&self) -> bool {
+        false
+    }
+
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
@@ -128,7 +149,7 @@ impl EvictionPolicy for ArcPolicy {
         _ctx: &ReqContext,
     ) {
         self.t1.push_back(&mut self.links, chunk);
-        self.in_t2[chunk as usize] = false;
+        self.set_in_t2(chunk, false);
         if let Some(i) = self.not_ghosts.iter().position(|k| k == key) {
             self.not_ghosts.swap_remove(i);
         } else {
@@ -137,7 +158,7 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.remove(&mut self.links, chunk);
         } else {
             self.t1.remove(&mut self.links, chunk);
@@ -147,7 +168,7 @@ impl EvictionPolicy for ArcPolicy {
     fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
         for k in keys.iter().rev() {
             match k.chunk {
-                Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => {
+                Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {
                     self.move_to_t2_back(chunk);
                 }
                 // A store that has not completed is not a second access.

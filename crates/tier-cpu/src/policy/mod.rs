@@ -146,6 +146,12 @@ pub trait EvictionPolicy: Send {
         let _ = (keys, ctx);
     }
 
+    /// Whether [`EvictionPolicy::on_request_access`] does anything: a policy that ignores first
+    /// observations returns `false`, and the tier skips resolving them for it.
+    fn observes_request_access(&self) -> bool {
+        true
+    }
+
     /// Keys the request observes for the first time (store offers and loads), before any
     /// insertion of the same call.
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext) {
