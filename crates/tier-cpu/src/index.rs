@@ -43,7 +43,7 @@ impl KeyIndex {
     pub(crate) fn with_capacity(expected: usize) -> Self {
         let slots = expected.saturating_mul(2).max(16).next_power_of_two();
         Self {
-            slots: vec![EMPTY; slots],
+            slots: crate::memory::filled_vec(slots, EMPTY),
             mask: slots - 1,
             len: 0,
         }
@@ -122,7 +122,7 @@ impl KeyIndex {
     }
 
     fn grow(&mut self) {
-        let doubled = vec![EMPTY; self.slots.len() * 2];
+        let doubled = crate::memory::filled_vec(self.slots.len() * 2, EMPTY);
         let old = std::mem::replace(&mut self.slots, doubled);
         self.mask = self.slots.len() - 1;
         for slot in old.into_iter().filter(|&s| s != EMPTY) {

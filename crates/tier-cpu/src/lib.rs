@@ -55,6 +55,7 @@
 
 mod access;
 mod index;
+mod memory;
 mod ops;
 mod options;
 pub mod policy;

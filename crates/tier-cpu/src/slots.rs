@@ -53,13 +53,13 @@ impl ChunkTable {
         let n = capacity as usize;
         Self {
             index: KeyIndex::with_capacity(n),
-            rows: vec![
+            rows: crate::memory::filled_vec(
+                n,
                 Row {
                     key: OffloadKey::new([0; 32], 0),
                     ref_cnt: FREE,
-                };
-                n
-            ],
+                },
+            ),
             free: Vec::new(),
             num_allocated: 0,
             capacity,

@@ -28,7 +28,7 @@ impl Links {
     /// Links for nodes `0..n`, all detached.
     pub(crate) fn with_nodes(n: usize) -> Self {
         Self {
-            nodes: vec![DETACHED; n],
+            nodes: crate::memory::filled_vec(n, DETACHED),
         }
     }
 

@@ -109,7 +109,7 @@ impl LruPolicy {
             capacity,
             links: Links::with_nodes(n),
             order: List::new(),
-            ranks: vec![Rank::default(); n],
+            ranks: crate::memory::filled_vec(n, Rank::default()),
             next_rank: 0,
             groups: HashMap::default(),
             sweep: VecDeque::new(),
