@@ -59,6 +59,21 @@ impl KeyIndex {
         ((u64::from(tag) * self.slots.len() as u64) >> 32) as usize
     }
 
+    /// Starts loading the home slot of `digest` (see [`crate::memory::prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, digest: u64) {
+        crate::memory::prefetch(&self.slots[self.home(tag_of(digest))]);
+    }
+
+    /// The id held in the home slot of `digest` when its tag matches (the likely answer of a
+    /// [`KeyIndex::find`], for prefetching what it names).
+    #[inline]
+    pub(crate) fn likely(&self, digest: u64) -> Option<u32> {
+        let tag = tag_of(digest);
+        let slot = self.slots[self.home(tag)];
+        (slot != EMPTY && (slot >> 32) as u32 == tag).then(|| id_of(slot))
+    }
+
     /// The id whose key has `digest` and satisfies `is_key`, if any.
     #[inline]
     pub(crate) fn find(&self, digest: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {

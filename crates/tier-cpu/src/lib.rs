@@ -24,7 +24,10 @@
 //! - request-scoped recency: each [`tiering_core::ReqContext`] carries a record of the keys the
 //!   request observed (store offers that were new or ready, and loads; not cascade reads through
 //!   `prepare_read`), and the policy commits it in prefix order when the request finishes;
-//!   positions come from [`tiering_core::ReqContext::key_position`].
+//!   positions come from [`tiering_core::ReqContext::key_position`]. A finished request keeps
+//!   its LRU rank while its context lives: storing again, with a position, a key it observed
+//!   before ranks that key with the request, among the oldest (the rank's placeholder is freed
+//!   with the context, so nothing accumulates for requests the engine has let go of).
 //!
 //! - `reset` forgets every chunk whatever its ref count, emits no event and keeps the events
 //!   already queued; request records from before the reset are ignored afterwards.

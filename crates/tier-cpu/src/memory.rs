@@ -22,6 +22,21 @@ pub(crate) fn filled_vec<T: Clone>(n: usize, value: T) -> Vec<T> {
     v
 }
 
+/// Starts loading the cache line of `value` without waiting for it, so a batch can have the
+/// misses of all its keys in flight at once instead of one after the other.
+#[inline]
+pub(crate) fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch is only a hint: it never faults and changes no memory, and the
+        // address comes from a live reference anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast::<i8>()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
 fn advise_huge(ptr: *mut u8, bytes: usize) {
     // Only whole huge pages inside the buffer are advised.
     let start = (ptr as usize).next_multiple_of(HUGE_PAGE);

@@ -34,6 +34,7 @@ impl CpuTier {
 
     /// Resolves keys to their resident rows into `out`.
     fn resolve_into(&self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+        self.table.prefetch(keys);
         out.clear();
         out.extend(keys.iter().map(|k| KeyRef {
             key: *k,
@@ -70,6 +71,7 @@ impl CpuTier {
         ctx: &ReqContext,
         record: bool,
     ) -> Result<Vec<ChunkId>, TierError> {
+        self.table.prefetch(keys);
         let mut rows = Vec::with_capacity(keys.len());
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
@@ -123,6 +125,7 @@ impl CpuTier {
     /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
     /// already released are taken again.
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
+        self.table.prefetch(keys);
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
         for (i, k) in keys.iter().enumerate() {
@@ -158,6 +161,7 @@ impl CpuTier {
         observed: &mut Vec<KeyRef>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
+        self.table.prefetch(keys);
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
@@ -388,6 +392,7 @@ impl PrimaryTier for CpuTier {
     }
 
     fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
+        self.table.prefetch(keys);
         let mut done = Vec::with_capacity(keys.len());
         for k in keys {
             if success {

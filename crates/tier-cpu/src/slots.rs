@@ -17,6 +17,9 @@ use crate::policy::SlotView;
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
 
+/// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
+const PREFETCH_WINDOW: usize = 32;
+
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;
 
@@ -65,6 +68,25 @@ impl ChunkTable {
             capacity,
             num_evictable: 0,
             num_write_pending: 0,
+        }
+    }
+
+    /// Starts loading, for every key of a batch, its index slot and then the row it probably
+    /// names, so the batch's cache misses overlap instead of queueing one key at a time. Pure
+    /// hint: the results of later probes do not depend on it.
+    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
+        if keys.len() < 2 {
+            return;
+        }
+        // More lines than the core can have in flight would only evict each other.
+        let keys = &keys[..keys.len().min(PREFETCH_WINDOW)];
+        for k in keys {
+            self.index.prefetch(k.digest());
+        }
+        for k in keys {
+            if let Some(row) = self.index.likely(k.digest()) {
+                crate::memory::prefetch(&self.rows[row as usize]);
+            }
         }
     }
 
