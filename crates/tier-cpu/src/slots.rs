@@ -80,11 +80,13 @@ impl ChunkTable {
         }
         // More lines than the core can have in flight would only evict each other.
         let keys = &keys[..keys.len().min(PREFETCH_WINDOW)];
-        for k in keys {
-            self.index.prefetch(k.digest());
+        let mut digests = [0u64; PREFETCH_WINDOW];
+        for (k, d) in keys.iter().zip(&mut digests) {
+            *d = k.digest();
+            self.index.prefetch(*d);
         }
-        for k in keys {
-            if let Some(row) = self.index.likely(k.digest()) {
+        for &d in &digests[..keys.len()] {
+            if let Some(row) = self.index.likely(d) {
                 crate::memory::prefetch(&self.rows[row as usize]);
             }
         }
