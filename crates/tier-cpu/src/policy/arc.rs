@@ -166,6 +166,7 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
+        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
         for k in keys.iter().rev() {
             match k.chunk {
                 Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {

@@ -51,6 +51,25 @@ impl Links {
         self.nodes[n as usize].prev
     }
 
+    /// Starts loading the links of `nodes` and then of their neighbours, so moving a batch of
+    /// nodes overlaps its cache misses. A hint only: no list changes.
+    pub(crate) fn prefetch<'a>(&self, nodes: impl Iterator<Item = u32> + Clone + 'a) {
+        for n in nodes.clone().take(32) {
+            if let Some(link) = self.nodes.get(n as usize) {
+                crate::memory::prefetch(link);
+            }
+        }
+        for n in nodes.take(32) {
+            if let Some(link) = self.nodes.get(n as usize) {
+                for m in [link.prev, link.next] {
+                    if let Some(neighbour) = self.nodes.get(m as usize) {
+                        crate::memory::prefetch(neighbour);
+                    }
+                }
+            }
+        }
+    }
+
     #[inline]
     fn set_next(&mut self, n: u32, next: u32) {
         self.nodes[n as usize].next = next;

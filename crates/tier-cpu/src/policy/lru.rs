@@ -336,6 +336,7 @@ impl EvictionPolicy for LruPolicy {
     }
 
     fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
         for k in keys.iter().rev() {
             if let Some(chunk) = k.chunk {
                 self.rerank_global(chunk);
