@@ -246,6 +246,7 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
+        self.table.prefetch_index_of_rows(&victims);
         let evicted: Vec<OffloadKey> = victims.iter().map(|&c| self.table.release(c)).collect();
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;

@@ -92,6 +92,16 @@ impl ChunkTable {
         }
     }
 
+    /// Starts loading the index slots of the keys held in `rows` (about to be released).
+    pub(crate) fn prefetch_index_of_rows(&self, rows: &[ChunkId]) {
+        if rows.len() < 2 {
+            return;
+        }
+        for &row in rows.iter().take(PREFETCH_WINDOW) {
+            self.index.prefetch(self.rows[row as usize].key.digest());
+        }
+    }
+
     /// The row holding `key`.
     #[inline]
     fn find(&self, key: &OffloadKey) -> Option<ChunkId> {

@@ -132,6 +132,7 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
+        self.ghosts.prefetch(keys);
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
             if !self.adapt_to_ghost_hit(key) {

@@ -48,6 +48,16 @@ impl<const N: usize> Ghosts<N> {
         self.index.find(key.digest(), |n| self.keys[n as usize] == *key)
     }
 
+    /// Starts loading the index slots of `keys` (about to be probed).
+    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
+        if keys.len() < 2 || self.index.len() == 0 {
+            return;
+        }
+        for k in keys.iter().take(32) {
+            self.index.prefetch(k.digest());
+        }
+    }
+
     /// The list holding `key`, if any.
     #[cfg(test)]
     pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
