@@ -36,7 +36,8 @@ pub struct ArcPolicy {
     /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
     /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
     /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
-    not_ghosts: Vec<OffloadKey>,
+    /// Each with its digest, compared first.
+    not_ghosts: Vec<(u64, OffloadKey)>,
 }
 
 impl ArcPolicy {
@@ -136,7 +137,7 @@ impl EvictionPolicy for ArcPolicy {
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
             if !self.adapt_to_ghost_hit(key) {
-                self.not_ghosts.push(*key);
+                self.not_ghosts.push((key.digest(), *key));
             }
         }
     }
@@ -151,7 +152,8 @@ impl EvictionPolicy for ArcPolicy {
     ) {
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
-        if let Some(i) = self.not_ghosts.iter().position(|k| k == key) {
+        let digest = key.digest();
+        if let Some(i) = self.not_ghosts.iter().position(|(d, k)| *d == digest && k == key) {
             self.not_ghosts.swap_remove(i);
         } else {
             self.ghosts.remove(key);
@@ -231,6 +233,7 @@ impl EvictionPolicy for ArcPolicy {
             }
             self.picked.push((pick, from_t1));
         }
+        self.ghosts.prefetch_chunks(&self.picked, slots);
         for i in 0..self.picked.len() {
             let (chunk, from_t1) = self.picked[i];
             let key = slots.key(chunk);

@@ -4,7 +4,9 @@
 //! Ghost slots are recycled through a free list: no allocation per key once the lists are at
 //! their bound. Membership, removal, move-to-back and pop-front are O(1).
 
-use tiering_core::OffloadKey;
+use tiering_core::{ChunkId, OffloadKey};
+
+use super::SlotView;
 
 use super::list::{Links, List, NIL};
 use crate::index::KeyIndex;
@@ -55,6 +57,17 @@ impl<const N: usize> Ghosts<N> {
         }
         for k in keys.iter().take(32) {
             self.index.prefetch(k.digest());
+        }
+    }
+
+    /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
+    /// victims about to become ghosts).
+    pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
+        if picked.len() < 2 || self.index.len() == 0 {
+            return;
+        }
+        for &(chunk, _) in picked.iter().take(32) {
+            self.index.prefetch(slots.key(chunk).digest());
         }
     }
 
