@@ -8,23 +8,56 @@
 
 use tiering_core::{KeyMap, OffloadKey, ReqContext};
 
+use crate::policy::KeyRef;
+
 const SEEN: u8 = 1;
 const INSERTED: u8 = 2;
 const REUSED: u8 = 4;
 const STORE_MISS: u8 = 8;
 
+/// Records up to this many keys are searched by scanning; larger ones build a hash index.
+const SMALL_RECORD: usize = 32;
+
+/// A key's first hash word: random, so equal words almost always mean equal keys.
+#[inline]
+fn word_of(key: &OffloadKey) -> u64 {
+    key.hash_bytes()
+        .first_chunk::<8>()
+        .map_or(0, |w| u64::from_le_bytes(*w))
+}
+
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
-/// One map of per-key flags plus the first-observed order keeps a request's bookkeeping to two
-/// allocations that grow with the request, instead of one set per flag.
+/// Keys and their flags sit in two parallel vectors in the order the request first flagged them
+/// (observed keys are flagged when first observed, so filtering by `SEEN` gives first-observed
+/// order). A typical request flags a few dozen keys: scanning them costs less than hashing each
+/// one, and the record is two allocations. Past [`SMALL_RECORD`] keys a key→index map takes
+/// over, so long requests stay O(1) per key.
 #[derive(Default)]
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
-    flags: KeyMap<u8>,
-    /// Keys in first-observed order (all KV groups mixed; grouped at finish).
-    order: Vec<OffloadKey>,
+    entries: Vec<Flagged>,
+    index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
+}
+
+/// A key the request flagged, with its first hash word (scanned before comparing whole keys).
+#[derive(Clone, Copy)]
+struct Flagged {
+    word: u64,
+    key: OffloadKey,
+    flags: u8,
+}
+
+/// A key of a finished request's record with what the request did with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ObservedKey {
+    pub(crate) key: OffloadKey,
+    /// The request inserted it and never reused it.
+    pub(crate) insertion_only: bool,
+    /// The request reused it (and had not inserted it before).
+    pub(crate) reused: bool,
 }
 
 impl RequestAccess {
@@ -59,80 +92,140 @@ impl RequestAccess {
         )
     }
 
+    fn find(&self, key: &OffloadKey) -> Option<usize> {
+        match &self.index {
+            Some(index) => index.get(key).map(|&i| i as usize),
+            None => {
+                let w = word_of(key);
+                self.entries.iter().position(|e| e.word == w && e.key == *key)
+            }
+        }
+    }
+
+    /// The index of `key`'s flags, adding the key with no flag when absent.
+    fn slot(&mut self, key: &OffloadKey) -> usize {
+        if let Some(i) = self.find(key) {
+            return i;
+        }
+        let i = self.entries.len();
+        self.entries.push(Flagged {
+            word: word_of(key),
+            key: *key,
+            flags: 0,
+        });
+        match self.index.as_mut() {
+            Some(index) => {
+                index.insert(*key, i as u32);
+            }
+            None if self.entries.len() > SMALL_RECORD => {
+                self.index = Some(
+                    self.entries
+                        .iter()
+                        .map(|e| &e.key)
+                        .enumerate()
+                        .map(|(j, k)| (*k, j as u32))
+                        .collect(),
+                );
+            }
+            None => {}
+        }
+        i
+    }
+
+    #[cfg(test)]
     fn flags(&self, key: &OffloadKey) -> u8 {
-        self.flags.get(key).copied().unwrap_or(0)
+        self.find(key).map_or(0, |i| self.entries[i].flags)
     }
 
     /// Whether this request inserted `key`.
+    #[cfg(test)]
     pub(crate) fn inserted(&self, key: &OffloadKey) -> bool {
         self.flags(key) & INSERTED != 0
     }
 
     /// Whether this request reused `key` (and did not insert it before reusing it).
+    #[cfg(test)]
     pub(crate) fn reused(&self, key: &OffloadKey) -> bool {
         self.flags(key) & REUSED != 0
     }
 
-    /// Marks `keys` as inserted by this request.
-    pub(crate) fn mark_inserted(&mut self, keys: &[OffloadKey]) {
-        self.flags.reserve(keys.len());
-        for k in keys {
-            *self.flags.entry(*k).or_insert(0) |= INSERTED;
+    /// Marks the entries [`RequestAccess::record_store`] reported as inserted by this request.
+    pub(crate) fn mark_inserted_entries(&mut self, entries: &[u32]) {
+        for &i in entries {
+            if let Some(e) = self.entries.get_mut(i as usize) {
+                e.flags |= INSERTED;
+            }
         }
     }
 
-    /// Marks `key` seen, recording it in order; whether it was new to the request.
-    fn see(flags: &mut u8, key: &OffloadKey, finished: bool, order: &mut Vec<OffloadKey>) -> bool {
-        if *flags & SEEN != 0 {
+    /// Marks `keys` as inserted by this request.
+    #[cfg(test)]
+    pub(crate) fn mark_inserted(&mut self, keys: &[OffloadKey]) {
+        for k in keys {
+            let i = self.slot(k);
+            self.entries[i].flags |= INSERTED;
+        }
+    }
+
+    /// Marks the key at `i` seen; whether it was new to the request.
+    fn see(&mut self, i: usize) -> bool {
+        if self.entries[i].flags & SEEN != 0 {
             return false;
         }
-        if finished {
+        if self.finished {
             // vLLM asserts here; see the crate docs.
-            tracing::debug!(%key, "key observed after its request finished; not recorded");
+            tracing::debug!(key = %self.entries[i].key, "key observed after its request finished; not recorded");
             return false;
         }
-        *flags |= SEEN;
-        order.push(*key);
+        self.entries[i].flags |= SEEN;
         true
     }
 
     /// Records a store offer in one pass: `observed` are the offered keys that are not being
-    /// written by someone else, flagged `true` when ready (a reuse) and `false` when new (a store
+    /// written by someone else, with their chunk when ready (a reuse) and none when new (a store
     /// miss). Appends to `misses` the store misses this request has not reported before, and to
-    /// `new` the keys observed for the first time.
+    /// `new` the indices (into `observed`) of keys observed for the first time, and to
+    /// `absent_entries` the record entry of every offered key that is not resident (for
+    /// [`RequestAccess::mark_inserted_entries`] once they are stored).
     pub(crate) fn record_store(
         &mut self,
-        observed: &[(OffloadKey, bool)],
+        observed: &[KeyRef],
         misses: &mut Vec<OffloadKey>,
-        new: &mut Vec<OffloadKey>,
+        new: &mut Vec<usize>,
+        absent_entries: &mut Vec<u32>,
     ) {
-        self.flags.reserve(observed.len());
-        for (k, ready) in observed {
-            let f = self.flags.entry(*k).or_insert(0);
-            if !ready && *f & STORE_MISS == 0 {
-                *f |= STORE_MISS;
+        self.entries.reserve(observed.len());
+        for (j, r) in observed.iter().enumerate() {
+            let (k, ready) = (&r.key, r.chunk.is_some());
+            let i = self.slot(k);
+            if !ready {
+                absent_entries.push(i as u32);
+            }
+            if !ready && self.entries[i].flags & STORE_MISS == 0 {
+                self.entries[i].flags |= STORE_MISS;
                 misses.push(*k);
             }
-            if Self::see(f, k, self.finished, &mut self.order) {
-                new.push(*k);
+            if self.see(i) {
+                new.push(j);
             }
             // Re-reading a chunk this request inserted is not a reuse.
-            if *ready && *f & INSERTED == 0 {
-                *f |= REUSED;
+            if ready && self.entries[i].flags & INSERTED == 0 {
+                self.entries[i].flags |= REUSED;
             }
         }
     }
 
-    /// Records loaded keys (all reuses) in one pass; appends first observations to `new`.
-    pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<OffloadKey>) {
-        self.flags.reserve(keys.len());
-        for k in keys {
-            let f = self.flags.entry(*k).or_insert(0);
-            if Self::see(f, k, self.finished, &mut self.order) {
-                new.push(*k);
+    /// Records loaded keys (all reuses) in one pass; appends the indices (into `keys`) of first
+    /// observations to `new`.
+    pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<usize>) {
+        self.entries.reserve(keys.len());
+        for (j, k) in keys.iter().enumerate() {
+            let i = self.slot(k);
+            if self.see(i) {
+                new.push(j);
             }
-            if *f & INSERTED == 0 {
-                *f |= REUSED;
+            if self.entries[i].flags & INSERTED == 0 {
+                self.entries[i].flags |= REUSED;
             }
         }
     }
@@ -140,23 +233,34 @@ impl RequestAccess {
     /// Marks the record finished and returns the observed keys head first: groups in ascending
     /// index, each sorted by position when every key of the group has one, then the whole list
     /// sorted by position (stably) when every key has one. `None` if already finished.
-    pub(crate) fn finish(&mut self, ctx: &ReqContext) -> Option<Vec<OffloadKey>> {
+    pub(crate) fn finish(&mut self, ctx: &ReqContext) -> Option<Vec<ObservedKey>> {
         if self.finished {
             return None;
         }
         self.finished = true;
-        let mut positions = Vec::with_capacity(self.order.len());
-        ctx.key_positions_into(&self.order, &mut positions);
-        let mut all: Vec<(OffloadKey, Option<u64>)> = self.order.iter().copied().zip(positions).collect();
+        let mut seen: Vec<ObservedKey> = self
+            .entries
+            .iter()
+            .filter(|e| e.flags & SEEN != 0)
+            .map(|e| ObservedKey {
+                key: e.key,
+                insertion_only: e.flags & (INSERTED | REUSED) == INSERTED,
+                reused: e.flags & REUSED != 0,
+            })
+            .collect();
+        let mut positions = Vec::with_capacity(seen.len());
+        let keys: Vec<OffloadKey> = seen.iter().map(|o| o.key).collect();
+        ctx.key_positions_into(&keys, &mut positions);
+        let mut all: Vec<(ObservedKey, Option<u64>)> = seen.drain(..).zip(positions).collect();
         // Stable: first-observed order within each group.
-        all.sort_by_key(|(k, _)| k.group());
+        all.sort_by_key(|(o, _)| o.key.group());
         let mut start = 0;
         while start < all.len() {
-            let group = all[start].0.group();
+            let group = all[start].0.key.group();
             let end = start
                 + all[start..]
                     .iter()
-                    .take_while(|(k, _)| k.group() == group)
+                    .take_while(|(o, _)| o.key.group() == group)
                     .count();
             let members = &mut all[start..end];
             if members.iter().all(|(_, p)| p.is_some()) {
@@ -167,7 +271,7 @@ impl RequestAccess {
         if all.iter().all(|(_, p)| p.is_some()) {
             all.sort_by_key(|(_, p)| *p);
         }
-        Some(all.into_iter().map(|(k, _)| k).collect())
+        Some(all.into_iter().map(|(o, _)| o).collect())
     }
 }
 
@@ -179,6 +283,43 @@ mod tests {
         OffloadKey::from_u64(n).with_group(group)
     }
 
+    fn finished_keys(rec: &mut RequestAccess, ctx: &ReqContext) -> Option<Vec<OffloadKey>> {
+        rec.finish(ctx).map(|v| v.into_iter().map(|o| o.key).collect())
+    }
+
+    fn refs(offer: &[(OffloadKey, bool)]) -> Vec<KeyRef> {
+        offer
+            .iter()
+            .map(|&(key, ready)| KeyRef {
+                key,
+                chunk: ready.then_some(0),
+                position: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn small_and_indexed_records_flag_the_same_keys() {
+        // 100 keys crosses the scan limit: the index must agree with the scan before it.
+        let mut rec = RequestAccess::fresh(1, 0);
+        let keys: Vec<OffloadKey> = (0..100).map(|n| k(n, 0)).collect();
+        rec.mark_inserted(&keys[..50]);
+        let mut new = Vec::new();
+        rec.record_load(&keys, &mut new);
+        assert_eq!(new, (0..100).collect::<Vec<_>>());
+        new.clear();
+        rec.record_load(&keys, &mut new);
+        assert!(new.is_empty(), "every key was seen already");
+        for (n, key) in keys.iter().enumerate() {
+            assert_eq!(rec.inserted(key), n < 50, "key {n}");
+            assert_eq!(rec.reused(key), n >= 50, "key {n}");
+        }
+        let done = rec.finish(&ReqContext::local("r")).unwrap();
+        assert_eq!(done.len(), 100);
+        assert!(done[..50].iter().all(|o| o.insertion_only && !o.reused));
+        assert!(done[50..].iter().all(|o| !o.insertion_only && o.reused));
+    }
+
     #[test]
     fn finish_orders_by_group_then_by_position_when_complete() {
         let ctx = ReqContext::local("r");
@@ -186,12 +327,12 @@ mod tests {
         let mut new = Vec::new();
         let keys = [k(3, 1), k(1, 0), k(2, 0), k(4, 1)];
         rec.record_load(&keys, &mut new);
-        assert_eq!(new, keys.to_vec());
+        assert_eq!(new, vec![0, 1, 2, 3]);
         // No positions: group 0 first, first-seen order within groups.
         let mut no_pos = RequestAccess::fresh(1, 0);
         no_pos.record_load(&keys, &mut Vec::new());
         assert_eq!(
-            no_pos.finish(&ctx),
+            finished_keys(&mut no_pos, &ctx),
             Some(vec![k(1, 0), k(2, 0), k(3, 1), k(4, 1)])
         );
         assert_eq!(no_pos.finish(&ctx), None, "finishing twice does nothing");
@@ -199,7 +340,10 @@ mod tests {
         for (key, pos) in [(k(1, 0), 20), (k(2, 0), 10), (k(3, 1), 15), (k(4, 1), 5)] {
             ctx.set_key_position(key, pos);
         }
-        assert_eq!(rec.finish(&ctx), Some(vec![k(4, 1), k(2, 0), k(3, 1), k(1, 0)]));
+        assert_eq!(
+            finished_keys(&mut rec, &ctx),
+            Some(vec![k(4, 1), k(2, 0), k(3, 1), k(1, 0)])
+        );
     }
 
     #[test]
@@ -217,15 +361,22 @@ mod tests {
             (k(6, 0), false),
             (k(2, 0), true),
         ];
-        rec.record_store(&offer, &mut misses, &mut new);
+        rec.record_store(&refs(&offer), &mut misses, &mut new, &mut Vec::new());
         assert_eq!(
             (misses.clone(), new.clone()),
-            (vec![k(5, 0), k(6, 0)], vec![k(5, 0), k(6, 0)])
+            (vec![k(5, 0), k(6, 0)], vec![0, 2])
         );
         rec.finish(&ReqContext::local("r"));
         misses.clear();
         new.clear();
-        rec.record_store(&[(k(6, 0), false), (k(9, 0), false)], &mut misses, &mut new);
+        let mut absent = Vec::new();
+        rec.record_store(
+            &refs(&[(k(6, 0), false), (k(9, 0), false)]),
+            &mut misses,
+            &mut new,
+            &mut absent,
+        );
+        assert_eq!(absent.len(), 2, "absent keys are reported even after finish");
         assert_eq!(
             misses,
             vec![k(9, 0)],

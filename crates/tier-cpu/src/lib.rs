@@ -2,7 +2,10 @@
 //!
 //! The CPU primary tier of kvtier: [`CpuTier`] implements [`tiering_core::PrimaryTier`] over a
 //! [`tiering_core::ChunkArena`] it owns. Every chunk the engine offloads lands here first; lookups,
-//! pins and unpins are O(1) (one probe of a hash map keyed by the already-random key bytes).
+//! pins and unpins are O(1): one probe of a compact key index whose 8-byte slots name a row, the
+//! key confirmed on that row, which also holds the ref count. Batch operations touch each key's
+//! index slot and row once per call, and nothing is allocated per key: policy links, ranks and
+//! ghost lists live in flat arrays indexed by row or ghost slot.
 //!
 //! ## Semantics
 //! The tier reproduces the released vLLM 0.33.0 `CPUOffloadingManager`:
@@ -21,7 +24,10 @@
 //! - request-scoped recency: each [`tiering_core::ReqContext`] carries a record of the keys the
 //!   request observed (store offers that were new or ready, and loads; not cascade reads through
 //!   `prepare_read`), and the policy commits it in prefix order when the request finishes;
-//!   positions come from [`tiering_core::ReqContext::key_position`].
+//!   positions come from [`tiering_core::ReqContext::key_position`]. A finished request keeps
+//!   its LRU rank while its context lives: storing again, with a position, a key it observed
+//!   before ranks that key with the request, among the oldest (the rank's placeholder is freed
+//!   with the context, so nothing accumulates for requests the engine has let go of).
 //!
 //! - `reset` forgets every chunk whatever its ref count, emits no event and keeps the events
 //!   already queued; request records from before the reset are ignored afterwards.
@@ -51,6 +57,8 @@
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
+mod index;
+mod memory;
 mod ops;
 mod options;
 pub mod policy;

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use tiering_core::{
-    ChunkArena, ChunkId, KeyMap, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    ChunkArena, ChunkId, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
     PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
@@ -34,6 +34,7 @@ impl CpuTier {
 
     /// Resolves keys to their resident rows into `out`.
     fn resolve_into(&self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+        self.table.prefetch(keys);
         out.clear();
         out.extend(keys.iter().map(|k| KeyRef {
             key: *k,
@@ -42,107 +43,111 @@ impl CpuTier {
         }));
     }
 
-    /// Tells the policy about keys a request observed for the first time.
-    fn announce_first_access(&mut self, new: &[OffloadKey], ctx: &ReqContext) {
-        if new.is_empty() {
+    /// Tells the policy about keys a request observed for the first time; `refs` are already
+    /// resolved (their positions are filled in here).
+    fn announce_first_access(&mut self, refs: &mut [KeyRef], ctx: &ReqContext) {
+        if refs.is_empty() || !self.policy.observes_request_access() {
             return;
         }
-        let mut refs = std::mem::take(&mut self.buf_refs);
         let mut positions = std::mem::take(&mut self.buf_positions);
-        self.resolve_into(new, &mut refs);
+        let mut keys = std::mem::take(&mut self.buf_keys);
         positions.clear();
-        ctx.key_positions_into(new, &mut positions);
+        keys.clear();
+        keys.extend(refs.iter().map(|r| r.key));
+        ctx.key_positions_into(&keys, &mut positions);
         for (r, p) in refs.iter_mut().zip(&positions) {
             r.position = *p;
         }
-        self.policy.on_request_access(&refs, self.table.view(), ctx);
-        self.buf_refs = refs;
+        self.policy.on_request_access(refs, self.table.view(), ctx);
         self.buf_positions = positions;
+        self.buf_keys = keys;
     }
 
-    /// Resolves every key to a row that can take one more reader, into `out`; changes nothing.
-    fn resolve_pinnable(&self, keys: &[OffloadKey], out: &mut Vec<ChunkId>) -> Result<(), TierError> {
-        let headroom = i32::MAX - i32::try_from(keys.len()).unwrap_or(i32::MAX);
-        for k in keys {
-            let Some(e) = self.table.get(k) else {
-                return Err(TierError::NotFound(*k));
-            };
-            if e.ref_cnt < 0 {
-                return Err(TierError::NotReady(*k));
-            }
-            if e.ref_cnt > headroom {
-                return Err(TierError::Other(format!("key {k} has too many readers")));
-            }
-            out.push(e.chunk);
-        }
-        Ok(())
-    }
-
-    /// Pins every key (all or nothing); records the access when `record` (engine loads only).
+    /// Pins every key (all or nothing), one probe per key; records the access when `record`
+    /// (engine loads only). On a bad key the pins already taken are released again.
     fn pin(
         &mut self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
         record: bool,
     ) -> Result<Vec<ChunkId>, TierError> {
-        let mut out = Vec::with_capacity(keys.len());
-        self.resolve_pinnable(keys, &mut out)?;
+        self.table.prefetch(keys);
+        let mut rows = Vec::with_capacity(keys.len());
+        let mut edges = std::mem::take(&mut self.buf_chunks);
+        edges.clear();
         for k in keys {
-            if let Some((chunk, true)) = self.table.pin(k) {
-                self.policy.mark_non_evictable(chunk);
+            match self.table.pin(k) {
+                Ok((chunk, edge)) => {
+                    rows.push(chunk);
+                    if edge {
+                        edges.push(chunk);
+                    }
+                }
+                Err(e) => {
+                    for done in &keys[..rows.len()] {
+                        // Pinned by this loop a moment ago, so the release cannot fail.
+                        let _ = self.table.unpin(done);
+                    }
+                    self.buf_chunks = edges;
+                    return Err(e);
+                }
             }
         }
+        for &chunk in &edges {
+            self.policy.mark_non_evictable(chunk);
+        }
+        self.buf_chunks = edges;
         if record {
             self.counters.loads += keys.len() as u64;
-            let mut new = std::mem::take(&mut self.buf_keys);
+            let mut new = std::mem::take(&mut self.buf_new);
             new.clear();
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
                 rec.record_load(keys, &mut new);
             });
-            self.announce_first_access(&new, ctx);
-            self.buf_keys = new;
+            if !new.is_empty() && self.policy.observes_request_access() {
+                let mut refs = std::mem::take(&mut self.buf_refs);
+                refs.clear();
+                refs.extend(new.iter().map(|&j| KeyRef {
+                    key: keys[j],
+                    chunk: Some(rows[j]),
+                    position: None,
+                }));
+                self.announce_first_access(&mut refs, ctx);
+                self.buf_refs = refs;
+            }
+            self.buf_new = new;
         } else {
             self.counters.reads += keys.len() as u64;
         }
-        Ok(out)
+        Ok(rows)
     }
 
-    /// Checks that every key holds at least as many readers as it appears in `keys`; changes
-    /// nothing.
-    fn check_unpinnable(&self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        let mut counts: Option<KeyMap<i32>> = (keys.len() > SMALL_BATCH).then(KeyMap::default);
-        // Small batches count repeats among the rows already checked (a row is one key).
-        let mut rows = [0 as ChunkId; SMALL_BATCH];
-        for (i, k) in keys.iter().enumerate() {
-            let Some(e) = self.table.get(k) else {
-                return Err(TierError::NotFound(*k));
-            };
-            let needed = match counts.as_mut() {
-                Some(m) => {
-                    let n = m.entry(*k).or_insert(0);
-                    *n += 1;
-                    *n
-                }
-                None => {
-                    rows[i] = e.chunk;
-                    1 + rows[..i].iter().filter(|&&c| c == e.chunk).count() as i32
-                }
-            };
-            if e.ref_cnt < needed {
-                return Err(TierError::NotPinned(*k));
-            }
-        }
-        Ok(())
-    }
-
-    /// Releases one pin per key (all or nothing).
+    /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
+    /// already released are taken again.
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.check_unpinnable(keys)?;
-        for k in keys {
-            if let Some((chunk, true)) = self.table.unpin(k) {
-                self.policy.mark_evictable(chunk);
+        self.table.prefetch(keys);
+        let mut edges = std::mem::take(&mut self.buf_chunks);
+        edges.clear();
+        for (i, k) in keys.iter().enumerate() {
+            match self.table.unpin(k) {
+                Ok((chunk, edge)) => {
+                    if edge {
+                        edges.push(chunk);
+                    }
+                }
+                Err(e) => {
+                    for done in &keys[..i] {
+                        self.table.repin(done);
+                    }
+                    self.buf_chunks = edges;
+                    return Err(e);
+                }
             }
         }
+        for &chunk in &edges {
+            self.policy.mark_evictable(chunk);
+        }
+        self.buf_chunks = edges;
         Ok(())
     }
 
@@ -153,9 +158,10 @@ impl CpuTier {
         &self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
-        observed: &mut Vec<(OffloadKey, bool)>,
+        observed: &mut Vec<KeyRef>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
+        self.table.prefetch(keys);
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
@@ -181,10 +187,18 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                     }
-                    observed.push((*k, false));
+                    observed.push(KeyRef {
+                        key: *k,
+                        chunk: None,
+                        position: None,
+                    });
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    observed.push((*k, true));
+                    observed.push(KeyRef {
+                        key: *k,
+                        chunk: Some(e.chunk),
+                        position: None,
+                    });
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -232,6 +246,7 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
+        self.table.prefetch_index_of_rows(&victims);
         let evicted: Vec<OffloadKey> = victims.iter().map(|&c| self.table.release(c)).collect();
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
@@ -280,7 +295,6 @@ impl CpuTier {
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_positions = positions;
-        RequestAccess::with(ctx, self.id, self.generation, |rec| rec.mark_inserted(&to_store));
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
             chunk_ids,
@@ -333,17 +347,19 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut observed = std::mem::take(&mut self.buf_observed);
+        let mut observed = std::mem::take(&mut self.buf_refs);
         let mut ready_rows = std::mem::take(&mut self.buf_rows);
         let mut misses = std::mem::take(&mut self.buf_misses);
-        let mut new = std::mem::take(&mut self.buf_keys);
+        let mut new = std::mem::take(&mut self.buf_new);
         observed.clear();
         ready_rows.clear();
         misses.clear();
         new.clear();
         self.partition_offer(keys, &mut to_store, &mut observed, &mut ready_rows);
+        let mut absent = std::mem::take(&mut self.buf_entries);
+        absent.clear();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record_store(&observed, &mut misses, &mut new);
+            rec.record_store(&observed, &mut misses, &mut new, &mut absent);
         });
         // ARC learns from ghost hits before insertion drops the ghosts (once per key per
         // request), then the policy sees first observations; both before any early return, as
@@ -351,18 +367,34 @@ impl PrimaryTier for CpuTier {
         if !misses.is_empty() {
             self.policy.on_store_miss(&misses, ctx);
         }
-        self.announce_first_access(&new, ctx);
-        self.buf_observed = observed;
+        if !new.is_empty() && self.policy.observes_request_access() {
+            // First observations, in offer order: compact them to the front of `observed`.
+            for (dst, &src) in new.iter().enumerate() {
+                observed[dst] = observed[src];
+            }
+            observed.truncate(new.len());
+            self.announce_first_access(&mut observed, ctx);
+        }
+        self.buf_refs = observed;
         self.buf_misses = misses;
-        self.buf_keys = new;
+        self.buf_new = new;
 
         let out = self.reserve_rows(to_store, &ready_rows, ctx);
+        if out.as_ref().is_some_and(|o| !o.keys_to_store.is_empty()) {
+            // Every absent key of the offer was just stored (repeats once): mark the request's
+            // entries of them inserted, found by index rather than by key.
+            RequestAccess::with(ctx, self.id, self.generation, |rec| {
+                rec.mark_inserted_entries(&absent);
+            });
+        }
+        self.buf_entries = absent;
         self.buf_rows = ready_rows;
         out
     }
 
     fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
-        let mut done = Vec::new();
+        self.table.prefetch(keys);
+        let mut done = Vec::with_capacity(keys.len());
         for k in keys {
             if success {
                 if let Some(chunk) = self.table.mark_written(k) {
@@ -396,31 +428,30 @@ impl PrimaryTier for CpuTier {
     }
 
     fn on_request_finished(&mut self, ctx: &ReqContext) {
-        let table = &self.table;
-        let finished: Option<Vec<FinishedKey>> = ctx.with_state(RequestAccess::default, |rec| {
-            if !rec.belongs_to(self.id, self.generation) {
-                return None;
+        let (owner, generation) = (self.id, self.generation);
+        let observed = ctx.with_state(RequestAccess::default, |rec| {
+            if rec.belongs_to(owner, generation) {
+                rec.finish(ctx)
+            } else {
+                None
             }
-            let order = rec.finish(ctx)?;
-            Some(
-                order
-                    .iter()
-                    .filter_map(|k| {
-                        let e = table.get(k)?;
-                        let reused = rec.reused(k);
-                        Some(FinishedKey {
-                            key: *k,
-                            chunk: e.chunk,
-                            insertion_only: !reused && rec.inserted(k),
-                            reused,
-                        })
-                    })
-                    .collect(),
-            )
         });
-        if let Some(keys) = finished {
-            self.policy.on_request_finished(&keys, self.table.view(), ctx);
-        }
+        let Some(observed) = observed else {
+            return;
+        };
+        let keys: Vec<FinishedKey> = observed
+            .iter()
+            .filter_map(|o| {
+                let e = self.table.get(&o.key)?;
+                Some(FinishedKey {
+                    key: o.key,
+                    chunk: e.chunk,
+                    insertion_only: o.insertion_only,
+                    reused: o.reused,
+                })
+            })
+            .collect();
+        self.policy.on_request_finished(&keys, self.table.view(), ctx);
     }
 
     fn take_events(&mut self) -> Vec<OffloadingEvent> {

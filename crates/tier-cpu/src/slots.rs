@@ -1,20 +1,51 @@
 //! The chunk table: which key lives in which arena row, each row's ref count, and the row
 //! allocator.
 //!
-//! The key→row map holds each resident key's row and ref count, so a lookup reads one bucket and
-//! nothing else (it stays within a hair of a bare hash-map probe). Eviction policies scan rows,
-//! not keys, so the ref counts are mirrored in a dense array indexed by row, next to the row's
-//! key; every mutation here updates both copies.
+//! Each row's key and ref count sit side by side in one [`Row`] (40 bytes), and a compact
+//! [`KeyIndex`] maps keys to rows; a lookup probes one index slot and confirms the key on the
+//! row it names, which is the line holding the ref count the answer needs. Policies scan the
+//! same rows through [`SlotView`].
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
 
-use tiering_core::{ChunkId, KeyMap, OffloadKey};
+use tiering_core::{ChunkId, OffloadKey, TierError};
 
+use crate::index::KeyIndex;
 use crate::policy::SlotView;
 
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
+
+/// Whether `a` and `b` are the same key, comparing word by word with the random first word
+/// first, so a mismatch is settled by one integer compare instead of a byte-wise compare call.
+#[inline]
+pub(crate) fn same_key(a: &OffloadKey, b: &OffloadKey) -> bool {
+    let (x, y) = (a.hash_bytes(), b.hash_bytes());
+    let word = |h: &[u8; 32], i: usize| {
+        h[i * 8..i * 8 + 8]
+            .first_chunk::<8>()
+            .map_or(0, |w| u64::from_ne_bytes(*w))
+    };
+    word(x, 0) == word(y, 0)
+        && word(x, 1) == word(y, 1)
+        && word(x, 2) == word(y, 2)
+        && word(x, 3) == word(y, 3)
+        && a.group() == b.group()
+}
+
+/// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
+const PREFETCH_WINDOW: usize = 32;
+
+/// Ref count of a row that holds no key.
+pub(crate) const FREE: i32 = i32::MIN;
+
+/// One arena row's metadata: the key it holds and its ref count (see the crate docs).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Row {
+    pub(crate) key: OffloadKey,
+    pub(crate) ref_cnt: i32,
+}
 
 /// A resident key's row and ref count (a copy).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +56,8 @@ pub(crate) struct Entry {
 
 /// See the module docs.
 pub(crate) struct ChunkTable {
-    map: KeyMap<Entry>,
-    refs: Vec<i32>,
-    keys: Vec<OffloadKey>,
+    index: KeyIndex,
+    rows: Vec<Row>,
     free: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
@@ -41,20 +71,59 @@ impl ChunkTable {
     /// A table of `capacity` rows (`capacity` ≤ `u32::MAX`, checked by the arena).
     pub(crate) fn new(capacity: u32) -> Self {
         let n = capacity as usize;
-        let mut map = KeyMap::default();
-        // Reserving the whole table up front keeps inserts free of rehash pauses; for huge tiers
-        // cap it and let the map grow.
-        map.reserve(n.min(1 << 22));
         Self {
-            map,
-            refs: vec![0; n],
-            keys: vec![OffloadKey::new([0; 32], 0); n],
+            index: KeyIndex::with_capacity(n),
+            rows: crate::memory::filled_vec(
+                n,
+                Row {
+                    key: OffloadKey::new([0; 32], 0),
+                    ref_cnt: FREE,
+                },
+            ),
             free: Vec::new(),
             num_allocated: 0,
             capacity,
             num_evictable: 0,
             num_write_pending: 0,
         }
+    }
+
+    /// Starts loading, for every key of a batch, its index slot and then the row it probably
+    /// names, so the batch's cache misses overlap instead of queueing one key at a time. Pure
+    /// hint: the results of later probes do not depend on it.
+    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
+        if keys.len() < 2 {
+            return;
+        }
+        // More lines than the core can have in flight would only evict each other.
+        let keys = &keys[..keys.len().min(PREFETCH_WINDOW)];
+        let mut digests = [0u64; PREFETCH_WINDOW];
+        for (k, d) in keys.iter().zip(&mut digests) {
+            *d = k.digest();
+            self.index.prefetch(*d);
+        }
+        for &d in &digests[..keys.len()] {
+            if let Some(row) = self.index.likely(d) {
+                crate::memory::prefetch(&self.rows[row as usize]);
+            }
+        }
+    }
+
+    /// Starts loading the index slots of the keys held in `rows` (about to be released).
+    pub(crate) fn prefetch_index_of_rows(&self, rows: &[ChunkId]) {
+        if rows.len() < 2 {
+            return;
+        }
+        for &row in rows.iter().take(PREFETCH_WINDOW) {
+            self.index.prefetch(self.rows[row as usize].key.digest());
+        }
+    }
+
+    /// The row holding `key`.
+    #[inline]
+    fn find(&self, key: &OffloadKey) -> Option<ChunkId> {
+        self.index
+            .find(key.digest(), |row| same_key(&self.rows[row as usize].key, key))
     }
 
     /// Rows in the tier.
@@ -64,7 +133,7 @@ impl ChunkTable {
 
     /// Resident keys.
     pub(crate) fn len(&self) -> usize {
-        self.map.len()
+        self.index.len()
     }
 
     /// Rows available without eviction.
@@ -80,66 +149,101 @@ impl ChunkTable {
     /// The resident entry of `key`.
     #[inline]
     pub(crate) fn get(&self, key: &OffloadKey) -> Option<Entry> {
-        self.map.get(key).copied()
+        self.find(key).map(|chunk| Entry {
+            chunk,
+            ref_cnt: self.rows[chunk as usize].ref_cnt,
+        })
     }
 
     /// The ref count of a resident row.
     #[inline]
     pub(crate) fn ref_of(&self, chunk: ChunkId) -> i32 {
-        self.refs[chunk as usize]
+        self.rows[chunk as usize].ref_cnt
     }
 
-    /// Every resident entry, in no particular order.
+    /// Every resident entry, in row order.
     pub(crate) fn entries(&self) -> impl Iterator<Item = Entry> + '_ {
-        self.map.values().copied()
+        self.rows[..self.num_allocated as usize]
+            .iter()
+            .zip(0..)
+            .filter(|(r, _)| r.ref_cnt != FREE)
+            .map(|(r, chunk)| Entry {
+                chunk,
+                ref_cnt: r.ref_cnt,
+            })
     }
 
     /// The policies' view of the rows.
     #[inline]
     pub(crate) fn view(&self) -> SlotView<'_> {
-        SlotView::new(&self.refs, &self.keys)
+        SlotView::new(&self.rows)
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
-    /// being evictable (0 → 1).
+    /// being evictable (0 → 1); an absent key, a write in flight or a reader count at its limit
+    /// is an error and changes nothing.
     #[inline]
-    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
-        let edge = e.ref_cnt == 0;
-        e.ref_cnt += 1;
-        self.refs[e.chunk as usize] = e.ref_cnt;
+    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
+        let Some(chunk) = self.find(key) else {
+            return Err(TierError::NotFound(*key));
+        };
+        let r = &mut self.rows[chunk as usize].ref_cnt;
+        if *r < 0 {
+            return Err(TierError::NotReady(*key));
+        }
+        if *r == i32::MAX {
+            return Err(TierError::Other(format!("key {key} has too many readers")));
+        }
+        let edge = *r == 0;
+        *r += 1;
         if edge {
             self.num_evictable -= 1;
         }
-        Some((e.chunk, edge))
+        Ok((chunk, edge))
     }
 
     /// Removes one reader from pinned `key`. Returns its row and whether it just became
-    /// evictable (1 → 0).
+    /// evictable (1 → 0); an absent or unpinned key is an error and changes nothing.
     #[inline]
-    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Option<(ChunkId, bool)> {
-        let e = self.map.get_mut(key)?;
-        e.ref_cnt -= 1;
-        self.refs[e.chunk as usize] = e.ref_cnt;
-        let edge = e.ref_cnt == 0;
+    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
+        let Some(chunk) = self.find(key) else {
+            return Err(TierError::NotFound(*key));
+        };
+        let r = &mut self.rows[chunk as usize].ref_cnt;
+        if *r <= 0 {
+            return Err(TierError::NotPinned(*key));
+        }
+        *r -= 1;
+        let edge = *r == 0;
         if edge {
             self.num_evictable += 1;
         }
-        Some((e.chunk, edge))
+        Ok((chunk, edge))
+    }
+
+    /// Undoes one successful [`ChunkTable::unpin`] of `key` (rolling back a batch).
+    pub(crate) fn repin(&mut self, key: &OffloadKey) {
+        if let Some(chunk) = self.find(key) {
+            let r = &mut self.rows[chunk as usize].ref_cnt;
+            if *r == 0 {
+                self.num_evictable -= 1;
+            }
+            *r += 1;
+        }
     }
 
     /// Completes the write of `key` if it is in flight. Returns its row then.
     #[inline]
     pub(crate) fn mark_written(&mut self, key: &OffloadKey) -> Option<ChunkId> {
-        let e = self.map.get_mut(key)?;
-        if e.ref_cnt != WRITING {
+        let chunk = self.find(key)?;
+        let r = &mut self.rows[chunk as usize].ref_cnt;
+        if *r != WRITING {
             return None;
         }
-        e.ref_cnt = 0;
-        self.refs[e.chunk as usize] = 0;
+        *r = 0;
         self.num_write_pending -= 1;
         self.num_evictable += 1;
-        Some(e.chunk)
+        Some(chunk)
     }
 
     /// Takes `n` rows: fresh ones ascending, then freed ones LIFO. The caller made room first.
@@ -163,34 +267,35 @@ impl ChunkTable {
 
     /// Makes `key` resident in `chunk` with a write in flight.
     pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.map.insert(
+        self.index.insert(key.digest(), chunk);
+        self.rows[chunk as usize] = Row {
             key,
-            Entry {
-                chunk,
-                ref_cnt: WRITING,
-            },
-        );
-        self.refs[chunk as usize] = WRITING;
-        self.keys[chunk as usize] = key;
+            ref_cnt: WRITING,
+        };
         self.num_write_pending += 1;
     }
 
     /// Drops the key stored in `chunk` and frees the row. Returns the key.
     pub(crate) fn release(&mut self, chunk: ChunkId) -> OffloadKey {
-        let key = self.keys[chunk as usize];
-        match self.refs[chunk as usize] {
+        let row = &mut self.rows[chunk as usize];
+        let key = row.key;
+        match row.ref_cnt {
             WRITING => self.num_write_pending -= 1,
             0 => self.num_evictable -= 1,
             _ => {}
         }
-        self.map.remove(&key);
+        row.ref_cnt = FREE;
+        self.index.remove(key.digest(), chunk);
         self.free.push(chunk);
         key
     }
 
     /// Forgets every key and every allocation.
     pub(crate) fn clear(&mut self) {
-        self.map.clear();
+        self.index.clear();
+        for row in &mut self.rows[..self.num_allocated as usize] {
+            row.ref_cnt = FREE;
+        }
         self.free.clear();
         self.num_allocated = 0;
         self.num_evictable = 0;
@@ -200,24 +305,32 @@ impl ChunkTable {
     /// Checks the structural invariants; the first violation, described.
     pub(crate) fn check(&self) -> Result<(), String> {
         let mut owner = vec![false; self.capacity as usize];
-        let (mut evictable, mut writing) = (0, 0);
-        for (key, e) in &self.map {
-            let (chunk, c) = (e.chunk, e.chunk as usize);
-            if chunk >= self.num_allocated {
+        let (mut evictable, mut writing, mut resident) = (0, 0, 0);
+        for (c, row) in self.rows.iter().enumerate() {
+            if row.ref_cnt == FREE {
+                continue;
+            }
+            let key = row.key;
+            if c >= self.num_allocated as usize {
                 return Err(format!("{key} holds row {c}, never allocated"));
             }
-            if std::mem::replace(&mut owner[c], true) {
-                return Err(format!("row {c} owned twice"));
+            if self.find(&key) != Some(c as ChunkId) {
+                return Err(format!("the index does not lead {key} to its row {c}"));
             }
-            if self.keys[c] != *key || self.refs[c] != e.ref_cnt {
-                return Err(format!("row {c} arrays disagree with the map for {key}"));
-            }
-            match self.refs[c] {
+            owner[c] = true;
+            resident += 1;
+            match row.ref_cnt {
                 WRITING => writing += 1,
                 0 => evictable += 1,
                 r if r > 0 => {}
                 r => return Err(format!("{key} has ref count {r}")),
             }
+        }
+        if resident != self.index.len() {
+            return Err(format!(
+                "{resident} resident rows, {} index entries",
+                self.index.len()
+            ));
         }
         for &c in &self.free {
             if c >= self.num_allocated || std::mem::replace(&mut owner[c as usize], true) {
@@ -240,6 +353,19 @@ impl ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn same_key_tells_every_field_apart() {
+        let a = OffloadKey::from_u64(1);
+        assert!(same_key(&a, &OffloadKey::from_u64(1)));
+        assert!(!same_key(&a, &OffloadKey::from_u64(2)));
+        assert!(!same_key(&a, &a.with_group(1)));
+        for byte in [0, 9, 17, 31] {
+            let mut bytes = *a.hash_bytes();
+            bytes[byte] ^= 1;
+            assert!(!same_key(&a, &OffloadKey::new(bytes, 0)), "byte {byte}");
+        }
+    }
 
     #[test]
     fn fresh_rows_ascend_then_freed_rows_come_back_lifo() {

@@ -26,7 +26,9 @@ pub struct ArcPolicy {
     links: Links,
     t1: List,
     t2: List,
-    in_t2: Vec<bool>,
+    /// Bit per chunk: set when the chunk is in T2 (a bitmap stays cache resident where a byte
+    /// per chunk would not).
+    in_t2: Vec<u64>,
     /// B1 (list 0) and B2 (list 1).
     ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
@@ -34,7 +36,8 @@ pub struct ArcPolicy {
     /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
     /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
     /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
-    not_ghosts: Vec<OffloadKey>,
+    /// Each with its digest, compared first.
+    not_ghosts: Vec<(u64, OffloadKey)>,
 }
 
 impl ArcPolicy {
@@ -47,7 +50,7 @@ impl ArcPolicy {
             links: Links::with_nodes(capacity),
             t1: List::new(),
             t2: List::new(),
-            in_t2: vec![false; capacity],
+            in_t2: vec![0; capacity.div_ceil(64)],
             ghosts: Ghosts::new(),
             picked: Vec::new(),
             not_ghosts: Vec::new(),
@@ -63,29 +66,44 @@ impl ArcPolicy {
     /// Adapts the target if `key` is a ghost; returns whether it was.
     fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) -> bool {
         let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
-        match self.ghosts.list_of(key) {
+        // Moving within its list changes no length, so the lengths read above still hold.
+        match self.ghosts.move_to_back(key) {
             Some(B1) => {
                 self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
             }
             Some(_) => self.target = (self.target - (b1 / b2).max(1.0)).max(0.0),
             None => return false,
         }
-        self.ghosts.move_to_back(key);
         true
     }
 
+    #[inline]
+    fn is_in_t2(&self, chunk: ChunkId) -> bool {
+        self.in_t2[chunk as usize / 64] & (1 << (chunk % 64)) != 0
+    }
+
+    #[inline]
+    fn set_in_t2(&mut self, chunk: ChunkId, on: bool) {
+        let (word, bit) = (chunk as usize / 64, 1u64 << (chunk % 64));
+        if on {
+            self.in_t2[word] |= bit;
+        } else {
+            self.in_t2[word] &= !bit;
+        }
+    }
+
     fn move_to_t2_back(&mut self, chunk: ChunkId) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
             self.t1.remove(&mut self.links, chunk);
             self.t2.push_back(&mut self.links, chunk);
-            self.in_t2[chunk as usize] = true;
+            self.set_in_t2(chunk, true);
         }
     }
 
     fn move_to_own_back(&mut self, chunk: ChunkId) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.move_to_back(&mut self.links, chunk);
         } else {
             self.t1.move_to_back(&mut self.links, chunk);
@@ -110,11 +128,16 @@ impl EvictionPolicy for ArcPolicy {
         PolicyKind::Arc
     }
 
+    fn observes_request_access(&self) -> bool {
+        false
+    }
+
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
+        self.ghosts.prefetch(keys);
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
             if !self.adapt_to_ghost_hit(key) {
-                self.not_ghosts.push(*key);
+                self.not_ghosts.push((key.digest(), *key));
             }
         }
     }
@@ -128,8 +151,9 @@ impl EvictionPolicy for ArcPolicy {
         _ctx: &ReqContext,
     ) {
         self.t1.push_back(&mut self.links, chunk);
-        self.in_t2[chunk as usize] = false;
-        if let Some(i) = self.not_ghosts.iter().position(|k| k == key) {
+        self.set_in_t2(chunk, false);
+        let digest = key.digest();
+        if let Some(i) = self.not_ghosts.iter().position(|(d, k)| *d == digest && k == key) {
             self.not_ghosts.swap_remove(i);
         } else {
             self.ghosts.remove(key);
@@ -137,7 +161,7 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
-        if self.in_t2[chunk as usize] {
+        if self.is_in_t2(chunk) {
             self.t2.remove(&mut self.links, chunk);
         } else {
             self.t1.remove(&mut self.links, chunk);
@@ -145,9 +169,10 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
+        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
         for k in keys.iter().rev() {
             match k.chunk {
-                Some(chunk) if self.in_t2[chunk as usize] || slots.is_ready(chunk) => {
+                Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {
                     self.move_to_t2_back(chunk);
                 }
                 // A store that has not completed is not a second access.
@@ -208,6 +233,7 @@ impl EvictionPolicy for ArcPolicy {
             }
             self.picked.push((pick, from_t1));
         }
+        self.ghosts.prefetch_chunks(&self.picked, slots);
         for i in 0..self.picked.len() {
             let (chunk, from_t1) = self.picked[i];
             let key = slots.key(chunk);

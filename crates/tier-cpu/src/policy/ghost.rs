@@ -1,16 +1,19 @@
 //! Ghost lists: ordered sets of keys that are no longer resident (ARC's B1/B2, S3-FIFO's ghost
-//! queue). Several lists share one key index, so asking "is this key a ghost, and of which list"
-//! is a single probe. Membership, removal, move-to-back and pop-front are O(1).
+//! queue). Several lists share one compact key index (8-byte slots naming a ghost slot, the key
+//! confirmed on the slot), so asking "is this key a ghost, and of which list" is a single probe.
+//! Ghost slots are recycled through a free list: no allocation per key once the lists are at
+//! their bound. Membership, removal, move-to-back and pop-front are O(1).
 
-use std::collections::hash_map::Entry;
+use tiering_core::{ChunkId, OffloadKey};
 
-use tiering_core::{KeyMap, OffloadKey};
+use super::SlotView;
 
 use super::list::{Links, List, NIL};
+use crate::index::KeyIndex;
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
-    index: KeyMap<u32>,
+    index: KeyIndex,
     keys: Vec<OffloadKey>,
     owner: Vec<u8>,
     links: Links,
@@ -21,7 +24,7 @@ pub(crate) struct Ghosts<const N: usize> {
 impl<const N: usize> Default for Ghosts<N> {
     fn default() -> Self {
         Self {
-            index: KeyMap::default(),
+            index: KeyIndex::with_capacity(0),
             keys: Vec::new(),
             owner: Vec::new(),
             links: Links::default(),
@@ -42,60 +45,89 @@ impl<const N: usize> Ghosts<N> {
         self.lists[l].len()
     }
 
-    /// The list holding `key`, if any.
     #[inline]
-    pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
-        self.index.get(key).map(|&n| usize::from(self.owner[n as usize]))
+    fn find(&self, key: &OffloadKey) -> Option<u32> {
+        self.index.find(key.digest(), |n| self.keys[n as usize] == *key)
     }
 
-    /// Appends `key` at the back of list `l` (moving it there from wherever it was).
+    /// Starts loading the index slots of `keys` (about to be probed).
+    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
+        if keys.len() < 2 || self.index.len() == 0 {
+            return;
+        }
+        for k in keys.iter().take(32) {
+            self.index.prefetch(k.digest());
+        }
+    }
+
+    /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
+    /// victims about to become ghosts).
+    pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
+        if picked.len() < 2 || self.index.len() == 0 {
+            return;
+        }
+        for &(chunk, _) in picked.iter().take(32) {
+            self.index.prefetch(slots.key(chunk).digest());
+        }
+    }
+
+    /// The list holding `key`, if any.
+    #[cfg(test)]
+    pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
+        self.find(key).map(|n| usize::from(self.owner[n as usize]))
+    }
+
+    /// Appends `key` at the back of list `l` (moving it there from wherever it was); one probe
+    /// run finds the key or reserves its index slot.
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
-        let vacant = match self.index.entry(key) {
-            Entry::Occupied(o) => {
-                let n = *o.get();
+        // The slot a new ghost takes: the last freed one, else a fresh one.
+        let candidate = match self.free.last() {
+            Some(&n) => n,
+            None => match u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) {
+                Some(n) => n,
+                // More ghosts than u32 ids cannot happen below the arena's row limit; keep the
+                // structure bounded anyway by forgetting this key.
+                None => return,
+            },
+        };
+        let keys = &self.keys;
+        match self
+            .index
+            .find_or_insert(key.digest(), |n| keys[n as usize] == key, || candidate)
+        {
+            Ok(n) => {
                 let from = usize::from(self.owner[n as usize]);
                 self.lists[from].remove(&mut self.links, n);
                 self.lists[l].push_back(&mut self.links, n);
                 self.owner[n as usize] = l as u8;
-                return;
             }
-            Entry::Vacant(v) => v,
-        };
-        let n = if let Some(n) = self.free.pop() {
-            self.keys[n as usize] = key;
-            n
-        } else {
-            let Some(n) = u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) else {
-                // More ghosts than u32 ids cannot happen below the arena's row limit; keep the
-                // structure bounded anyway by forgetting this key.
-                return;
-            };
-            self.keys.push(key);
-            self.owner.push(0);
-            self.links.grow_to(self.keys.len());
-            n
-        };
-        vacant.insert(n);
-        self.owner[n as usize] = l as u8;
-        self.lists[l].push_back(&mut self.links, n);
+            Err(n) => {
+                if self.free.pop().is_some() {
+                    self.keys[n as usize] = key;
+                } else {
+                    self.keys.push(key);
+                    self.owner.push(0);
+                    self.links.grow_to(self.keys.len());
+                }
+                self.owner[n as usize] = l as u8;
+                self.lists[l].push_back(&mut self.links, n);
+            }
+        }
     }
 
-    /// Moves `key` to the back of its list; returns whether it was a ghost.
-    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> bool {
-        match self.index.get(key) {
-            Some(&n) => {
-                let l = usize::from(self.owner[n as usize]);
-                self.lists[l].move_to_back(&mut self.links, n);
-                true
-            }
-            None => false,
-        }
+    /// Moves `key` to the back of its list; returns that list, or `None` if it is no ghost.
+    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> Option<usize> {
+        let n = self.find(key)?;
+        let l = usize::from(self.owner[n as usize]);
+        self.lists[l].move_to_back(&mut self.links, n);
+        Some(l)
     }
 
     /// Forgets `key`; returns whether it was a ghost.
     pub(crate) fn remove(&mut self, key: &OffloadKey) -> bool {
-        match self.index.remove(key) {
+        match self.find(key) {
             Some(n) => {
+                self.index.remove(key.digest(), n);
                 let l = usize::from(self.owner[n as usize]);
                 self.lists[l].remove(&mut self.links, n);
                 self.free.push(n);
@@ -113,7 +145,7 @@ impl<const N: usize> Ghosts<N> {
         }
         let key = self.keys[n as usize];
         self.lists[l].remove(&mut self.links, n);
-        self.index.remove(&key);
+        self.index.remove(key.digest(), n);
         self.free.push(n);
         Some(key)
     }
@@ -154,8 +186,8 @@ mod tests {
             g.push_back(0, k(n));
         }
         g.push_back(1, k(9));
-        assert!(g.move_to_back(&k(2)));
-        assert!(!g.move_to_back(&k(8)));
+        assert_eq!(g.move_to_back(&k(2)), Some(0));
+        assert_eq!(g.move_to_back(&k(8)), None);
         assert_eq!(g.keys(0), vec![k(1), k(3), k(4), k(2)]);
         assert_eq!(
             (g.list_of(&k(9)), g.list_of(&k(1)), g.list_of(&k(8))),

@@ -15,8 +15,12 @@
 //! - eviction walks from the front, skipping sentinels and chunks that are pinned, in flight or
 //!   protected (normally few, since pins last one transfer).
 //!
-//! A group's sentinel is recycled once the group is empty and its request can no longer add
-//! members (finished, or its context was dropped — detected through a `Weak` token).
+//! A group's sentinel is recycled once the group is empty and its request context is gone
+//! (detected through a `Weak` token). Finishing is not enough: a finished request may still store
+//! a key it observed before (one whose earlier store failed or was evicted since), and vLLM 0.33.0
+//! then ranks it with the request's old rank, among the oldest keys. Keeping the sentinel costs
+//! one node per live context, released with the context, so nothing accumulates for finished
+//! requests the engine has let go of.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +55,14 @@ impl RequestRank {
     }
 }
 
+/// A node's rank `(hi, lo)`, and whether it is a member of request group `hi`.
+#[derive(Clone, Copy, Default)]
+struct Rank {
+    hi: u64,
+    lo: i64,
+    grouped: bool,
+}
+
 /// The members of one request rank.
 struct Group {
     sentinel: u32,
@@ -58,12 +70,11 @@ struct Group {
     last: u32,
     len: usize,
     token: Weak<()>,
-    closed: bool,
 }
 
 impl Group {
     fn reclaimable(&self) -> bool {
-        self.len == 0 && (self.closed || self.token.strong_count() == 0)
+        self.len == 0 && self.token.strong_count() == 0
     }
 }
 
@@ -75,9 +86,8 @@ pub struct LruPolicy {
     capacity: u32,
     links: Links,
     order: List,
-    hi: Vec<u64>,
-    lo: Vec<i64>,
-    grouped: Vec<bool>,
+    /// Each node's rank, side by side (one cache line serves a node's whole rank).
+    ranks: Vec<Rank>,
     next_rank: u64,
     groups: HashMap<u64, Group, KeyBuildHasher>,
     /// Group ranks in creation order, swept a little at every creation so groups of requests
@@ -99,9 +109,7 @@ impl LruPolicy {
             capacity,
             links: Links::with_nodes(n),
             order: List::new(),
-            hi: vec![0; n],
-            lo: vec![0; n],
-            grouped: vec![false; n],
+            ranks: crate::memory::filled_vec(n, Rank::default()),
             next_rank: 0,
             groups: HashMap::default(),
             sweep: VecDeque::new(),
@@ -123,42 +131,40 @@ impl LruPolicy {
     /// this policy and generation. `None` only if no sentinel id is left (absurd sizes).
     fn request_rank(&mut self, ctx: &ReqContext) -> Option<u64> {
         let (owner, generation) = (self.owner, self.generation);
-        let known = ctx.with_state(RequestRank::unset, |s| {
-            (s.owner == owner && s.generation == generation).then_some(s.rank)
-        });
-        if let Some(rank) = known
-            && self.groups.contains_key(&rank)
-        {
-            return Some(rank);
-        }
-        let sentinel = self.alloc_sentinel()?;
-        let rank = self.fresh_rank();
-        let token = Arc::new(());
-        self.hi[sentinel as usize] = rank;
-        self.lo[sentinel as usize] = i64::MIN;
-        self.order.push_back(&mut self.links, sentinel);
-        self.groups.insert(
-            rank,
-            Group {
-                sentinel,
-                last: sentinel,
-                len: 0,
-                token: Arc::downgrade(&token),
-                closed: false,
-            },
-        );
-        self.sweep_groups(rank);
-        // The first `with_state` above left a value of this type in the context: overwrite it in
-        // place rather than boxing a new one.
-        ctx.with_state(RequestRank::unset, |s| {
-            *s = RequestRank {
+        // One visit to the context's state: reuse its rank if it is ours and its group is alive,
+        // else create the group and overwrite the state in place.
+        ctx.with_state(RequestRank::unset, |state| {
+            if state.owner == owner && state.generation == generation && self.groups.contains_key(&state.rank)
+            {
+                return Some(state.rank);
+            }
+            let sentinel = self.alloc_sentinel()?;
+            let rank = self.fresh_rank();
+            let token = Arc::new(());
+            self.ranks[sentinel as usize] = Rank {
+                hi: rank,
+                lo: i64::MIN,
+                grouped: false,
+            };
+            self.order.push_back(&mut self.links, sentinel);
+            self.groups.insert(
+                rank,
+                Group {
+                    sentinel,
+                    last: sentinel,
+                    len: 0,
+                    token: Arc::downgrade(&token),
+                },
+            );
+            self.sweep_groups(rank);
+            *state = RequestRank {
                 owner,
                 generation,
                 rank,
                 _token: Some(token),
             };
-        });
-        Some(rank)
+            Some(rank)
+        })
     }
 
     /// Queues the new group `rank` and examines the two oldest queued groups: reclaimed ones
@@ -188,9 +194,8 @@ impl LruPolicy {
         self.num_sentinels += 1;
         let n = id as usize + 1;
         self.links.grow_to(n);
-        if self.hi.len() < n {
-            self.hi.resize(n, 0);
-            self.lo.resize(n, 0);
+        if self.ranks.len() < n {
+            self.ranks.resize(n, Rank::default());
         }
         Some(id)
     }
@@ -205,9 +210,9 @@ impl LruPolicy {
     /// Unlinks a resident chunk from the order (and from its group).
     fn detach(&mut self, chunk: ChunkId) {
         let c = chunk as usize;
-        if self.grouped[c] {
-            self.grouped[c] = false;
-            let rank = self.hi[c];
+        if self.ranks[c].grouped {
+            self.ranks[c].grouped = false;
+            let rank = self.ranks[c].hi;
             let prev = self.links.prev(chunk);
             let mut reclaim = false;
             if let Some(g) = self.groups.get_mut(&rank) {
@@ -229,8 +234,11 @@ impl LruPolicy {
     /// Gives a detached chunk a fresh global rank (most recent).
     fn place_global(&mut self, chunk: ChunkId) {
         let rank = self.fresh_rank();
-        self.hi[chunk as usize] = rank;
-        self.lo[chunk as usize] = 0;
+        self.ranks[chunk as usize] = Rank {
+            hi: rank,
+            lo: 0,
+            grouped: false,
+        };
         self.order.push_back(&mut self.links, chunk);
     }
 
@@ -242,7 +250,7 @@ impl LruPolicy {
         };
         let (sentinel, last) = (g.sentinel, g.last);
         let key = slots.key(chunk);
-        let member_key = |n: u32| (self.lo[n as usize], slots.key(n));
+        let member_key = |n: u32| (self.ranks[n as usize].lo, slots.key(n));
         let at = if last == sentinel || member_key(last) < (lo, key) {
             // Empty group, or the largest rank of the group: append at the group's end.
             last
@@ -257,9 +265,11 @@ impl LruPolicy {
             }
             at
         };
-        self.hi[chunk as usize] = rank;
-        self.lo[chunk as usize] = lo;
-        self.grouped[chunk as usize] = true;
+        self.ranks[chunk as usize] = Rank {
+            hi: rank,
+            lo,
+            grouped: true,
+        };
         self.order.insert_after(&mut self.links, at, chunk);
         if let Some(g) = self.groups.get_mut(&rank) {
             g.len += 1;
@@ -295,7 +305,7 @@ impl EvictionPolicy for LruPolicy {
             let lo = position_rank(position);
             let c = chunk as usize;
             // Only moves forward: a key already ranked at or after this request position stays.
-            if (self.hi[c], self.lo[c]) >= (rank, lo) {
+            if (self.ranks[c].hi, self.ranks[c].lo) >= (rank, lo) {
                 continue;
             }
             self.detach(chunk);
@@ -311,7 +321,7 @@ impl EvictionPolicy for LruPolicy {
         slots: SlotView<'_>,
         ctx: &ReqContext,
     ) {
-        self.grouped[chunk as usize] = false;
+        self.ranks[chunk as usize].grouped = false;
         match position {
             None => self.place_global(chunk),
             Some(position) => match self.request_rank(ctx) {
@@ -326,6 +336,7 @@ impl EvictionPolicy for LruPolicy {
     }
 
     fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
         for k in keys.iter().rev() {
             if let Some(chunk) = k.chunk {
                 self.rerank_global(chunk);
@@ -333,22 +344,11 @@ impl EvictionPolicy for LruPolicy {
         }
     }
 
-    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, ctx: &ReqContext) {
+    fn on_request_finished(&mut self, keys: &[FinishedKey], _slots: SlotView<'_>, _ctx: &ReqContext) {
+        // The request's group stays while its context lives: a finished request that stores a
+        // key it saw before still ranks it with its old rank (see the module docs).
         for k in keys.iter().rev() {
             self.rerank_global(k.chunk);
-        }
-        // The request can add no member any more; recycle its group once empty.
-        let (owner, generation) = (self.owner, self.generation);
-        let rank = ctx.with_state(RequestRank::unset, |s| {
-            (s.owner == owner && s.generation == generation).then_some(s.rank)
-        });
-        if let Some(rank) = rank
-            && let Some(g) = self.groups.get_mut(&rank)
-        {
-            g.closed = true;
-            if g.reclaimable() {
-                self.reclaim_group(rank);
-            }
         }
     }
 
@@ -367,7 +367,7 @@ impl EvictionPolicy for LruPolicy {
         let mut cur = self.order.front();
         while cur != NIL && out.len() - start < n {
             if self.is_sentinel(cur) {
-                let rank = self.hi[cur as usize];
+                let rank = self.ranks[cur as usize].hi;
                 if self.groups.get(&rank).is_some_and(Group::reclaimable) {
                     dead_groups.push(rank);
                 }
@@ -399,9 +399,8 @@ impl EvictionPolicy for LruPolicy {
         self.num_sentinels = 0;
         let n = self.capacity as usize;
         self.links = Links::with_nodes(n);
-        self.hi.truncate(n);
-        self.lo.truncate(n);
-        self.grouped.iter_mut().for_each(|g| *g = false);
+        self.ranks.truncate(n);
+        self.ranks.iter_mut().for_each(|r| r.grouped = false);
     }
 
     fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {

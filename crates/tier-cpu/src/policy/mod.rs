@@ -23,6 +23,8 @@ use std::str::FromStr;
 use serde::Deserialize;
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
+use crate::slots::Row;
+
 pub use arc::ArcPolicy;
 pub use lru::LruPolicy;
 pub use s3fifo::S3FifoPolicy;
@@ -30,36 +32,34 @@ pub use s3fifo::S3FifoPolicy;
 /// The tier's per-chunk state, read-only, as policies see it.
 #[derive(Clone, Copy)]
 pub struct SlotView<'a> {
-    refs: &'a [i32],
-    keys: &'a [OffloadKey],
+    rows: &'a [Row],
 }
 
 impl<'a> SlotView<'a> {
-    /// A view over parallel per-chunk arrays: ref counts (−1 = write in flight) and keys.
-    #[must_use]
-    pub fn new(refs: &'a [i32], keys: &'a [OffloadKey]) -> Self {
-        Self { refs, keys }
+    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight).
+    pub(crate) fn new(rows: &'a [Row]) -> Self {
+        Self { rows }
     }
 
     /// Whether the (resident) chunk is readable: its write has completed.
     #[inline]
     #[must_use]
     pub fn is_ready(&self, chunk: ChunkId) -> bool {
-        self.refs[chunk as usize] >= 0
+        self.rows[chunk as usize].ref_cnt >= 0
     }
 
     /// Whether the (resident) chunk may be evicted: ready and unpinned.
     #[inline]
     #[must_use]
     pub fn is_evictable(&self, chunk: ChunkId) -> bool {
-        self.refs[chunk as usize] == 0
+        self.rows[chunk as usize].ref_cnt == 0
     }
 
     /// The key stored in the (resident) chunk.
     #[inline]
     #[must_use]
     pub fn key(&self, chunk: ChunkId) -> OffloadKey {
-        self.keys[chunk as usize]
+        self.rows[chunk as usize].key
     }
 }
 
@@ -144,6 +144,12 @@ pub trait EvictionPolicy: Send {
     /// target on ghost hits here). `keys` are not resident.
     fn on_store_miss(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         let _ = (keys, ctx);
+    }
+
+    /// Whether [`EvictionPolicy::on_request_access`] does anything: a policy that ignores first
+    /// observations returns `false`, and the tier skips resolving them for it.
+    fn observes_request_access(&self) -> bool {
+        true
     }
 
     /// Keys the request observes for the first time (store offers and loads), before any

@@ -4,7 +4,7 @@ import os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle
 
-def gen(seed, policy, n_ops=120):
+def gen(seed, policy, n_ops=120, finished_stores=False):
     rnd = random.Random(seed)
     cap = rnd.choice([3, 4, 5, 8])
     universe = rnd.choice([8, 12, 20])
@@ -45,6 +45,22 @@ def gen(seed, policy, n_ops=120):
             finished.clear()
             ops.append("newctx a"); ops.append("newctx b"); ops.append("newctx c")
             live = list(reqs)
+        if finished_stores and finished and rnd.random() < 0.15:
+            # A finished request stores keys it observed before finishing (vLLM keeps its
+            # rank), completing the store at once since finished requests take no more steps.
+            r = rnd.choice(sorted(finished))
+            st = C(r).get_state(oracle.mgr_mod._RequestCacheAccess)
+            seen = sorted(oracle.name(k) for k in st.seen_keys) if st is not None else []
+            if seen:
+                ks = rnd.sample(seen, rnd.randint(1, min(3, len(seen))))
+                res = m.prepare_store([K(t) for t in ks], C(r))
+                ops.append(f"store {r} " + " ".join(ks))
+                if res is not None and res.keys_to_store:
+                    done = [oracle.name(k) for k in res.keys_to_store]
+                    ok = 1 if rnd.random() < 0.85 else 0
+                    m.complete_store([K(t) for t in done], C(r), success=bool(ok))
+                    ops.append(f"cstore {r} {ok} " + " ".join(done))
+                continue
         r = rnd.choice(live)
         x = rnd.random()
         if x < 0.30:
@@ -109,12 +125,18 @@ def gen(seed, policy, n_ops=120):
     return script, out
 
 if __name__ == "__main__":
-    dest = sys.argv[1]
-    count = int(sys.argv[2])
+    # gen.py DEST COUNT [SEED_OFFSET] [OPS] [--finished-stores]
+    late = "--finished-stores" in sys.argv
+    args = [a for a in sys.argv if a != "--finished-stores"]
+    dest = args[1]
+    count = int(args[2])
+    offset = int(args[3]) if len(args) > 3 else 0
+    n_ops = int(args[4]) if len(args) > 4 else 120
+    prefix = "late_" if late else ""
     for policy in ["lru", "arc"]:
         for seed in range(count):
-            script, out = gen(seed * 7919 + (1 if policy == "arc" else 0) + int(sys.argv[3] if len(sys.argv) > 3 else 0), policy, int(sys.argv[4]) if len(sys.argv) > 4 else 120)
+            script, out = gen(seed * 7919 + (1 if policy == "arc" else 0) + offset, policy, n_ops, late)
             assert "assert" not in out, (policy, seed)
-            with open(f"{dest}/{policy}_{seed:03}.txt", "w") as f:
+            with open(f"{dest}/{policy}_{prefix}{seed:03}.txt", "w") as f:
                 for s, o in zip(script, out):
                     f.write(f"{s}\n= {o}\n")

@@ -1,0 +1,261 @@
+//! A compact open-addressing index from keys to dense `u32` ids (arena rows, ghost slots).
+//!
+//! The index stores no keys: each slot is one `u64` holding a 32-bit tag taken from the key's
+//! digest and the id, and the owner of the ids keeps the keys (the chunk table keeps each row's
+//! key next to its ref count, so confirming a match reads the line a lookup needs anyway). At a
+//! load factor of at most one half, a slot costs 8–16 bytes per key, against the ~45 of a
+//! general hash map holding the key itself, which matters at 10M rows.
+//!
+//! Linear probing; the home slot is derived from the tag alone (`tag × slots / 2³²`), so the
+//! table can grow without the keys, and removal shifts later members of the run back instead of
+//! leaving tombstones, so probe runs never rot under churn.
+
+/// Slot content meaning "empty" (an id is stored plus one, so no live slot is zero).
+const EMPTY: u64 = 0;
+
+/// See the module docs.
+#[derive(Clone, Debug)]
+pub(crate) struct KeyIndex {
+    slots: Vec<u64>,
+    mask: usize,
+    len: usize,
+}
+
+/// The 32-bit tag of a digest: its high half (the low half picks nothing, so both are usable).
+#[inline]
+fn tag_of(digest: u64) -> u32 {
+    (digest >> 32) as u32
+}
+
+#[inline]
+fn pack(tag: u32, id: u32) -> u64 {
+    (u64::from(tag) << 32) | (u64::from(id) + 1)
+}
+
+#[inline]
+fn id_of(slot: u64) -> u32 {
+    // Ids are stored plus one and are below u32::MAX, so the low half is at least 1.
+    ((slot & 0xFFFF_FFFF) - 1) as u32
+}
+
+impl KeyIndex {
+    /// An index that holds `expected` ids without growing.
+    pub(crate) fn with_capacity(expected: usize) -> Self {
+        let slots = expected.saturating_mul(2).max(16).next_power_of_two();
+        Self {
+            slots: crate::memory::filled_vec(slots, EMPTY),
+            mask: slots - 1,
+            len: 0,
+        }
+    }
+
+    /// Number of ids held.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    fn home(&self, tag: u32) -> usize {
+        ((u64::from(tag) * self.slots.len() as u64) >> 32) as usize
+    }
+
+    /// Starts loading the home slot of `digest` (see [`crate::memory::prefetch`]).
+    #[inline]
+    pub(crate) fn prefetch(&self, digest: u64) {
+        crate::memory::prefetch(&self.slots[self.home(tag_of(digest))]);
+    }
+
+    /// The id held in the home slot of `digest` when its tag matches (the likely answer of a
+    /// [`KeyIndex::find`], for prefetching what it names).
+    #[inline]
+    pub(crate) fn likely(&self, digest: u64) -> Option<u32> {
+        let tag = tag_of(digest);
+        let slot = self.slots[self.home(tag)];
+        (slot != EMPTY && (slot >> 32) as u32 == tag).then(|| id_of(slot))
+    }
+
+    /// The id whose key has `digest` and satisfies `is_key`, if any.
+    #[inline]
+    pub(crate) fn find(&self, digest: u64, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+        let tag = tag_of(digest);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return None;
+            }
+            if (slot >> 32) as u32 == tag && is_key(id_of(slot)) {
+                return Some(id_of(slot));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Adds `id` for a key with `digest`; the caller knows the key is absent.
+    pub(crate) fn insert(&mut self, digest: u64, id: u32) {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        self.place(pack(tag_of(digest), id));
+        self.len += 1;
+    }
+
+    /// The id of the key with `digest` that satisfies `is_key`, or, when there is none, `new()`
+    /// inserted for it, in one probe run: `Ok(existing)` or `Err(inserted)`.
+    pub(crate) fn find_or_insert(
+        &mut self,
+        digest: u64,
+        mut is_key: impl FnMut(u32) -> bool,
+        new: impl FnOnce() -> u32,
+    ) -> Result<u32, u32> {
+        if (self.len + 1) * 2 > self.slots.len() {
+            self.grow();
+        }
+        let tag = tag_of(digest);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                let id = new();
+                self.slots[i] = pack(tag, id);
+                self.len += 1;
+                return Err(id);
+            }
+            if (slot >> 32) as u32 == tag && is_key(id_of(slot)) {
+                return Ok(id_of(slot));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    fn place(&mut self, slot: u64) {
+        let mut i = self.home((slot >> 32) as u32);
+        while self.slots[i] != EMPTY {
+            i = (i + 1) & self.mask;
+        }
+        self.slots[i] = slot;
+    }
+
+    fn grow(&mut self) {
+        let doubled = crate::memory::filled_vec(self.slots.len() * 2, EMPTY);
+        let old = std::mem::replace(&mut self.slots, doubled);
+        self.mask = self.slots.len() - 1;
+        for slot in old.into_iter().filter(|&s| s != EMPTY) {
+            self.place(slot);
+        }
+    }
+
+    /// Removes `id`, held for a key with `digest`; whether it was there.
+    pub(crate) fn remove(&mut self, digest: u64, id: u32) -> bool {
+        let tag = tag_of(digest);
+        let want = pack(tag, id);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return false;
+            }
+            if slot == want {
+                break;
+            }
+            i = (i + 1) & self.mask;
+        }
+        // Backward shift: move each later member of the run into the hole unless its home lies
+        // cyclically in (hole, j], where it would then be unreachable.
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let slot = self.slots[j];
+            if slot == EMPTY {
+                break;
+            }
+            let home = self.home((slot >> 32) as u32);
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.slots[hole] = slot;
+                hole = j;
+            }
+        }
+        self.slots[hole] = EMPTY;
+        self.len -= 1;
+        true
+    }
+
+    /// Forgets every id (keeps the allocation).
+    pub(crate) fn clear(&mut self) {
+        self.slots.fill(EMPTY);
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Digests with many shared tags and homes, to exercise collisions and wrap-around.
+    fn digest(n: u32) -> u64 {
+        (u64::from(n % 7) << 61) | (u64::from(n) << 32 >> 3) | u64::from(n)
+    }
+
+    #[test]
+    fn finds_what_was_inserted_and_nothing_after_removal_under_churn() {
+        let mut index = KeyIndex::with_capacity(8);
+        let mut live = std::collections::BTreeSet::new();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        for step in 0..20_000u32 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let n = (state % 300) as u32;
+            let found = index.find(digest(n), |id| id == n);
+            assert_eq!(found.is_some(), live.contains(&n), "step {step}, key {n}");
+            if live.contains(&n) {
+                assert!(index.remove(digest(n), n));
+                live.remove(&n);
+            } else {
+                index.insert(digest(n), n);
+                live.insert(n);
+            }
+            assert_eq!(index.len(), live.len());
+        }
+        for n in 0..300 {
+            assert_eq!(index.find(digest(n), |id| id == n).is_some(), live.contains(&n));
+        }
+        assert!(!index.remove(digest(1000), 1000));
+        index.clear();
+        assert_eq!(index.len(), 0);
+        assert_eq!(
+            index.find(digest(live.first().copied().unwrap_or(0)), |_| true),
+            None
+        );
+    }
+
+    #[test]
+    fn find_or_insert_inserts_once() {
+        let mut index = KeyIndex::with_capacity(2);
+        for n in 0..100 {
+            assert_eq!(index.find_or_insert(digest(n), |id| id == n, || n), Err(n));
+        }
+        for n in 0..100 {
+            assert_eq!(index.find_or_insert(digest(n), |id| id == n, || 999), Ok(n));
+            assert_eq!(index.find(digest(n), |id| id == n), Some(n));
+        }
+        assert_eq!(index.len(), 100);
+    }
+
+    #[test]
+    fn a_tag_match_is_confirmed_by_the_caller() {
+        let mut index = KeyIndex::with_capacity(4);
+        index.insert(0xABCD_0000_0000_0001, 3);
+        index.insert(0xABCD_0000_0000_0002, 9);
+        // Same tag: the caller's check tells the two apart.
+        assert_eq!(index.find(0xABCD_0000_0000_0002, |id| id == 9), Some(9));
+        assert_eq!(index.find(0xABCD_0000_0000_0001, |id| id == 3), Some(3));
+        assert_eq!(index.find(0xABCD_0000_0000_0001, |_| false), None);
+    }
+}

