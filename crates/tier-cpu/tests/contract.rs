@@ -258,9 +258,14 @@ fn a_shared_memory_arena_is_backed_by_the_named_file_and_prefaulted() {
         ..CpuTierOptions::new(Capacity::Chunks(4))
     };
     let mut t = CpuTier::from_options(&opts, 100).unwrap();
+    // The header page (geometry, row locks) comes first, then the rows.
     assert_eq!(
         std::fs::metadata(&path).unwrap().len(),
-        4 * t.arena().row_stride() as u64
+        t.arena().mapped_bytes() as u64
+    );
+    assert_eq!(
+        t.arena().mapped_bytes(),
+        t.arena().header_bytes() + 4 * t.arena().row_stride()
     );
     let ctx = ReqContext::local("a");
     let out = t.prepare_store(&ks(&[1]), &ctx).unwrap();
@@ -270,8 +275,9 @@ fn a_shared_memory_arena_is_backed_by_the_named_file_and_prefaulted() {
         .copy_from_slice(&[7u8; 100]);
     t.complete_store(&ks(&[1]), &ctx, true);
     let bytes = std::fs::read(&path).unwrap();
+    let row = t.arena().header_bytes() + out.chunk_ids[0] as usize * t.arena().row_stride();
     assert_eq!(
-        &bytes[..100],
+        &bytes[row..row + 100],
         &[7u8; 100],
         "another process mapping the file sees the row"
     );

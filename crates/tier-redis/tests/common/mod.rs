@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 
 use tier_cpu::{CpuTier, PolicyKind};
 use tier_redis::{RedisTier, RedisTierOptions};
+use tiering_core::testing::Engine;
 use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, OffloadingManager, PrimaryTier, ReqContext,
+    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext,
     ScheduleEndContext, TierStats, TieringManager,
 };
 
@@ -269,7 +270,7 @@ pub fn options(url: &str, namespace: &str) -> RedisTierOptions {
 /// One simulated engine: a manager over a CPU primary of `primary_chunks` rows and one Redis
 /// tier, driven step by step.
 pub struct Node {
-    pub m: TieringManager,
+    pub m: Engine,
     pub arena: Arc<ChunkArena>,
     ctx: ReqContext,
     next_req: u64,
@@ -280,7 +281,7 @@ impl Node {
         let cpu = CpuTier::new(primary_chunks, chunk_bytes, PolicyKind::Lru).unwrap();
         let arena = Arc::clone(cpu.arena());
         let redis = RedisTier::connect(opts, chunk_bytes).unwrap();
-        let m = TieringManager::new(Box::new(cpu), vec![Box::new(redis)], ManagerConfig::step_driven());
+        let m = Engine::new(TieringManager::new(Box::new(cpu), vec![Box::new(redis)], ManagerConfig::step_driven()));
         let mut node = Self {
             m,
             arena,
