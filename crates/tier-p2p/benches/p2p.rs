@@ -30,6 +30,7 @@ const SMALL_CHUNK: usize = 4096;
 fn opts() -> P2pTierOptions {
     let mut o = P2pTierOptions::loopback();
     o.hash_seed = "bench".into();
+    o.layout_fingerprint = "bench".into();
     o
 }
 

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tiering_core::{JobId, JobResult, OffloadKey, ReqContext};
 
+use crate::auth::SharedSecret;
 use crate::dataplane::dest::DestTable;
 use crate::dataplane::receiver::Receiver;
 use crate::dataplane::{DataCounters, DataEvent, Faults};
@@ -39,6 +40,7 @@ pub(crate) struct Parked {
 /// Shared state of the tier.
 pub(crate) struct Core {
     pub(crate) opts: P2pTierOptions,
+    pub(crate) secret: SharedSecret,
     pub(crate) local_id: String,
     pub(crate) instance: u64,
     pub(crate) data_addr: String,
@@ -71,6 +73,7 @@ impl Core {
     #[expect(clippy::too_many_arguments, reason = "built once, by the tier constructor")]
     pub(crate) fn new(
         opts: P2pTierOptions,
+        secret: SharedSecret,
         transport: ControlTransport,
         receiver: Receiver,
         dest: Arc<DestTable>,
@@ -92,6 +95,7 @@ impl Core {
             ^ u64::from(std::process::id()).rotate_left(40);
         Self {
             opts,
+            secret,
             local_id,
             instance,
             data_addr,

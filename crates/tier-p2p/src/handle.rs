@@ -81,10 +81,17 @@ impl P2pHandle {
         self.data.chunks_rejected.load(Ordering::Relaxed)
     }
 
-    /// Chunks whose checksum did not match.
+    /// Chunks whose payload MAC did not match (written, not trusted).
     #[must_use]
     pub fn checksum_failures(&self) -> u64 {
         self.data.checksum_failures.load(Ordering::Relaxed)
+    }
+
+    /// Data connections cut because a frame did not authenticate (no or another secret, a
+    /// replay from another session, a forged tag).
+    #[must_use]
+    pub fn auth_failures(&self) -> u64 {
+        self.data.auth_failures.load(Ordering::Relaxed)
     }
 
     /// The last handshake or protocol error, for diagnostics.
@@ -143,5 +150,6 @@ pub(crate) fn tier_stats(name: &str, h: &P2pHandle, sessions: usize, retiring: u
     put("chunks_received", h.chunks_received());
     put("chunks_rejected", h.chunks_rejected());
     put("checksum_failures", h.checksum_failures());
+    put("auth_failures", h.auth_failures());
     s
 }

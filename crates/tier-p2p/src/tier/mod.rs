@@ -50,8 +50,11 @@ impl P2pTier {
     /// the ones fetches write into.
     ///
     /// # Errors
-    /// Bad options, or a socket that cannot be bound.
+    /// Bad options (no shared secret without `insecure`, an empty `hash_seed` or
+    /// `layout_fingerprint`), or a socket that cannot be bound.
     pub fn new(options: P2pTierOptions, arena: &ChunkArena) -> Result<Self, P2pError> {
+        let secret = options.resolve_secret()?;
+        options.check_identity()?;
         let notifier = Notifier::default();
         let transport = ControlTransport::start(
             &options.bind,
@@ -80,6 +83,7 @@ impl P2pTier {
         let peers = options.peers.clone();
         let core = Core::new(
             options,
+            secret,
             transport,
             receiver,
             dest,
@@ -371,10 +375,15 @@ impl SecondaryTier for P2pTier {
         let Some(s) = self.sessions.get_mut(&src.peer) else {
             return;
         };
-        match s
-            .client
-            .start_load(&mut self.core, &src.peer, &src.kv_request_id, job, src.eager)
-        {
+        let auth = Arc::clone(&s.inbound);
+        match s.client.start_load(
+            &mut self.core,
+            &src.peer,
+            &src.kv_request_id,
+            job,
+            src.eager,
+            auth,
+        ) {
             Ok(fetch) => s.send(&mut self.core, fetch),
             Err(result) => self.core.finished.push(result),
         }

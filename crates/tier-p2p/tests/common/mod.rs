@@ -29,10 +29,15 @@ pub struct Node {
     pub p2p: P2pHandle,
 }
 
+/// The shared secret of the test deployment.
+pub const SECRET: &[u8] = b"kvtier-test-secret";
+
 pub fn opts() -> P2pTierOptions {
     let mut o = P2pTierOptions::loopback();
     o.hash_seed = "seed".into();
     o.layout_fingerprint = "layout".into();
+    o.insecure = false;
+    o.secret = Some(tier_p2p::SharedSecret::new(SECRET));
     o
 }
 
