@@ -1,6 +1,8 @@
 //! Test nodes: a `TieringManager` over a `MemoryPrimary` with a p2p tier, driven like an engine.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod fake_peer;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -117,6 +119,40 @@ impl Node {
             unreachable!()
         };
         ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
+    /// A request pulling every chunk of `kv` from the peer at `host:port` without probing
+    /// (`remote_prefiller`).
+    pub fn prefiller_ctx_to(&self, req: &str, kv: &str, host: &str, port: u16) -> ReqContext {
+        let params = json!({"remote_prefiller": {"kv_request_id": kv, "host": host, "port": port}});
+        let serde_json::Value::Object(m) = params else {
+            unreachable!()
+        };
+        ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
+    /// Steps `ctx` over `keys` until `peer` sees a fetch from this node.
+    pub fn step_until_fetch(
+        &mut self,
+        ctx: &ReqContext,
+        keys: &[OffloadKey],
+        peer: &fake_peer::FakePeer,
+    ) -> fake_peer::SeenFetch {
+        let start = Instant::now();
+        loop {
+            let _ = self.step(ctx, keys);
+            if let Some(f) = peer.poll_fetch(Duration::from_millis(5)) {
+                return f;
+            }
+            assert!(start.elapsed() < PATIENCE, "the node never fetched");
+        }
+    }
+
+    /// Whether every byte of these arena rows is still zero.
+    pub fn rows_untouched(&self, rows: &[u32]) -> bool {
+        let arena = self.primary.arena().clone();
+        rows.iter()
+            .all(|&r| arena.read_row(r).unwrap().iter().all(|&b| b == 0))
     }
 
     /// A consumer request pulling from `from`.
