@@ -63,6 +63,12 @@ impl P2pHandle {
         self.transport.malformed_frames.load(Ordering::Relaxed)
     }
 
+    /// Control messages dropped because their peer was over its inbound budget or banned.
+    #[must_use]
+    pub fn inbound_dropped(&self) -> u64 {
+        self.transport.dropped_flood.load(Ordering::Relaxed)
+    }
+
     /// Chunks written and verified into this node's rows.
     #[must_use]
     pub fn chunks_received(&self) -> u64 {
@@ -145,6 +151,11 @@ pub(crate) fn tier_stats(name: &str, h: &P2pHandle, sessions: usize, retiring: u
     put("fetches_waited", g(&c.fetches_waited));
     put("keys_handed_off", g(&c.keys_handed_off));
     put("wait_timeouts", g(&c.wait_timeouts));
+    put("peers_flooded", g(&c.peers_flooded));
+    put(
+        "messages_dropped_flood",
+        h.transport.dropped_flood.load(Ordering::Relaxed),
+    );
     put("malformed_frames", h.malformed_frames());
     put("chunks_sent", h.chunks_sent());
     put("chunks_received", h.chunks_received());

@@ -49,6 +49,6 @@ pub mod wire;
 pub use auth::SharedSecret;
 pub use error::P2pError;
 pub use handle::P2pHandle;
-pub use options::{Deadlines, Heartbeat, P2pTierOptions};
+pub use options::{Deadlines, Heartbeat, Inbound, P2pTierOptions};
 pub use stats::P2pCounters;
 pub use tier::P2pTier;

@@ -113,6 +113,35 @@ impl Default for Heartbeat {
     }
 }
 
+/// Limits on what peers can make this node receive and hold.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Inbound {
+    /// Largest control message accepted (ZeroMQ `maxmsgsize`): libzmq drops the connection of
+    /// a peer that announces a larger one, before allocating it.
+    pub max_message_bytes: i64,
+    /// Control messages of one peer decoded but not handled yet. A peer past it is flooding:
+    /// its messages are dropped, its session is closed and counted, and it is ignored for
+    /// `flood_ban_ms`. Other peers are unaffected.
+    pub per_peer_budget: u32,
+    /// Decoded control messages of all peers waiting to be handled. When full, the I/O thread
+    /// stops reading (the socket's receive high-water mark then pushes back on the senders).
+    pub queue_capacity: usize,
+    /// How long a flooding peer is ignored.
+    pub flood_ban_ms: u64,
+}
+
+impl Default for Inbound {
+    fn default() -> Self {
+        Self {
+            max_message_bytes: 16 << 20,
+            per_peer_budget: 4096,
+            queue_capacity: 16_384,
+            flood_ban_ms: 10_000,
+        }
+    }
+}
+
 /// Options of a [`P2pTier`](crate::P2pTier).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -152,6 +181,8 @@ pub struct P2pTierOptions {
     pub send_hwm: i32,
     /// ZMTP heartbeats.
     pub heartbeat: Heartbeat,
+    /// Inbound limits (message size, per-peer budget, queue).
+    pub inbound: Inbound,
     /// Protocol deadlines.
     pub deadlines: Deadlines,
 }
@@ -171,6 +202,7 @@ impl Default for P2pTierOptions {
             secret: None,
             send_hwm: 1000,
             heartbeat: Heartbeat::default(),
+            inbound: Inbound::default(),
             deadlines: Deadlines::default(),
         }
     }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::P2pError;
 use crate::notify::Notifier;
-use crate::options::{Heartbeat, split_host_port};
+use crate::options::{Heartbeat, Inbound, split_host_port};
 use crate::wire::Message;
 
 static MONITOR_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -46,6 +46,41 @@ pub(crate) enum IoCommand {
     },
 }
 
+/// Decoded messages of each peer not handled yet (the per-peer budget).
+#[derive(Default)]
+pub(crate) struct InboundBudget {
+    queued: parking_lot::Mutex<HashMap<String, u32>>,
+}
+
+impl InboundBudget {
+    /// Takes one unit of `peer`'s budget; `false` when it has `limit` messages waiting already.
+    fn try_take(&self, peer: &str, limit: u32) -> bool {
+        let mut q = self.queued.lock();
+        match q.get_mut(peer) {
+            Some(n) if *n >= limit => false,
+            Some(n) => {
+                *n += 1;
+                true
+            }
+            None => {
+                q.insert(peer.to_owned(), 1);
+                true
+            }
+        }
+    }
+
+    /// Gives a unit back once the message is handled.
+    fn release(&self, peer: &str) {
+        let mut q = self.queued.lock();
+        if let Some(n) = q.get_mut(peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                q.remove(peer);
+            }
+        }
+    }
+}
+
 /// What the I/O thread reports.
 #[derive(Debug)]
 pub(crate) enum IoEvent {
@@ -57,6 +92,8 @@ pub(crate) enum IoEvent {
         generation: u64,
         reason: String,
     },
+    /// `peer` exceeded its inbound budget: its messages are being dropped.
+    Flooded { peer: String },
 }
 
 /// Counters the I/O thread maintains.
@@ -66,13 +103,19 @@ pub(crate) struct TransportCounters {
     pub(crate) messages_in: AtomicU64,
     pub(crate) messages_out: AtomicU64,
     pub(crate) send_failures: AtomicU64,
+    /// Messages dropped because their peer was over its budget or banned.
+    pub(crate) dropped_flood: AtomicU64,
 }
 
 /// The tier's handle on its control I/O thread.
 pub(crate) struct ControlTransport {
     cmd_tx: mpsc::Sender<IoCommand>,
     wake_tx: UnixStream,
+    /// Messages (bounded: `inbound.queue_capacity`).
+    messages: mpsc::Receiver<(String, Message)>,
+    /// Connection events (as many as connections).
     events: mpsc::Receiver<IoEvent>,
+    budget: Arc<InboundBudget>,
     pub(crate) counters: Arc<TransportCounters>,
     /// The node's identity: `advertise:bound_port`.
     pub(crate) local_id: String,
@@ -86,6 +129,7 @@ impl ControlTransport {
         advertise: Option<&str>,
         heartbeat: &Heartbeat,
         send_hwm: i32,
+        inbound: &Inbound,
         notifier: Notifier,
     ) -> Result<Self, P2pError> {
         let (host, port) =
@@ -100,6 +144,10 @@ impl ControlTransport {
         wake_rx.set_nonblocking(true)?;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ev_tx, events) = mpsc::channel();
+        let (msg_tx, messages) = mpsc::sync_channel(inbound.queue_capacity.max(1));
+        let budget = Arc::new(InboundBudget::default());
+        let thread_budget = Arc::clone(&budget);
+        let limits = inbound.clone();
         let (ready_tx, ready_rx) = mpsc::channel();
         let counters = Arc::new(TransportCounters::default());
         let hb = heartbeat.clone();
@@ -108,7 +156,7 @@ impl ControlTransport {
         let thread = std::thread::Builder::new()
             .name("kvtier-p2p-zmq".into())
             .spawn(move || {
-                let io = match IoThread::bind(&endpoint, &id_host, &hb, send_hwm) {
+                let io = match IoThread::bind(&endpoint, &id_host, &hb, send_hwm, limits, thread_budget) {
                     Ok((io, bound)) => {
                         let _ = ready_tx.send(Ok(bound));
                         io
@@ -118,7 +166,7 @@ impl ControlTransport {
                         return;
                     }
                 };
-                io.run(&cmd_rx, &wake_rx, &ev_tx, &notifier, &thread_counters);
+                io.run(&cmd_rx, &wake_rx, (&ev_tx, &msg_tx), &notifier, &thread_counters);
             })?;
         let bound_port = match ready_rx.recv() {
             Ok(Ok(port)) => port,
@@ -137,7 +185,9 @@ impl ControlTransport {
         Ok(Self {
             cmd_tx,
             wake_tx,
+            messages,
             events,
+            budget,
             counters,
             local_id,
             thread: Some(thread),
@@ -153,8 +203,12 @@ impl ControlTransport {
         let _ = self.wake_tx.write(&[1]);
     }
 
-    /// The next event, if any (non-blocking).
+    /// The next event, if any (non-blocking): messages first, then connection events.
     pub(crate) fn try_event(&mut self) -> Option<IoEvent> {
+        if let Ok((peer, msg)) = self.messages.try_recv() {
+            self.budget.release(&peer);
+            return Some(IoEvent::Message { peer, msg });
+        }
         self.events.try_recv().ok()
     }
 
@@ -196,6 +250,12 @@ struct IoThread {
     identity: Vec<u8>,
     heartbeat: Heartbeat,
     send_hwm: i32,
+    limits: Inbound,
+    budget: Arc<InboundBudget>,
+    /// Flooding peers and when they may be heard again.
+    banned: HashMap<String, Instant>,
+    /// A decoded message waiting for room in the full queue; the ROUTER is not read meanwhile.
+    stash: Option<(String, Message)>,
 }
 
 fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
@@ -206,10 +266,19 @@ fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
 }
 
 impl IoThread {
-    fn bind(endpoint: &str, id_host: &str, hb: &Heartbeat, send_hwm: i32) -> zmq::Result<(Self, u16)> {
+    fn bind(
+        endpoint: &str,
+        id_host: &str,
+        hb: &Heartbeat,
+        send_hwm: i32,
+        limits: Inbound,
+        budget: Arc<InboundBudget>,
+    ) -> zmq::Result<(Self, u16)> {
         let ctx = zmq::Context::new();
         let router = ctx.socket(zmq::ROUTER)?;
         set_heartbeat(&router, hb)?;
+        // Refused by libzmq's decoder from the size prefix, before any allocation.
+        router.set_maxmsgsize(limits.max_message_bytes)?;
         // A restarted peer reuses its identity; hand the route over to the new connection.
         router.set_router_handover(true)?;
         router.bind(endpoint)?;
@@ -228,6 +297,10 @@ impl IoThread {
                 identity: format!("{id_host}:{port}").into_bytes(),
                 heartbeat: hb.clone(),
                 send_hwm,
+                limits,
+                budget,
+                banned: HashMap::new(),
+                stash: None,
             },
             port,
         ))
@@ -237,7 +310,7 @@ impl IoThread {
         mut self,
         cmds: &mpsc::Receiver<IoCommand>,
         wake: &UnixStream,
-        events: &mpsc::Sender<IoEvent>,
+        (events, messages): (&mpsc::Sender<IoEvent>, &mpsc::SyncSender<(String, Message)>),
         notifier: &Notifier,
         counters: &TransportCounters,
     ) {
@@ -262,7 +335,7 @@ impl IoThread {
                     .map(|(_, t)| t.saturating_duration_since(Instant::now()).as_millis() as i64 + 1)
                     .min()
                     .unwrap_or(1000)
-                    .min(1000);
+                    .min(if self.stash.is_some() { 1 } else { 1000 });
                 if let Err(e) = zmq::poll(&mut items, timeout) {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
@@ -277,7 +350,7 @@ impl IoThread {
                 }
             }
             self.reap_closing();
-            let mut notify = self.drain_router(events, counters);
+            let mut notify = self.drain_router(events, messages, counters);
             for p in disconnected {
                 notify |= self.drain_monitor(&p, events);
             }
@@ -306,8 +379,55 @@ impl IoThread {
         }
     }
 
-    fn drain_router(&mut self, events: &mpsc::Sender<IoEvent>, counters: &TransportCounters) -> bool {
+    /// Queues one decoded message within the peer's budget. `false` when the queue is full
+    /// (the message is kept in the stash).
+    fn enqueue(
+        &mut self,
+        peer: String,
+        msg: Message,
+        events: &mpsc::Sender<IoEvent>,
+        messages: &mpsc::SyncSender<(String, Message)>,
+        counters: &TransportCounters,
+    ) -> bool {
+        if !self.banned.is_empty() {
+            let now = Instant::now();
+            self.banned.retain(|_, until| *until > now);
+            if self.banned.contains_key(&peer) {
+                counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        if !self.budget.try_take(&peer, self.limits.per_peer_budget) {
+            counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, budget = self.limits.per_peer_budget, "a peer floods the control socket; ignoring it");
+            self.banned.insert(
+                peer.clone(),
+                Instant::now() + Duration::from_millis(self.limits.flood_ban_ms),
+            );
+            let _ = events.send(IoEvent::Flooded { peer });
+            return true;
+        }
+        // Sent, or the tier is gone (nothing to deliver to): either way, go on reading.
+        if let Err(mpsc::TrySendError::Full((peer, msg))) = messages.try_send((peer, msg)) {
+            self.budget.release(&peer);
+            self.stash = Some((peer, msg));
+            return false;
+        }
+        true
+    }
+
+    fn drain_router(
+        &mut self,
+        events: &mpsc::Sender<IoEvent>,
+        messages: &mpsc::SyncSender<(String, Message)>,
+        counters: &TransportCounters,
+    ) -> bool {
         let mut any = false;
+        if let Some((peer, msg)) = self.stash.take()
+            && !self.enqueue(peer, msg, events, messages, counters)
+        {
+            return any;
+        }
         loop {
             let frames = match self.router.recv_multipart(zmq::DONTWAIT) {
                 Ok(f) => f,
@@ -335,10 +455,9 @@ impl IoThread {
                     tracing::trace!(%peer, kind = msg.kind(), "received");
                     counters.messages_in.fetch_add(1, Ordering::Relaxed);
                     any = true;
-                    let _ = events.send(IoEvent::Message {
-                        peer: peer.to_owned(),
-                        msg,
-                    });
+                    if !self.enqueue(peer.to_owned(), msg, events, messages, counters) {
+                        return any;
+                    }
                 }
                 Err(e) => {
                     counters.malformed_frames.fetch_add(1, Ordering::Relaxed);

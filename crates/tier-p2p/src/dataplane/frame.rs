@@ -544,6 +544,34 @@ mod tests {
     }
 
     #[test]
+    fn oversized_headers_are_refused_from_their_length_fields_before_any_body_is_read() {
+        // Only the length fields are present: reading (or allocating) a body would end in
+        // UnexpectedEof, refusing from the header ends in InvalidData.
+        let mut name = vec![TAG_BEGIN];
+        name.extend_from_slice(&[0; 16]);
+        name.extend_from_slice(&u16::MAX.to_le_bytes());
+        let e = read_frame(&mut name.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut count = vec![TAG_BEGIN];
+        count.extend_from_slice(&[0; 16]);
+        count.extend_from_slice(&1u16.to_le_bytes());
+        count.push(b'r');
+        count.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = read_frame(&mut count.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut ack = vec![TAG_ACK];
+        ack.extend_from_slice(&[0; 8]);
+        ack.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = read_ack(&mut ack.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut hello = MAGIC.to_le_bytes().to_vec();
+        hello.extend_from_slice(&DATA_VERSION.to_le_bytes());
+        hello.extend_from_slice(&u16::MAX.to_le_bytes());
+        let e = read_hello(&mut hello.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
     fn garbage_is_rejected() {
         assert!(read_hello(&mut &b"HTTP/1.1 200"[..]).is_err());
         assert!(read_frame(&mut &[9u8, 0, 0][..]).is_err());

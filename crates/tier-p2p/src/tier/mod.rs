@@ -61,6 +61,7 @@ impl P2pTier {
             options.advertise.as_deref(),
             &options.heartbeat,
             options.send_hwm,
+            &options.inbound,
             notifier.clone(),
         )?;
         let data_bind = match &options.data_bind {
@@ -157,6 +158,12 @@ impl P2pTier {
                 IoEvent::Message { peer, msg } => {
                     self.consumed += 1;
                     self.on_message(&peer, msg);
+                }
+                IoEvent::Flooded { peer } => {
+                    P2pCounters::bump(&self.core.counters.peers_flooded);
+                    let m = format!("peer {peer} flooded the control socket; disconnected");
+                    self.core.record_error(m.clone());
+                    self.kill(&peer, &m, true);
                 }
                 IoEvent::Dead {
                     peer,

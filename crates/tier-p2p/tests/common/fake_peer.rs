@@ -101,6 +101,11 @@ impl FakePeer {
         None
     }
 
+    /// Sends raw bytes without blocking (`false` when the send queue is full).
+    pub fn send_raw(&self, bytes: &[u8]) -> bool {
+        self.dealer.send(bytes, zmq::DONTWAIT).is_ok()
+    }
+
     pub fn send(&self, m: &Message) {
         self.dealer.send(m.encode(), 0).unwrap();
     }

@@ -148,6 +148,12 @@ impl Node {
         }
     }
 
+    /// Runs `f` while holding this node's manager lock, so neither its engine nor its control
+    /// thread handles anything meanwhile (its I/O threads still run).
+    pub fn with_lock_held<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        self.mgr.inspect(|_| f())
+    }
+
     /// Whether every byte of these arena rows is still zero.
     pub fn rows_untouched(&self, rows: &[u32]) -> bool {
         let arena = self.primary.arena().clone();
