@@ -17,7 +17,7 @@ use crate::dataplane::{DataCounters, DataEvent, Faults};
 use crate::notify::Notifier;
 use crate::options::P2pTierOptions;
 use crate::stats::P2pCounters;
-use crate::transport::{ControlTransport, IoCommand};
+use crate::transport::ControlTransport;
 use crate::wire::Message;
 
 /// A store job (a peer's pins) whose keys are handed out one by one; reported once every key
@@ -62,6 +62,8 @@ pub(crate) struct Core {
     /// or the consumer finished first); released at the next serve.
     pub(crate) finish_ctxs: Vec<ReqContext>,
     pub(crate) joins: Vec<JoinHandle<()>>,
+    /// Connections found dead while sending: (peer, generation, reason).
+    pub(crate) dead_links: Vec<(String, u64, String)>,
     /// Producer-side parking (`remote_decoder`), by kv request id.
     pub(crate) parked: HashMap<String, Parked>,
     next_generation: u64,
@@ -116,6 +118,7 @@ impl Core {
             finish_ctxs: Vec::new(),
             joins: Vec::new(),
             parked: HashMap::new(),
+            dead_links: Vec::new(),
             next_generation: 1,
             next_transfer: 1,
             next_lookup: 0,
@@ -137,13 +140,13 @@ impl Core {
         self.next_lookup
     }
 
-    /// Sends one message to `peer` now (no gating).
+    /// Sends one message to `peer` now (no gating), from this thread. A failed send marks the
+    /// connection dead; the tier tears the session down at its next pump.
     pub(crate) fn send(&mut self, peer: &str, msg: &Message) {
         tracing::trace!(%peer, kind = msg.kind(), "send");
-        self.transport.command(IoCommand::Send {
-            peer: peer.to_owned(),
-            payload: msg.encode(),
-        });
+        if let Err((generation, reason)) = self.transport.send(peer, msg) {
+            self.dead_links.push((peer.to_owned(), generation, reason));
+        }
     }
 
     /// Records an error for diagnostics.

@@ -12,7 +12,6 @@ use crate::dataplane::frame::{ChunkStatus, Hello};
 use crate::dataplane::sender::{Registration, SenderHandle, spawn_registration};
 use crate::server::{Fetch, ServerRole, Supply};
 use crate::stats::P2pCounters;
-use crate::transport::IoCommand;
 use crate::wire::{Bin, Connect, Message, WIRE_VERSION, decode_keys};
 
 /// How often an unanswered `connect` is repeated.
@@ -84,10 +83,9 @@ impl Session {
     /// Opens the outbound connection and sends this node's `connect` at once.
     pub(crate) fn open(core: &mut Core, peer: &str) -> Self {
         let generation = core.generation();
-        core.transport.command(IoCommand::Connect {
-            peer: peer.to_owned(),
-            generation,
-        });
+        if let Err(reason) = core.transport.connect(peer, generation) {
+            core.dead_links.push((peer.to_owned(), generation, reason));
+        }
         let ours = our_connect(core);
         core.send(peer, &Message::Connect(ours.clone()));
         tracing::debug!(%peer, generation, "session opened");
@@ -424,11 +422,7 @@ impl Session {
                 },
             );
         }
-        core.transport.command(IoCommand::Close {
-            peer: self.peer.clone(),
-            generation: self.generation,
-            linger: notify_peer,
-        });
+        core.transport.close(&self.peer, self.generation, notify_peer);
         // Cutting both data directions is what proves quiescence: receivers check their rows
         // back in, senders fail what they hold and release the source rows.
         core.receiver.disconnect_peer(&self.peer);

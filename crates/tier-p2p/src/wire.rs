@@ -192,6 +192,13 @@ impl Message {
         rmp_serde::to_vec_named(self).unwrap_or_default()
     }
 
+    /// Encodes as a msgpack map, appending to `buf` (reused by the caller: no allocation once
+    /// it is large enough).
+    pub fn encode_into(&self, buf: &mut Vec<u8>) {
+        // Writing these plain structs into a Vec cannot fail (see `encode`).
+        let _ = rmp_serde::encode::write_named(buf, self);
+    }
+
     /// Decodes one payload.
     ///
     /// # Errors

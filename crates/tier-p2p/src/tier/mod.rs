@@ -180,6 +180,15 @@ impl P2pTier {
                 }
             }
         }
+        for (peer, generation, reason) in std::mem::take(&mut self.core.dead_links) {
+            if self
+                .sessions
+                .get(&peer)
+                .is_some_and(|s| s.generation == generation)
+            {
+                self.kill(&peer, &reason, false);
+            }
+        }
         while let Ok(ev) = self.core.data_rx.try_recv() {
             self.on_data_event(ev);
         }
