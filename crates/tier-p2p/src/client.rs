@@ -206,6 +206,10 @@ impl ClientRole {
                 match load.aborting {
                     None if now.duration_since(load.submitted) >= load_deadline => {
                         tracing::warn!(%peer, %kv, round, "fetch timed out; aborting");
+                        core.failures.record(crate::PeerFailure::Deadline {
+                            peer: peer.to_owned(),
+                            what: "load",
+                        });
                         P2pCounters::bump(&core.counters.aborts_sent);
                         load.aborting = Some(now);
                         out.push(Message::AbortFetch {

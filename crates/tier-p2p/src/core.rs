@@ -14,8 +14,10 @@ use crate::auth::SharedSecret;
 use crate::dataplane::dest::DestTable;
 use crate::dataplane::receiver::Receiver;
 use crate::dataplane::{DataCounters, DataEvent, Faults};
+use crate::failure::FailureLog;
 use crate::notify::Notifier;
 use crate::options::P2pTierOptions;
+use crate::resolve::Resolver;
 use crate::stats::P2pCounters;
 use crate::transport::ControlTransport;
 use crate::wire::Message;
@@ -62,6 +64,10 @@ pub(crate) struct Core {
     /// or the consumer finished first); released at the next serve.
     pub(crate) finish_ctxs: Vec<ReqContext>,
     pub(crate) joins: Vec<JoinHandle<()>>,
+    /// Consumer-side failures per peer (shared with the handle).
+    pub(crate) failures: FailureLog,
+    /// Peer names to `ip:port`.
+    pub(crate) resolver: Resolver,
     /// Connections found dead while sending: (peer, generation, reason).
     pub(crate) dead_links: Vec<(String, u64, String)>,
     /// Producer-side parking (`remote_decoder`), by kv request id.
@@ -85,6 +91,7 @@ impl Core {
         num_chunks: u64,
     ) -> Self {
         let (data_tx, data_rx) = mpsc::channel();
+        let resolver = Resolver::new(notifier.clone());
         let local_id = transport.local_id.clone();
         let host = local_id
             .rsplit_once(':')
@@ -119,6 +126,8 @@ impl Core {
             joins: Vec::new(),
             parked: HashMap::new(),
             dead_links: Vec::new(),
+            failures: FailureLog::default(),
+            resolver,
             next_generation: 1,
             next_transfer: 1,
             next_lookup: 0,

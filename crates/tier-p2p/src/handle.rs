@@ -21,6 +21,7 @@ pub struct P2pHandle {
     pub(crate) data: Arc<DataCounters>,
     pub(crate) faults: Arc<Faults>,
     pub(crate) last_error: Arc<Mutex<Option<String>>>,
+    pub(crate) failures: crate::failure::FailureLog,
 }
 
 impl P2pHandle {
@@ -104,6 +105,19 @@ impl P2pHandle {
     #[must_use]
     pub fn last_error(&self) -> Option<String> {
         self.last_error.lock().clone()
+    }
+
+    /// Why `peer` (canonical `ip:port`, see [`canonical_peer`](crate::canonical_peer)) last
+    /// failed this node as a consumer, if it did.
+    #[must_use]
+    pub fn peer_failure(&self, peer: &str) -> Option<crate::PeerFailure> {
+        self.failures.get(peer)
+    }
+
+    /// The most recent consumer-side peer failure.
+    #[must_use]
+    pub fn last_failure(&self) -> Option<crate::PeerFailure> {
+        self.failures.last()
     }
 
     /// Fault injection (tests only).

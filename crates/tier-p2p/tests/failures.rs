@@ -125,6 +125,14 @@ fn a_peer_that_never_answers_hits_the_lookup_deadline() {
         "{trace:?}"
     );
     assert_eq!(count(&b.p2p.counters().lookup_timeouts), 1);
+    assert!(
+        matches!(
+            b.p2p.peer_failure(&format!("127.0.0.1:{port}")),
+            Some(tier_p2p::PeerFailure::Deadline { what: "lookup", .. })
+        ),
+        "{:?}",
+        b.p2p.last_failure()
+    );
     // The request keeps missing; no retry storm.
     assert_eq!(
         b.step(&ctx, &keys(0, 2)),
@@ -296,6 +304,14 @@ fn producer_killed_mid_transfer() {
     b.finish(&ctx);
     b.wait_clean();
     assert!(count(&b.p2p.counters().sessions_lost) >= 1);
+    assert!(
+        matches!(
+            b.p2p.last_failure(),
+            Some(tier_p2p::PeerFailure::ProducerDied { .. })
+        ),
+        "{:?}",
+        b.p2p.last_failure()
+    );
 }
 
 #[test]
