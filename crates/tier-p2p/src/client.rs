@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tiering_core::{JobId, JobResult, KeyMap, LookupResult, OffloadKey, RowGrant, TransferJob};
 
 use crate::core::Core;
-use crate::dataplane::dest::DestKey;
+use crate::dataplane::dest::{AuthSlot, DestKey};
 use crate::stats::P2pCounters;
 use crate::wire::{Message, encode_keys};
 
@@ -130,6 +130,7 @@ impl ClientRole {
         kv: &str,
         job: TransferJob,
         await_stores: bool,
+        auth: AuthSlot,
     ) -> Result<Message, JobResult> {
         let grants = match job.rows {
             RowGrant::Write(w) if w.len() == job.keys.len() => w,
@@ -151,7 +152,7 @@ impl ClientRole {
             req: kv.to_owned(),
             round,
         };
-        core.dest.register(dk, &job.keys, grants);
+        core.dest.register(dk, &job.keys, grants, auth);
         let msg = Message::Fetch {
             kv_request_id: kv.to_owned(),
             round_seq: round,
@@ -205,6 +206,10 @@ impl ClientRole {
                 match load.aborting {
                     None if now.duration_since(load.submitted) >= load_deadline => {
                         tracing::warn!(%peer, %kv, round, "fetch timed out; aborting");
+                        core.failures.record(crate::PeerFailure::Deadline {
+                            peer: peer.to_owned(),
+                            what: "load",
+                        });
                         P2pCounters::bump(&core.counters.aborts_sent);
                         load.aborting = Some(now);
                         out.push(Message::AbortFetch {

@@ -10,13 +10,16 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tiering_core::{JobId, JobResult, OffloadKey, ReqContext};
 
+use crate::auth::SharedSecret;
 use crate::dataplane::dest::DestTable;
 use crate::dataplane::receiver::Receiver;
 use crate::dataplane::{DataCounters, DataEvent, Faults};
+use crate::failure::FailureLog;
 use crate::notify::Notifier;
 use crate::options::P2pTierOptions;
+use crate::resolve::Resolver;
 use crate::stats::P2pCounters;
-use crate::transport::{ControlTransport, IoCommand};
+use crate::transport::ControlTransport;
 use crate::wire::Message;
 
 /// A store job (a peer's pins) whose keys are handed out one by one; reported once every key
@@ -39,6 +42,7 @@ pub(crate) struct Parked {
 /// Shared state of the tier.
 pub(crate) struct Core {
     pub(crate) opts: P2pTierOptions,
+    pub(crate) secret: SharedSecret,
     pub(crate) local_id: String,
     pub(crate) instance: u64,
     pub(crate) data_addr: String,
@@ -60,6 +64,12 @@ pub(crate) struct Core {
     /// or the consumer finished first); released at the next serve.
     pub(crate) finish_ctxs: Vec<ReqContext>,
     pub(crate) joins: Vec<JoinHandle<()>>,
+    /// Consumer-side failures per peer (shared with the handle).
+    pub(crate) failures: FailureLog,
+    /// Peer names to `ip:port`.
+    pub(crate) resolver: Resolver,
+    /// Connections found dead while sending: (peer, generation, reason).
+    pub(crate) dead_links: Vec<(String, u64, String)>,
     /// Producer-side parking (`remote_decoder`), by kv request id.
     pub(crate) parked: HashMap<String, Parked>,
     next_generation: u64,
@@ -71,6 +81,7 @@ impl Core {
     #[expect(clippy::too_many_arguments, reason = "built once, by the tier constructor")]
     pub(crate) fn new(
         opts: P2pTierOptions,
+        secret: SharedSecret,
         transport: ControlTransport,
         receiver: Receiver,
         dest: Arc<DestTable>,
@@ -80,6 +91,7 @@ impl Core {
         num_chunks: u64,
     ) -> Self {
         let (data_tx, data_rx) = mpsc::channel();
+        let resolver = Resolver::new(notifier.clone());
         let local_id = transport.local_id.clone();
         let host = local_id
             .rsplit_once(':')
@@ -92,6 +104,7 @@ impl Core {
             ^ u64::from(std::process::id()).rotate_left(40);
         Self {
             opts,
+            secret,
             local_id,
             instance,
             data_addr,
@@ -112,6 +125,9 @@ impl Core {
             finish_ctxs: Vec::new(),
             joins: Vec::new(),
             parked: HashMap::new(),
+            dead_links: Vec::new(),
+            failures: FailureLog::default(),
+            resolver,
             next_generation: 1,
             next_transfer: 1,
             next_lookup: 0,
@@ -133,13 +149,13 @@ impl Core {
         self.next_lookup
     }
 
-    /// Sends one message to `peer` now (no gating).
+    /// Sends one message to `peer` now (no gating), from this thread. A failed send marks the
+    /// connection dead; the tier tears the session down at its next pump.
     pub(crate) fn send(&mut self, peer: &str, msg: &Message) {
         tracing::trace!(%peer, kind = msg.kind(), "send");
-        self.transport.command(IoCommand::Send {
-            peer: peer.to_owned(),
-            payload: msg.encode(),
-        });
+        if let Err((generation, reason)) = self.transport.send(peer, msg) {
+            self.dead_links.push((peer.to_owned(), generation, reason));
+        }
     }
 
     /// Records an error for diagnostics.

@@ -21,6 +21,7 @@ pub struct P2pHandle {
     pub(crate) data: Arc<DataCounters>,
     pub(crate) faults: Arc<Faults>,
     pub(crate) last_error: Arc<Mutex<Option<String>>>,
+    pub(crate) failures: crate::failure::FailureLog,
 }
 
 impl P2pHandle {
@@ -63,6 +64,12 @@ impl P2pHandle {
         self.transport.malformed_frames.load(Ordering::Relaxed)
     }
 
+    /// Control messages dropped because their peer was over its inbound budget or banned.
+    #[must_use]
+    pub fn inbound_dropped(&self) -> u64 {
+        self.transport.dropped_flood.load(Ordering::Relaxed)
+    }
+
     /// Chunks written and verified into this node's rows.
     #[must_use]
     pub fn chunks_received(&self) -> u64 {
@@ -81,16 +88,36 @@ impl P2pHandle {
         self.data.chunks_rejected.load(Ordering::Relaxed)
     }
 
-    /// Chunks whose checksum did not match.
+    /// Chunks whose payload MAC did not match (written, not trusted).
     #[must_use]
     pub fn checksum_failures(&self) -> u64 {
         self.data.checksum_failures.load(Ordering::Relaxed)
+    }
+
+    /// Data connections cut because a frame did not authenticate (no or another secret, a
+    /// replay from another session, a forged tag).
+    #[must_use]
+    pub fn auth_failures(&self) -> u64 {
+        self.data.auth_failures.load(Ordering::Relaxed)
     }
 
     /// The last handshake or protocol error, for diagnostics.
     #[must_use]
     pub fn last_error(&self) -> Option<String> {
         self.last_error.lock().clone()
+    }
+
+    /// Why `peer` (canonical `ip:port`, see [`canonical_peer`](crate::canonical_peer)) last
+    /// failed this node as a consumer, if it did.
+    #[must_use]
+    pub fn peer_failure(&self, peer: &str) -> Option<crate::PeerFailure> {
+        self.failures.get(peer)
+    }
+
+    /// The most recent consumer-side peer failure.
+    #[must_use]
+    pub fn last_failure(&self) -> Option<crate::PeerFailure> {
+        self.failures.last()
     }
 
     /// Fault injection (tests only).
@@ -138,10 +165,16 @@ pub(crate) fn tier_stats(name: &str, h: &P2pHandle, sessions: usize, retiring: u
     put("fetches_waited", g(&c.fetches_waited));
     put("keys_handed_off", g(&c.keys_handed_off));
     put("wait_timeouts", g(&c.wait_timeouts));
+    put("peers_flooded", g(&c.peers_flooded));
+    put(
+        "messages_dropped_flood",
+        h.transport.dropped_flood.load(Ordering::Relaxed),
+    );
     put("malformed_frames", h.malformed_frames());
     put("chunks_sent", h.chunks_sent());
     put("chunks_received", h.chunks_received());
     put("chunks_rejected", h.chunks_rejected());
     put("checksum_failures", h.checksum_failures());
+    put("auth_failures", h.auth_failures());
     s
 }

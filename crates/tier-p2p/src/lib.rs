@@ -12,7 +12,9 @@
 //! - **Sessions** (`session`, `client`, `server`): one per peer with a consumer and a producer
 //!   role: probes batched per step, rounds, pin-before-answer through
 //!   [`ParentManager`](tiering_core::ParentManager), per-key results, deadlines.
-//! - **Data plane** ([`dataplane`]): TCP; the producer pushes chunks (key and checksum per
+//! - **Authentication** ([`auth`]): a shared secret authenticates each `connect` and keys a
+//!   per-session MAC on every data-plane frame (BLAKE3 keyed mode).
+//! - **Data plane** ([`dataplane`]): TCP; the producer pushes chunks (key and MAC per
 //!   chunk) straight from its pinned rows into the consumer's reserved rows, which are the only
 //!   rows the consumer accepts writes for; `transfer_done` leaves only after the consumer
 //!   acknowledged every row, and a row is released only once no write can touch it.
@@ -27,15 +29,18 @@
 //! store, which with the manager's off-step completions runs on the control thread as soon as
 //! the device copy finished, without waiting for the producer's next scheduler step.
 
+pub mod auth;
 mod client;
 mod core;
 pub mod dataplane;
 mod error;
+mod failure;
 mod handle;
 mod notify;
 mod options;
 mod params;
 mod registration;
+mod resolve;
 mod server;
 mod session;
 mod stats;
@@ -43,8 +48,11 @@ mod tier;
 mod transport;
 pub mod wire;
 
+pub use auth::SharedSecret;
 pub use error::P2pError;
+pub use failure::PeerFailure;
 pub use handle::P2pHandle;
-pub use options::{Deadlines, Heartbeat, P2pTierOptions};
+pub use options::{Deadlines, Heartbeat, Inbound, P2pTierOptions};
+pub use resolve::canonical_peer;
 pub use stats::P2pCounters;
 pub use tier::P2pTier;

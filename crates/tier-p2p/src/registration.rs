@@ -5,7 +5,9 @@
 //! type = "p2p"
 //! bind = "10.0.0.5:5710"        # control socket; the node's identity is advertise:port
 //! advertise = "10.0.0.5"
-//! hash_seed = "…"               # equal on every peer
+//! hash_seed = "…"               # equal on every peer, non-empty
+//! layout_fingerprint = "…"      # equal on every peer, non-empty
+//! secret_env = "KVTIER_P2P_SECRET"  # env var holding the shared secret (or insecure = true)
 //! [secondary.deadlines]
 //! lookup_ms = 8000
 //! ```
@@ -45,6 +47,8 @@ mod tests {
             r#"
             bind = "127.0.0.1:0"
             hash_seed = "s"
+            layout_fingerprint = "f"
+            insecure = true
             [deadlines]
             lookup_ms = 100
             "#,
@@ -53,6 +57,35 @@ mod tests {
         let ctx = SecondaryContext::new(ChunkArena::new(4, 64).unwrap(), ControlWaker::new());
         let tier = factory()(&table, &ctx).unwrap();
         assert_eq!(tier.info().name, "p2p");
+    }
+
+    #[test]
+    fn a_chain_without_a_secret_or_with_empty_identity_is_refused() {
+        let ctx = SecondaryContext::new(ChunkArena::new(4, 64).unwrap(), ControlWaker::new());
+        for (chain, needle) in [
+            (
+                "bind = \"127.0.0.1:0\"\nhash_seed = \"s\"\nlayout_fingerprint = \"f\"",
+                "secret_env",
+            ),
+            (
+                "bind = \"127.0.0.1:0\"\nhash_seed = \"s\"\nlayout_fingerprint = \"f\"\nsecret_env = \"KVTIER_P2P_TEST_SURELY_UNSET\"",
+                "KVTIER_P2P_TEST_SURELY_UNSET",
+            ),
+            (
+                "bind = \"127.0.0.1:0\"\ninsecure = true\nlayout_fingerprint = \"f\"",
+                "hash_seed",
+            ),
+            (
+                "bind = \"127.0.0.1:0\"\ninsecure = true\nhash_seed = \"s\"",
+                "layout_fingerprint",
+            ),
+        ] {
+            let table: toml::Table = toml::from_str(chain).unwrap();
+            let Err(e) = factory()(&table, &ctx) else {
+                panic!("built a p2p tier from {chain:?}")
+            };
+            assert!(e.to_string().contains(needle), "{chain:?}: {e}");
+        }
     }
 
     #[test]

@@ -7,27 +7,44 @@ use tiering_core::{OffloadKey, ParentManager};
 
 use crate::client::ClientRole;
 use crate::core::Core;
+use crate::dataplane::dest::{AuthSlot, InboundAuth};
 use crate::dataplane::frame::{ChunkStatus, Hello};
 use crate::dataplane::sender::{Registration, SenderHandle, spawn_registration};
 use crate::server::{Fetch, ServerRole, Supply};
 use crate::stats::P2pCounters;
-use crate::transport::IoCommand;
-use crate::wire::{Connect, Message, WIRE_VERSION, decode_keys};
+use crate::wire::{Bin, Connect, Message, WIRE_VERSION, decode_keys};
 
 /// How often an unanswered `connect` is repeated.
 const CONNECT_RETRANSMIT: Duration = Duration::from_millis(250);
 
-fn our_connect(core: &Core) -> Message {
-    Message::Connect(Connect {
+/// This node's `connect` for one session: a fresh nonce, tagged under the shared secret.
+fn our_connect(core: &Core) -> Connect {
+    let nonce = crate::auth::nonce().unwrap_or_else(|e| {
+        // Nonces need only be unique for key separation; the system source failing is
+        // exceptional, and a hash of the incarnation and a counter is still unique.
+        static FALLBACK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        tracing::error!(error = %e, "cannot read /dev/urandom; deriving the session nonce");
+        let n = FALLBACK.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut h = blake3::Hasher::new();
+        h.update(&core.instance.to_le_bytes());
+        h.update(&n.to_le_bytes());
+        h.update(core.local_id.as_bytes());
+        *h.finalize().as_bytes()
+    });
+    let mut c = Connect {
         wire_version: WIRE_VERSION,
         peer_id: core.local_id.clone(),
         instance: core.instance,
+        nonce: Bin(nonce.to_vec()),
         data_addr: core.data_addr.clone(),
         chunk_bytes: core.chunk_bytes,
         num_chunks: core.num_chunks,
         layout_fingerprint: core.opts.layout_fingerprint.clone(),
         hash_seed: core.opts.hash_seed.clone(),
-    })
+        auth: Bin::default(),
+    };
+    c.auth = Bin(core.secret.connect_tag(&c).as_bytes().to_vec());
+    c
 }
 
 /// Why a session must die.
@@ -45,6 +62,11 @@ pub(crate) enum SessionError {
 pub(crate) struct Session {
     pub(crate) peer: String,
     pub(crate) generation: u64,
+    /// This node's `connect` of this session (its nonce keys the session).
+    ours: Connect,
+    /// The peer's verified incarnation and data key, once its `connect` verified; fetches of
+    /// this session accept bytes only under it.
+    pub(crate) inbound: AuthSlot,
     created: Instant,
     connect_sent: Instant,
     pub(crate) peer_connect: Option<Connect>,
@@ -61,15 +83,17 @@ impl Session {
     /// Opens the outbound connection and sends this node's `connect` at once.
     pub(crate) fn open(core: &mut Core, peer: &str) -> Self {
         let generation = core.generation();
-        core.transport.command(IoCommand::Connect {
-            peer: peer.to_owned(),
-            generation,
-        });
-        core.send(peer, &our_connect(core));
+        if let Err(reason) = core.transport.connect(peer, generation) {
+            core.dead_links.push((peer.to_owned(), generation, reason));
+        }
+        let ours = our_connect(core);
+        core.send(peer, &Message::Connect(ours.clone()));
         tracing::debug!(%peer, generation, "session opened");
         Self {
             peer: peer.to_owned(),
             generation,
+            ours,
+            inbound: AuthSlot::default(),
             created: Instant::now(),
             connect_sent: Instant::now(),
             peer_connect: None,
@@ -206,6 +230,13 @@ impl Session {
                 c.peer_id, self.peer
             )));
         }
+        if !core.secret.verify_connect(&c) {
+            return Err(SessionError::Handshake(format!(
+                "peer {} failed authentication: its connect does not verify under this node's \
+                 shared secret (a different secret_env value, or insecure on one side only)",
+                self.peer
+            )));
+        }
         let mismatch = if c.wire_version != WIRE_VERSION {
             Some(format!(
                 "wire version {} (this node speaks {WIRE_VERSION})",
@@ -243,6 +274,7 @@ impl Session {
                 peer_id: core.local_id.clone(),
                 instance: core.instance,
             },
+            key: core.secret.data_key(&self.ours, &c),
             connect_timeout: core.opts.deadlines.handshake(),
             io_timeout: core.opts.deadlines.data_io(),
             events: core.data_tx.clone(),
@@ -250,6 +282,10 @@ impl Session {
             counters: core.data_counters.clone(),
             faults: core.faults.clone(),
         };
+        let _ = self.inbound.set(InboundAuth {
+            instance: c.instance,
+            key: core.secret.data_key(&c, &self.ours),
+        });
         self.peer_connect = Some(c);
         match spawn_registration(reg) {
             Ok(h) => core.joins.push(h),
@@ -323,7 +359,7 @@ impl Session {
                 && now.duration_since(self.connect_sent) >= CONNECT_RETRANSMIT
             {
                 self.connect_sent = now;
-                core.send(&self.peer, &our_connect(core));
+                core.send(&self.peer, &Message::Connect(self.ours.clone()));
             }
         }
         let (out, cut) = self.client.collect(core, &self.peer, now);
@@ -386,11 +422,7 @@ impl Session {
                 },
             );
         }
-        core.transport.command(IoCommand::Close {
-            peer: self.peer.clone(),
-            generation: self.generation,
-            linger: notify_peer,
-        });
+        core.transport.close(&self.peer, self.generation, notify_peer);
         // Cutting both data directions is what proves quiescence: receivers check their rows
         // back in, senders fail what they hold and release the source rows.
         core.receiver.disconnect_peer(&self.peer);

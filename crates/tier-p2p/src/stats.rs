@@ -40,6 +40,8 @@ pub struct P2pCounters {
     pub keys_handed_off: AtomicU64,
     /// Keys a waiting fetch never got: not stored by the producer's load deadline.
     pub wait_timeouts: AtomicU64,
+    /// Peers disconnected for exceeding their inbound message budget.
+    pub peers_flooded: AtomicU64,
 }
 
 impl P2pCounters {

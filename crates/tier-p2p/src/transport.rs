@@ -1,11 +1,14 @@
 //! The ZeroMQ control transport: one ROUTER bound per node receives every inbound message, one
 //! DEALER per remote peer (identity = this node's `host:port`) carries everything outbound.
 //!
-//! zmq sockets are not `Sync`, so every socket lives on one I/O thread owned by the tier. The
-//! tier talks to it with channels and a wake-up socket pair; the thread blocks in `zmq::poll`
-//! on the ROUTER, the wake-up fd and every DEALER's disconnect monitor, so it reacts at once
-//! and never spins. Sends are non-blocking with a bounded high-water mark: a full or dead peer
-//! is reported dead, never waited for.
+//! zmq sockets are not `Sync`, so each socket is used by one thread only. The DEALERs belong
+//! to the tier (used under the manager lock): a message leaves from the thread that produced
+//! it, with no hop to another thread, encoded into a reused buffer. The ROUTER and every
+//! DEALER's disconnect monitor belong to the tier's I/O thread, which blocks in `zmq::poll`
+//! on them and on a wake-up fd (so it reacts at once and never spins), decodes inbound
+//! messages into reused frames and queues them, bounded overall and per peer. Sends are
+//! non-blocking with a bounded high-water mark: a full or dead peer is reported dead, never
+//! waited for.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -19,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::P2pError;
 use crate::notify::Notifier;
-use crate::options::{Heartbeat, split_host_port};
+use crate::options::{Heartbeat, Inbound, split_host_port};
 use crate::wire::Message;
 
 static MONITOR_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -31,19 +34,64 @@ const CLOSE_LINGER_MS: i32 = 200;
 /// Longest wait for a retired DEALER's disconnect before it is closed anyway.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
 
-/// What the tier asks of the I/O thread.
+/// What the tier asks of the I/O thread. The tier owns the DEALERs and sends on them itself
+/// (replies leave from the thread that computed them, without a hop); the I/O thread owns the
+/// ROUTER and every DEALER's disconnect monitor.
 pub(crate) enum IoCommand {
-    /// Open (or replace) the DEALER toward `peer`, tagged with the session generation.
-    Connect { peer: String, generation: u64 },
-    /// Send one payload to `peer` (dropped, and the peer reported dead, if it has no DEALER).
-    Send { peer: String, payload: Vec<u8> },
-    /// Close the DEALER toward `peer` if it still belongs to `generation`; `linger` gives a
-    /// just-queued `disconnect` a moment to leave.
-    Close {
+    /// Watch the disconnect monitor of the DEALER toward `peer` of `generation`.
+    Watch {
         peer: String,
         generation: u64,
-        linger: bool,
+        monitor: zmq::Socket,
     },
+    /// Close a DEALER the tier is done with: once its monitor saw the disconnect, or after a
+    /// grace period.
+    Retire {
+        peer: String,
+        generation: u64,
+        socket: zmq::Socket,
+    },
+}
+
+/// A DEALER the tier sends on.
+struct OutDealer {
+    socket: zmq::Socket,
+    generation: u64,
+}
+
+/// Decoded messages of each peer not handled yet (the per-peer budget).
+#[derive(Default)]
+pub(crate) struct InboundBudget {
+    queued: parking_lot::Mutex<HashMap<String, u32>>,
+}
+
+impl InboundBudget {
+    /// Takes one unit of `peer`'s budget; `false` when it has `limit` messages waiting already.
+    fn try_take(&self, peer: &str, limit: u32) -> bool {
+        let mut q = self.queued.lock();
+        match q.get_mut(peer) {
+            Some(n) if *n >= limit => false,
+            Some(n) => {
+                *n += 1;
+                true
+            }
+            None => {
+                q.insert(peer.to_owned(), 1);
+                true
+            }
+        }
+    }
+
+    /// Gives a unit back once the message is handled.
+    fn release(&self, peer: &str) {
+        let mut q = self.queued.lock();
+        if let Some(n) = q.get_mut(peer) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                q.remove(peer);
+            }
+        }
+    }
 }
 
 /// What the I/O thread reports.
@@ -57,6 +105,8 @@ pub(crate) enum IoEvent {
         generation: u64,
         reason: String,
     },
+    /// `peer` exceeded its inbound budget: its messages are being dropped.
+    Flooded { peer: String },
 }
 
 /// Counters the I/O thread maintains.
@@ -66,13 +116,26 @@ pub(crate) struct TransportCounters {
     pub(crate) messages_in: AtomicU64,
     pub(crate) messages_out: AtomicU64,
     pub(crate) send_failures: AtomicU64,
+    /// Messages dropped because their peer was over its budget or banned.
+    pub(crate) dropped_flood: AtomicU64,
 }
 
-/// The tier's handle on its control I/O thread.
+/// The tier's handle on its control sockets and I/O thread.
 pub(crate) struct ControlTransport {
+    ctx: zmq::Context,
+    dealers: HashMap<String, OutDealer>,
+    identity: Vec<u8>,
+    heartbeat: Heartbeat,
+    send_hwm: i32,
+    /// Reused for every encoding (no allocation per message once warm).
+    encode_buf: Vec<u8>,
     cmd_tx: mpsc::Sender<IoCommand>,
     wake_tx: UnixStream,
+    /// Messages (bounded: `inbound.queue_capacity`).
+    messages: mpsc::Receiver<(String, Message)>,
+    /// Connection events (as many as connections).
     events: mpsc::Receiver<IoEvent>,
+    budget: Arc<InboundBudget>,
     pub(crate) counters: Arc<TransportCounters>,
     /// The node's identity: `advertise:bound_port`.
     pub(crate) local_id: String,
@@ -86,6 +149,7 @@ impl ControlTransport {
         advertise: Option<&str>,
         heartbeat: &Heartbeat,
         send_hwm: i32,
+        inbound: &Inbound,
         notifier: Notifier,
     ) -> Result<Self, P2pError> {
         let (host, port) =
@@ -100,15 +164,20 @@ impl ControlTransport {
         wake_rx.set_nonblocking(true)?;
         let (cmd_tx, cmd_rx) = mpsc::channel();
         let (ev_tx, events) = mpsc::channel();
+        let (msg_tx, messages) = mpsc::sync_channel(inbound.queue_capacity.max(1));
+        let budget = Arc::new(InboundBudget::default());
+        let thread_budget = Arc::clone(&budget);
+        let limits = inbound.clone();
         let (ready_tx, ready_rx) = mpsc::channel();
         let counters = Arc::new(TransportCounters::default());
         let hb = heartbeat.clone();
-        let id_host = advertise.unwrap_or(host).to_owned();
         let thread_counters = Arc::clone(&counters);
+        let ctx = zmq::Context::new();
+        let thread_ctx = ctx.clone();
         let thread = std::thread::Builder::new()
             .name("kvtier-p2p-zmq".into())
             .spawn(move || {
-                let io = match IoThread::bind(&endpoint, &id_host, &hb, send_hwm) {
+                let io = match IoThread::bind(thread_ctx, &endpoint, &hb, limits, thread_budget) {
                     Ok((io, bound)) => {
                         let _ = ready_tx.send(Ok(bound));
                         io
@@ -118,7 +187,7 @@ impl ControlTransport {
                         return;
                     }
                 };
-                io.run(&cmd_rx, &wake_rx, &ev_tx, &notifier, &thread_counters);
+                io.run(&cmd_rx, &wake_rx, (&ev_tx, &msg_tx), &notifier, &thread_counters);
             })?;
         let bound_port = match ready_rx.recv() {
             Ok(Ok(port)) => port,
@@ -135,17 +204,110 @@ impl ControlTransport {
         };
         let local_id = format!("{}:{bound_port}", advertise.unwrap_or(host));
         Ok(Self {
+            ctx,
+            dealers: HashMap::new(),
+            identity: local_id.clone().into_bytes(),
+            heartbeat: heartbeat.clone(),
+            send_hwm,
+            encode_buf: Vec::with_capacity(4096),
             cmd_tx,
             wake_tx,
+            messages,
             events,
+            budget,
             counters,
             local_id,
             thread: Some(thread),
         })
     }
 
+    /// Opens (or replaces) the DEALER toward `peer` for session `generation`.
+    pub(crate) fn connect(&mut self, peer: &str, generation: u64) -> Result<(), String> {
+        tracing::trace!(%peer, generation, "opening a control connection");
+        if let Some(old) = self.dealers.remove(peer) {
+            self.retire(peer, old);
+        }
+        let socket = self.ctx.socket(zmq::DEALER).map_err(|e| e.to_string())?;
+        let monitor = self.ctx.socket(zmq::PAIR).map_err(|e| e.to_string())?;
+        let setup = || -> zmq::Result<()> {
+            socket.set_identity(&self.identity)?;
+            set_heartbeat(&socket, &self.heartbeat)?;
+            socket.set_sndhwm(self.send_hwm)?;
+            let endpoint = format!(
+                "inproc://kvtier-p2p-monitor-{}",
+                MONITOR_SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            socket.monitor(&endpoint, zmq::SocketEvent::DISCONNECTED as i32)?;
+            monitor.set_linger(0)?;
+            monitor.connect(&endpoint)?;
+            socket.connect(&format!("tcp://{peer}"))
+        };
+        setup().map_err(|e| format!("cannot open a control connection: {e}"))?;
+        self.command(IoCommand::Watch {
+            peer: peer.to_owned(),
+            generation,
+            monitor,
+        });
+        self.dealers
+            .insert(peer.to_owned(), OutDealer { socket, generation });
+        Ok(())
+    }
+
+    /// Sends one message to `peer` now, from this thread (non-blocking). On failure the
+    /// DEALER is retired and its generation returned with the reason.
+    pub(crate) fn send(&mut self, peer: &str, msg: &Message) -> Result<(), (u64, String)> {
+        let Some(d) = self.dealers.get(peer) else {
+            return Ok(());
+        };
+        self.encode_buf.clear();
+        msg.encode_into(&mut self.encode_buf);
+        match d.socket.send(&self.encode_buf[..], zmq::DONTWAIT) {
+            Ok(()) => {
+                self.counters.messages_out.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.send_failures.fetch_add(1, Ordering::Relaxed);
+                let reason = if e == zmq::Error::EAGAIN {
+                    "send queue full (peer unreachable or not reading)".to_owned()
+                } else {
+                    format!("send failed: {e}")
+                };
+                let generation = d.generation;
+                if let Some(d) = self.dealers.remove(peer) {
+                    self.retire(peer, d);
+                }
+                Err((generation, reason))
+            }
+        }
+    }
+
+    /// Closes the DEALER toward `peer` if it still belongs to `generation`; `linger` gives a
+    /// just-queued `disconnect` a moment to leave.
+    pub(crate) fn close(&mut self, peer: &str, generation: u64, linger: bool) {
+        if self.dealers.get(peer).is_some_and(|d| d.generation == generation)
+            && let Some(d) = self.dealers.remove(peer)
+        {
+            if linger {
+                // Our goodbye may still be queued: give it a moment to leave. Never when the
+                // peer left first: a lingering socket would reconnect to a restarted peer
+                // under our identity.
+                let _ = d.socket.set_linger(CLOSE_LINGER_MS);
+            }
+            self.retire(peer, d);
+        }
+    }
+
+    fn retire(&mut self, peer: &str, d: OutDealer) {
+        self.command(IoCommand::Retire {
+            peer: peer.to_owned(),
+            generation: d.generation,
+            socket: d.socket,
+        });
+    }
+
     /// Queues a command and wakes the I/O thread.
-    pub(crate) fn command(&mut self, cmd: IoCommand) {
+    fn command(&mut self, cmd: IoCommand) {
         if self.cmd_tx.send(cmd).is_err() {
             return;
         }
@@ -153,8 +315,12 @@ impl ControlTransport {
         let _ = self.wake_tx.write(&[1]);
     }
 
-    /// The next event, if any (non-blocking).
+    /// The next event, if any (non-blocking): messages first, then connection events.
     pub(crate) fn try_event(&mut self) -> Option<IoEvent> {
+        if let Ok((peer, msg)) = self.messages.try_recv() {
+            self.budget.release(&peer);
+            return Some(IoEvent::Message { peer, msg });
+        }
         self.events.try_recv().ok()
     }
 
@@ -163,6 +329,10 @@ impl ControlTransport {
         let Some(thread) = self.thread.take() else {
             return;
         };
+        for d in self.dealers.values() {
+            let _ = d.socket.set_linger(0);
+        }
+        self.dealers.clear();
         // Replacing the sender disconnects the channel: the thread sees it and exits.
         let (dead_tx, _) = mpsc::channel();
         drop(std::mem::replace(&mut self.cmd_tx, dead_tx));
@@ -179,23 +349,31 @@ impl Drop for ControlTransport {
     }
 }
 
-struct Dealer {
-    socket: zmq::Socket,
+/// A DEALER being closed, with its monitor when it still has one.
+struct Retired {
+    _socket: zmq::Socket,
     monitor: zmq::Socket,
-    generation: u64,
+    deadline: Instant,
 }
 
 struct IoThread {
-    ctx: zmq::Context,
+    _ctx: zmq::Context,
     router: zmq::Socket,
-    dealers: HashMap<String, Dealer>,
+    /// Disconnect monitors of the tier's live DEALERs, by peer, with their generation.
+    monitors: HashMap<String, (zmq::Socket, u64)>,
     /// DEALERs being retired: closed only once their monitor saw the disconnect (or after a
     /// grace period). Closing a DEALER while libzmq is still tearing its connection down can
     /// stall the context's I/O thread, and with it every other connection of the node.
-    closing: Vec<(Dealer, Instant)>,
-    identity: Vec<u8>,
-    heartbeat: Heartbeat,
-    send_hwm: i32,
+    closing: Vec<Retired>,
+    limits: Inbound,
+    budget: Arc<InboundBudget>,
+    /// Flooding peers and when they may be heard again.
+    banned: HashMap<String, Instant>,
+    /// A decoded message waiting for room in the full queue; the ROUTER is not read meanwhile.
+    stash: Option<(String, Message)>,
+    /// Reused receive buffers (no allocation per frame).
+    frame_id: zmq::Message,
+    frame_payload: zmq::Message,
 }
 
 fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
@@ -206,10 +384,17 @@ fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
 }
 
 impl IoThread {
-    fn bind(endpoint: &str, id_host: &str, hb: &Heartbeat, send_hwm: i32) -> zmq::Result<(Self, u16)> {
-        let ctx = zmq::Context::new();
+    fn bind(
+        ctx: zmq::Context,
+        endpoint: &str,
+        hb: &Heartbeat,
+        limits: Inbound,
+        budget: Arc<InboundBudget>,
+    ) -> zmq::Result<(Self, u16)> {
         let router = ctx.socket(zmq::ROUTER)?;
         set_heartbeat(&router, hb)?;
+        // Refused by libzmq's decoder from the size prefix, before any allocation.
+        router.set_maxmsgsize(limits.max_message_bytes)?;
         // A restarted peer reuses its identity; hand the route over to the new connection.
         router.set_router_handover(true)?;
         router.bind(endpoint)?;
@@ -221,13 +406,16 @@ impl IoThread {
             .ok_or(zmq::Error::EINVAL)?;
         Ok((
             Self {
-                ctx,
+                _ctx: ctx,
                 router,
-                dealers: HashMap::new(),
+                monitors: HashMap::new(),
                 closing: Vec::new(),
-                identity: format!("{id_host}:{port}").into_bytes(),
-                heartbeat: hb.clone(),
-                send_hwm,
+                limits,
+                budget,
+                banned: HashMap::new(),
+                stash: None,
+                frame_id: zmq::Message::new(),
+                frame_payload: zmq::Message::new(),
             },
             port,
         ))
@@ -237,32 +425,37 @@ impl IoThread {
         mut self,
         cmds: &mpsc::Receiver<IoCommand>,
         wake: &UnixStream,
-        events: &mpsc::Sender<IoEvent>,
+        (events, messages): (&mpsc::Sender<IoEvent>, &mpsc::SyncSender<(String, Message)>),
         notifier: &Notifier,
         counters: &TransportCounters,
     ) {
+        // Rebuilt only when the set of monitors changes, not per message.
+        let mut peers: Vec<String> = Vec::new();
+        let mut disconnected = Vec::new();
         loop {
-            let peers: Vec<String> = self.dealers.keys().cloned().collect();
-            let mut disconnected = Vec::new();
+            if peers.len() != self.monitors.len() || peers.iter().any(|p| !self.monitors.contains_key(p)) {
+                peers = self.monitors.keys().cloned().collect();
+            }
+            disconnected.clear();
             {
-                let mut items = Vec::with_capacity(2 + peers.len());
+                let mut items = Vec::with_capacity(2 + peers.len() + self.closing.len());
                 items.push(self.router.as_poll_item(zmq::POLLIN));
                 items.push(zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN));
                 for p in &peers {
-                    if let Some(d) = self.dealers.get(p) {
-                        items.push(d.monitor.as_poll_item(zmq::POLLIN));
+                    if let Some((m, _)) = self.monitors.get(p) {
+                        items.push(m.as_poll_item(zmq::POLLIN));
                     }
                 }
-                for (d, _) in &self.closing {
-                    items.push(d.monitor.as_poll_item(zmq::POLLIN));
+                for r in &self.closing {
+                    items.push(r.monitor.as_poll_item(zmq::POLLIN));
                 }
                 let timeout = self
                     .closing
                     .iter()
-                    .map(|(_, t)| t.saturating_duration_since(Instant::now()).as_millis() as i64 + 1)
+                    .map(|r| r.deadline.saturating_duration_since(Instant::now()).as_millis() as i64 + 1)
                     .min()
                     .unwrap_or(1000)
-                    .min(1000);
+                    .min(if self.stash.is_some() { 1 } else { 1000 });
                 if let Err(e) = zmq::poll(&mut items, timeout) {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
@@ -277,9 +470,9 @@ impl IoThread {
                 }
             }
             self.reap_closing();
-            let mut notify = self.drain_router(events, counters);
-            for p in disconnected {
-                notify |= self.drain_monitor(&p, events);
+            let mut notify = self.drain_router(events, messages, counters);
+            for p in &disconnected {
+                notify |= self.drain_monitor(p, events);
             }
             let mut buf = [0u8; 64];
             loop {
@@ -292,7 +485,7 @@ impl IoThread {
             }
             loop {
                 match cmds.try_recv() {
-                    Ok(cmd) => notify |= self.handle(cmd, events, counters),
+                    Ok(cmd) => self.handle(cmd),
                     Err(mpsc::TryRecvError::Empty) => break,
                     Err(mpsc::TryRecvError::Disconnected) => {
                         self.close_all();
@@ -306,39 +499,93 @@ impl IoThread {
         }
     }
 
-    fn drain_router(&mut self, events: &mpsc::Sender<IoEvent>, counters: &TransportCounters) -> bool {
+    /// Queues one decoded message within the peer's budget. `false` when the queue is full
+    /// (the message is kept in the stash).
+    fn enqueue(
+        &mut self,
+        peer: String,
+        msg: Message,
+        events: &mpsc::Sender<IoEvent>,
+        messages: &mpsc::SyncSender<(String, Message)>,
+        counters: &TransportCounters,
+    ) -> bool {
+        if !self.banned.is_empty() {
+            let now = Instant::now();
+            self.banned.retain(|_, until| *until > now);
+            if self.banned.contains_key(&peer) {
+                counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
+                return true;
+            }
+        }
+        if !self.budget.try_take(&peer, self.limits.per_peer_budget) {
+            counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(%peer, budget = self.limits.per_peer_budget, "a peer floods the control socket; ignoring it");
+            self.banned.insert(
+                peer.clone(),
+                Instant::now() + Duration::from_millis(self.limits.flood_ban_ms),
+            );
+            let _ = events.send(IoEvent::Flooded { peer });
+            return true;
+        }
+        // Sent, or the tier is gone (nothing to deliver to): either way, go on reading.
+        if let Err(mpsc::TrySendError::Full((peer, msg))) = messages.try_send((peer, msg)) {
+            self.budget.release(&peer);
+            self.stash = Some((peer, msg));
+            return false;
+        }
+        true
+    }
+
+    fn drain_router(
+        &mut self,
+        events: &mpsc::Sender<IoEvent>,
+        messages: &mpsc::SyncSender<(String, Message)>,
+        counters: &TransportCounters,
+    ) -> bool {
         let mut any = false;
+        if let Some((peer, msg)) = self.stash.take()
+            && !self.enqueue(peer, msg, events, messages, counters)
+        {
+            return any;
+        }
         loop {
-            let frames = match self.router.recv_multipart(zmq::DONTWAIT) {
-                Ok(f) => f,
+            match self.router.recv(&mut self.frame_id, zmq::DONTWAIT) {
+                Ok(()) => {}
                 Err(zmq::Error::EAGAIN) => return any,
                 Err(zmq::Error::EINTR) => continue,
                 Err(e) => {
                     tracing::warn!(error = %e, "control receive failed");
                     return any;
                 }
-            };
-            let [identity, payload] = frames.as_slice() else {
+            }
+            // The frames of one message arrive together: the rest is there to read.
+            let mut frames = 1;
+            let mut more = self.frame_id.get_more();
+            while more {
+                if self.router.recv(&mut self.frame_payload, 0).is_err() {
+                    break;
+                }
+                frames += 1;
+                more = self.frame_payload.get_more();
+            }
+            if frames != 2 {
                 counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(
-                    frames = frames.len(),
-                    "dropped a control message with a bad frame count"
-                );
+                tracing::warn!(frames, "dropped a control message with a bad frame count");
+                continue;
+            }
+            let Ok(peer) = std::str::from_utf8(&self.frame_id) else {
+                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
                 continue;
             };
-            let Ok(peer) = std::str::from_utf8(identity) else {
-                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            match Message::decode(payload) {
+            let peer = peer.to_owned();
+            match Message::decode(&self.frame_payload) {
                 Ok(msg) => {
                     tracing::trace!(%peer, kind = msg.kind(), "received");
                     counters.messages_in.fetch_add(1, Ordering::Relaxed);
                     any = true;
-                    let _ = events.send(IoEvent::Message {
-                        peer: peer.to_owned(),
-                        msg,
-                    });
+                    if !self.enqueue(peer, msg, events, messages, counters) {
+                        return any;
+                    }
                 }
                 Err(e) => {
                     counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
@@ -350,11 +597,11 @@ impl IoThread {
 
     /// Reads a DEALER's monitor; a disconnect kills that peer's connection.
     fn drain_monitor(&mut self, peer: &str, events: &mpsc::Sender<IoEvent>) -> bool {
-        let Some(d) = self.dealers.get(peer) else {
+        let Some((monitor, _)) = self.monitors.get(peer) else {
             return false;
         };
         let mut dead = false;
-        while let Ok(frames) = d.monitor.recv_multipart(zmq::DONTWAIT) {
+        while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
             if let Some(head) = frames.first()
                 && head.len() >= 2
             {
@@ -365,9 +612,7 @@ impl IoThread {
                 }
             }
         }
-        if dead && let Some(d) = self.dealers.remove(peer) {
-            let generation = d.generation;
-            drop(d);
+        if dead && let Some((_, generation)) = self.monitors.remove(peer) {
             let _ = events.send(IoEvent::Dead {
                 peer: peer.to_owned(),
                 generation,
@@ -378,120 +623,40 @@ impl IoThread {
         false
     }
 
-    fn open_dealer(&mut self, peer: &str, generation: u64) -> zmq::Result<Dealer> {
-        let socket = self.ctx.socket(zmq::DEALER)?;
-        socket.set_identity(&self.identity)?;
-        set_heartbeat(&socket, &self.heartbeat)?;
-        socket.set_sndhwm(self.send_hwm)?;
-        let endpoint = format!(
-            "inproc://kvtier-p2p-monitor-{}",
-            MONITOR_SEQ.fetch_add(1, Ordering::Relaxed)
-        );
-        socket.monitor(&endpoint, zmq::SocketEvent::DISCONNECTED as i32)?;
-        let monitor = self.ctx.socket(zmq::PAIR)?;
-        monitor.set_linger(0)?;
-        monitor.connect(&endpoint)?;
-        socket.connect(&format!("tcp://{peer}"))?;
-        tracing::trace!(%peer, generation, "control connection opened");
-        Ok(Dealer {
-            socket,
-            monitor,
-            generation,
-        })
-    }
-
-    fn handle(
-        &mut self,
-        cmd: IoCommand,
-        events: &mpsc::Sender<IoEvent>,
-        counters: &TransportCounters,
-    ) -> bool {
+    fn handle(&mut self, cmd: IoCommand) {
         match cmd {
-            IoCommand::Connect { peer, generation } => {
-                tracing::trace!(%peer, generation, "opening a control connection");
-                if let Some(old) = self.dealers.remove(&peer) {
-                    self.retire(old);
-                }
-                match self.open_dealer(&peer, generation) {
-                    Ok(d) => {
-                        self.dealers.insert(peer, d);
-                        false
-                    }
-                    Err(e) => {
-                        let _ = events.send(IoEvent::Dead {
-                            peer,
-                            generation,
-                            reason: format!("cannot open a control connection: {e}"),
-                        });
-                        true
-                    }
-                }
-            }
-            IoCommand::Send { peer, payload } => {
-                let Some(d) = self.dealers.get(&peer) else {
-                    return false;
-                };
-                match d.socket.send(payload, zmq::DONTWAIT) {
-                    Ok(()) => {
-                        counters.messages_out.fetch_add(1, Ordering::Relaxed);
-                        false
-                    }
-                    Err(e) => {
-                        counters.send_failures.fetch_add(1, Ordering::Relaxed);
-                        let generation = d.generation;
-                        if let Some(d) = self.dealers.remove(&peer) {
-                            self.retire(d);
-                        }
-                        let reason = if e == zmq::Error::EAGAIN {
-                            "send queue full (peer unreachable or not reading)".to_owned()
-                        } else {
-                            format!("send failed: {e}")
-                        };
-                        let _ = events.send(IoEvent::Dead {
-                            peer,
-                            generation,
-                            reason,
-                        });
-                        true
-                    }
-                }
-            }
-            IoCommand::Close {
+            IoCommand::Watch {
                 peer,
                 generation,
-                linger,
+                monitor,
             } => {
-                if self
-                    .dealers
-                    .get(&peer)
-                    .is_some_and(|d| d.generation == generation)
-                    && let Some(d) = self.dealers.remove(&peer)
+                self.monitors.insert(peer, (monitor, generation));
+            }
+            IoCommand::Retire {
+                peer,
+                generation,
+                socket,
+            } => {
+                if self.monitors.get(&peer).is_some_and(|(_, g)| *g == generation)
+                    && let Some((monitor, _)) = self.monitors.remove(&peer)
                 {
-                    if linger {
-                        // Our goodbye (`disconnect`) may still be queued: give it a moment to
-                        // leave. Never when the peer left first: a lingering socket would
-                        // reconnect to a restarted peer under our identity.
-                        let _ = d.socket.set_linger(CLOSE_LINGER_MS);
-                    }
-                    self.retire(d);
+                    self.closing.push(Retired {
+                        _socket: socket,
+                        monitor,
+                        deadline: Instant::now() + CLOSE_GRACE,
+                    });
                 }
-                false
+                // Otherwise its disconnect was seen already: it closes now.
             }
         }
-    }
-
-    /// Starts closing a DEALER: it is closed once libzmq reports its disconnect, or after a
-    /// grace period.
-    fn retire(&mut self, d: Dealer) {
-        self.closing.push((d, Instant::now() + CLOSE_GRACE));
     }
 
     /// Closes retired DEALERs whose disconnect was seen or whose grace period is over.
     fn reap_closing(&mut self) {
         let now = Instant::now();
-        self.closing.retain(|(d, deadline)| {
-            let mut gone = now >= *deadline;
-            while let Ok(frames) = d.monitor.recv_multipart(zmq::DONTWAIT) {
+        self.closing.retain(|r| {
+            let mut gone = now >= r.deadline;
+            while let Ok(frames) = r.monitor.recv_multipart(zmq::DONTWAIT) {
                 if let Some(head) = frames.first()
                     && head.len() >= 2
                     && u16::from_le_bytes([head[0], head[1]]) == zmq::SocketEvent::DISCONNECTED.to_raw()
@@ -504,10 +669,10 @@ impl IoThread {
     }
 
     fn close_all(&mut self) {
-        for d in self.dealers.values() {
-            let _ = d.socket.set_linger(0);
+        for r in &self.closing {
+            let _ = r._socket.set_linger(0);
         }
-        self.dealers.clear();
+        self.monitors.clear();
         self.closing.clear();
     }
 }

@@ -13,7 +13,7 @@ use tiering_core::OffloadKey;
 
 /// The wire version this build speaks; `connect` carries it and a peer with another major
 /// version is refused at handshake.
-pub const WIRE_VERSION: u32 = 1;
+pub const WIRE_VERSION: u32 = 2;
 
 /// A byte string, encoded as msgpack `bin` (not an array of integers).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -69,6 +69,9 @@ pub struct Connect {
     /// A value unique to this incarnation of the sender, so a restarted peer is told apart from
     /// a duplicate `connect`.
     pub instance: u64,
+    /// Random bytes fresh for this session; the session's data keys derive from both sides'
+    /// nonces (see `crate::auth`).
+    pub nonce: Bin,
     /// The sender's data-plane listener (`host:port`).
     pub data_addr: String,
     /// Payload bytes of one chunk; must be equal.
@@ -79,6 +82,8 @@ pub struct Connect {
     pub layout_fingerprint: String,
     /// Hash seed; must be equal.
     pub hash_seed: String,
+    /// Tag over every other field, keyed by the shared secret.
+    pub auth: Bin,
 }
 
 /// One control message.
@@ -187,6 +192,13 @@ impl Message {
         rmp_serde::to_vec_named(self).unwrap_or_default()
     }
 
+    /// Encodes as a msgpack map, appending to `buf` (reused by the caller: no allocation once
+    /// it is large enough).
+    pub fn encode_into(&self, buf: &mut Vec<u8>) {
+        // Writing these plain structs into a Vec cannot fail (see `encode`).
+        let _ = rmp_serde::encode::write_named(buf, self);
+    }
+
     /// Decodes one payload.
     ///
     /// # Errors
@@ -219,8 +231,21 @@ impl Message {
         let err = |m: String| Err(ProtocolError(m));
         match self {
             Self::Connect(c) => {
-                if c.peer_id.is_empty() || c.data_addr.is_empty() || c.chunk_bytes == 0 || c.num_chunks == 0 {
+                if c.peer_id.is_empty()
+                    || c.data_addr.is_empty()
+                    || c.chunk_bytes == 0
+                    || c.num_chunks == 0
+                    || c.layout_fingerprint.is_empty()
+                    || c.hash_seed.is_empty()
+                {
                     return err(format!("connect with empty fields: {c:?}"));
+                }
+                if c.nonce.0.len() != crate::auth::NONCE_BYTES || c.auth.0.len() != crate::auth::TAG_BYTES {
+                    return err(format!(
+                        "connect with a nonce of {} bytes and a tag of {} bytes",
+                        c.nonce.0.len(),
+                        c.auth.0.len()
+                    ));
                 }
             }
             Self::Lookup { keys, .. } => {
@@ -291,11 +316,13 @@ mod tests {
                 wire_version: WIRE_VERSION,
                 peer_id: "127.0.0.1:1".into(),
                 instance: 7,
+                nonce: Bin(vec![3; crate::auth::NONCE_BYTES]),
                 data_addr: "127.0.0.1:2".into(),
                 chunk_bytes: 64,
                 num_chunks: 8,
                 layout_fingerprint: "fp".into(),
                 hash_seed: "0".into(),
+                auth: Bin(vec![4; crate::auth::TAG_BYTES]),
             }),
             Message::ConnectAck {
                 peer_id: "a:1".into(),

@@ -125,6 +125,14 @@ fn a_peer_that_never_answers_hits_the_lookup_deadline() {
         "{trace:?}"
     );
     assert_eq!(count(&b.p2p.counters().lookup_timeouts), 1);
+    assert!(
+        matches!(
+            b.p2p.peer_failure(&format!("127.0.0.1:{port}")),
+            Some(tier_p2p::PeerFailure::Deadline { what: "lookup", .. })
+        ),
+        "{:?}",
+        b.p2p.last_failure()
+    );
     // The request keeps missing; no retry storm.
     assert_eq!(
         b.step(&ctx, &keys(0, 2)),
@@ -150,16 +158,14 @@ fn write_to_rows_never_reserved_is_rejected_and_nothing_is_written() {
     .unwrap();
     let key = tiering_core::OffloadKey::from_u64(9);
     let payload = pattern(&key);
-    frame::write_begin(
-        &mut s,
-        &Begin {
-            transfer_id: 1,
-            kv_request_id: "nobody".into(),
-            round: 0,
-            count: 2,
-        },
-    )
-    .unwrap();
+    let dk = tier_p2p::auth::DataKey::from_bytes([1; 32]);
+    let begin = Begin {
+        transfer_id: 1,
+        kv_request_id: "nobody".into(),
+        round: 0,
+        count: 2,
+    };
+    frame::write_begin(&mut s, &dk, &begin).unwrap();
     for (i, row) in [3u32, 4].iter().enumerate() {
         let h = ChunkHeader {
             index: i as u32,
@@ -167,7 +173,7 @@ fn write_to_rows_never_reserved_is_rejected_and_nothing_is_written() {
             key,
             len: payload.len() as u32,
         };
-        frame::write_chunk(&mut s, &h, &payload, |c| c).unwrap();
+        frame::write_chunk(&mut s, &dk, &begin, &h, &payload, |c| c).unwrap();
     }
     frame::write_end(&mut s, 2).unwrap();
     s.flush().unwrap();
@@ -222,17 +228,23 @@ fn malformed_frames_are_counted_and_a_malformed_message_drops_only_its_session()
         0,
         "frames never reach a session"
     );
-    let connect = Message::Connect(Connect {
+    let mut connect = Connect {
         wire_version: WIRE_VERSION,
         peer_id: id.clone(),
         instance: 1,
+        nonce: Bin(vec![7; tier_p2p::auth::NONCE_BYTES]),
         data_addr: id.clone(),
         chunk_bytes: CHUNK as u64,
         num_chunks: ROWS as u64,
         layout_fingerprint: "layout".into(),
         hash_seed: "seed".into(),
-    });
-    evil.send(connect.encode(), 0).unwrap();
+        auth: Bin::default(),
+    };
+    connect.auth = Bin(tier_p2p::SharedSecret::new(SECRET)
+        .connect_tag(&connect)
+        .as_bytes()
+        .to_vec());
+    evil.send(Message::Connect(connect).encode(), 0).unwrap();
     let bad = Message::Lookup {
         kv_request_id: "x".into(),
         keys: vec![Bin(vec![1, 2, 3])],
@@ -292,6 +304,14 @@ fn producer_killed_mid_transfer() {
     b.finish(&ctx);
     b.wait_clean();
     assert!(count(&b.p2p.counters().sessions_lost) >= 1);
+    assert!(
+        matches!(
+            b.p2p.last_failure(),
+            Some(tier_p2p::PeerFailure::ProducerDied { .. })
+        ),
+        "{:?}",
+        b.p2p.last_failure()
+    );
 }
 
 #[test]

@@ -7,13 +7,37 @@
 //! grant is back, so a row is never released while a receiver may still write into it.
 
 use std::collections::HashMap;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use tiering_core::{ChunkId, OffloadKey, RowWrite};
 
-use super::frame::ChunkStatus;
+use super::frame::{self, Begin, ChunkStatus};
+use crate::auth::{DataKey, Tag};
 use crate::notify::Notifier;
+
+/// The producer's side of one session as the consumer verified it at handshake: its
+/// incarnation and the key of the data it sends.
+pub(crate) struct InboundAuth {
+    pub(crate) instance: u64,
+    pub(crate) key: DataKey,
+}
+
+/// Filled once the session's handshake verified the producer; a fetch registered before that
+/// accepts nothing until it is.
+pub(crate) type AuthSlot = Arc<OnceLock<InboundAuth>>;
+
+/// How a transfer's `BEGIN` fares against the fetch it names.
+pub(crate) enum BeginVerdict {
+    /// No outstanding fetch of that peer, request and round: every chunk is rejected unread.
+    Unknown,
+    /// A fetch exists but the frame is not from the session that reserved its rows (another
+    /// incarnation, another key, a forged tag): the connection must be cut.
+    Refused(&'static str),
+    /// Authenticated: chunks are checked under this key; at most `rows` of them.
+    Accepted { key: DataKey, rows: usize },
+}
 
 /// Names one outstanding fetch.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -35,6 +59,7 @@ struct DestLoad {
     closed: bool,
     checked_out: usize,
     bytes: u64,
+    auth: AuthSlot,
 }
 
 /// The per-key outcome of a finished load.
@@ -59,8 +84,9 @@ impl DestTable {
         }
     }
 
-    /// Whitelists the rows of one fetch (`keys`, `grants` parallel).
-    pub(crate) fn register(&self, key: DestKey, keys: &[OffloadKey], grants: Vec<RowWrite>) {
+    /// Whitelists the rows of one fetch (`keys`, `grants` parallel) for the session whose
+    /// handshake fills `auth`.
+    pub(crate) fn register(&self, key: DestKey, keys: &[OffloadKey], grants: Vec<RowWrite>, auth: AuthSlot) {
         let by_row = grants.iter().enumerate().map(|(i, g)| (g.chunk(), i)).collect();
         let rows = keys
             .iter()
@@ -79,8 +105,33 @@ impl DestTable {
                 closed: false,
                 checked_out: 0,
                 bytes: 0,
+                auth,
             },
         );
+    }
+
+    /// Checks a transfer's `BEGIN` (from the data connection that greeted as incarnation
+    /// `instance`) against the session that reserved the fetch's rows.
+    pub(crate) fn authenticate(&self, dk: &DestKey, instance: u64, begin: &Begin, tag: &Tag) -> BeginVerdict {
+        let loads = self.loads.lock();
+        let Some(load) = loads.get(dk) else {
+            return BeginVerdict::Unknown;
+        };
+        let Some(auth) = load.auth.get() else {
+            return BeginVerdict::Refused("the session that reserved these rows is not verified yet");
+        };
+        if auth.instance != instance {
+            return BeginVerdict::Refused(
+                "another incarnation of the peer than the one that was fetched from",
+            );
+        }
+        if frame::begin_tag(&auth.key, begin) != *tag {
+            return BeginVerdict::Refused("BEGIN tag does not verify under the session's data key");
+        }
+        BeginVerdict::Accepted {
+            key: auth.key.clone(),
+            rows: load.rows.len(),
+        }
     }
 
     /// Takes the grant of `row` for writing `key`, if that row is whitelisted for it.

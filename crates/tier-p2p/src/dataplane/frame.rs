@@ -10,9 +10,11 @@ use std::io::{self, Read, Write};
 use tiering_core::OffloadKey;
 use tiering_core::key::KEY_BYTES;
 
+use crate::auth::{DataKey, TAG_BYTES, Tag, put_str};
+
 const MAGIC: u32 = u32::from_le_bytes(*b"KVPD");
 /// Data-plane framing version.
-pub const DATA_VERSION: u16 = 1;
+pub const DATA_VERSION: u16 = 2;
 const TAG_BEGIN: u8 = 1;
 const TAG_CHUNK: u8 = 2;
 const TAG_END: u8 = 3;
@@ -22,11 +24,45 @@ const MAX_NAME: usize = 4096;
 /// Most chunks in one transfer.
 const MAX_CHUNKS: u32 = 1 << 20;
 
-/// The checksum carried with a chunk: xxh3 of the payload seeded by the key, so a chunk copied
-/// into the row of another key fails verification too.
+/// The tag of a `BEGIN`: every field, under the session's data key.
 #[must_use]
-pub fn checksum(key: &OffloadKey, data: &[u8]) -> u64 {
-    xxhash_rust::xxh3::xxh3_64_with_seed(data, key.digest())
+pub fn begin_tag(key: &DataKey, b: &Begin) -> Tag {
+    let mut h = key.hasher(b"begin");
+    absorb_begin(&mut h, b);
+    h.finalize()
+}
+
+fn absorb_begin(h: &mut blake3::Hasher, b: &Begin) {
+    h.update(&b.transfer_id.to_le_bytes());
+    h.update(&b.round.to_le_bytes());
+    put_str(h, &b.kv_request_id);
+    h.update(&b.count.to_le_bytes());
+}
+
+fn absorb_header(h: &mut blake3::Hasher, b: &Begin, c: &ChunkHeader) {
+    absorb_begin(h, b);
+    h.update(&c.index.to_le_bytes());
+    h.update(&c.dst_row.to_le_bytes());
+    h.update(&c.key.to_bytes());
+    h.update(&c.len.to_le_bytes());
+}
+
+/// The tag of a chunk header, bound to its transfer: checked before the destination row is
+/// touched.
+#[must_use]
+pub fn header_tag(key: &DataKey, b: &Begin, c: &ChunkHeader) -> Tag {
+    let mut h = key.hasher(b"chunk header");
+    absorb_header(&mut h, b, c);
+    h.finalize()
+}
+
+/// The MAC of a chunk's payload, streaming: header and transfer absorbed; feed the payload and
+/// finalize. Bound to the key, so a chunk copied into the row of another key fails too.
+#[must_use]
+pub fn payload_mac(key: &DataKey, b: &Begin, c: &ChunkHeader) -> blake3::Hasher {
+    let mut h = key.hasher(b"chunk payload");
+    absorb_header(&mut h, b, c);
+    h
 }
 
 /// The consumer's verdict on one chunk.
@@ -38,7 +74,7 @@ pub enum ChunkStatus {
     /// The row is not reserved for an outstanding fetch of this peer (or the key differs, or it
     /// was already written): nothing was written.
     Rejected = 1,
-    /// Written, but the checksum did not match: the row's content is not trusted.
+    /// Written, but the payload's MAC did not match: the row's content is not trusted.
     ChecksumMismatch = 2,
     /// The length differs from the chunk size: nothing was written.
     BadLength = 3,
@@ -153,8 +189,8 @@ pub struct Begin {
     pub count: u32,
 }
 
-/// One chunk header; `len` payload bytes follow, then the 8-byte [`checksum`] of the payload
-/// (a trailer, so both sides hash each piece while it is still in cache).
+/// One chunk header, followed by its [`header_tag`], `len` payload bytes and the payload's
+/// [`payload_mac`] (a trailer, so both sides hash each piece while it is still in cache).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChunkHeader {
     /// Position in the transfer.
@@ -170,19 +206,13 @@ pub struct ChunkHeader {
 /// Bytes hashed and sent (or received and hashed) at a time.
 pub const PIECE: usize = 256 * 1024;
 
-/// The streaming form of [`checksum`].
-#[must_use]
-pub fn hasher(key: &OffloadKey) -> xxhash_rust::xxh3::Xxh3 {
-    xxhash_rust::xxh3::Xxh3::with_seed(key.digest())
-}
-
 /// What the consumer reads next.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// A transfer starts.
-    Begin(Begin),
-    /// A chunk header; the payload follows.
-    Chunk(ChunkHeader),
+    /// A transfer starts (with the tag it carried).
+    Begin(Begin, Tag),
+    /// A chunk header (with the tag it carried); the payload follows.
+    Chunk(ChunkHeader, Tag),
     /// The transfer ends after `sent` chunks.
     End {
         /// Chunks actually sent.
@@ -190,61 +220,65 @@ pub enum Frame {
     },
 }
 
-/// Writes a `BEGIN`.
+/// Writes a `BEGIN` with its tag under `key`.
 ///
 /// # Errors
 /// I/O errors.
-pub fn write_begin(w: &mut impl Write, b: &Begin) -> io::Result<()> {
-    let mut buf = Vec::with_capacity(32 + b.kv_request_id.len());
+pub fn write_begin(w: &mut impl Write, key: &DataKey, b: &Begin) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(64 + b.kv_request_id.len());
     buf.push(TAG_BEGIN);
     buf.extend_from_slice(&b.transfer_id.to_le_bytes());
     buf.extend_from_slice(&b.round.to_le_bytes());
     put_name(&mut buf, &b.kv_request_id)?;
     buf.extend_from_slice(&b.count.to_le_bytes());
+    buf.extend_from_slice(begin_tag(key, b).as_bytes());
     w.write_all(&buf)
 }
 
-/// Writes a `CHUNK`: header, payload, checksum trailer. `tamper` is applied to the checksum
-/// (fault injection; identity otherwise). Returns the checksum sent.
+/// Writes a `CHUNK` of transfer `b`: header, header tag, payload, payload MAC. `tamper` is
+/// applied to the payload MAC (fault injection; identity otherwise). Returns the MAC sent.
 ///
 /// # Errors
 /// I/O errors.
 pub fn write_chunk(
     w: &mut impl Write,
+    key: &DataKey,
+    b: &Begin,
     h: &ChunkHeader,
     payload: &[u8],
-    tamper: impl FnOnce(u64) -> u64,
-) -> io::Result<u64> {
-    let mut buf = [0u8; 1 + 4 + 4 + KEY_BYTES + 4];
+    tamper: impl FnOnce(Tag) -> Tag,
+) -> io::Result<Tag> {
+    const HEAD: usize = 1 + 4 + 4 + KEY_BYTES + 4;
+    let mut buf = [0u8; HEAD + TAG_BYTES];
     buf[0] = TAG_CHUNK;
     buf[1..5].copy_from_slice(&h.index.to_le_bytes());
     buf[5..9].copy_from_slice(&h.dst_row.to_le_bytes());
     buf[9..9 + KEY_BYTES].copy_from_slice(&h.key.to_bytes());
     let o = 9 + KEY_BYTES;
     buf[o..o + 4].copy_from_slice(&h.len.to_le_bytes());
+    buf[HEAD..].copy_from_slice(header_tag(key, b, h).as_bytes());
     w.write_all(&buf)?;
-    let mut sum = hasher(&h.key);
+    let mut mac = payload_mac(key, b, h);
     for piece in payload.chunks(PIECE) {
-        sum.update(piece);
+        mac.update(piece);
         w.write_all(piece)?;
     }
-    let sum = tamper(sum.digest());
-    w.write_all(&sum.to_le_bytes())?;
-    Ok(sum)
+    let mac = tamper(mac.finalize());
+    w.write_all(mac.as_bytes())?;
+    Ok(mac)
 }
 
-/// Reads a chunk's payload into `dst` (exactly `dst.len()` bytes) and its checksum trailer;
-/// returns whether the checksum matches.
+/// Reads a chunk's payload into `dst` (exactly `dst.len()` bytes) and its MAC trailer; returns
+/// whether the MAC matches (`mac` is [`payload_mac`] of the chunk).
 ///
 /// # Errors
 /// I/O errors.
-pub fn read_payload(r: &mut impl Read, key: &OffloadKey, dst: &mut [u8]) -> io::Result<bool> {
-    let mut sum = hasher(key);
+pub fn read_payload(r: &mut impl Read, mut mac: blake3::Hasher, dst: &mut [u8]) -> io::Result<bool> {
     for piece in dst.chunks_mut(PIECE) {
         r.read_exact(piece)?;
-        sum.update(piece);
+        mac.update(piece);
     }
-    Ok(read_u64(r)? == sum.digest())
+    Ok(read_tag(r)? == mac.finalize())
 }
 
 /// Reads and discards a chunk's payload of `len` bytes and its trailer.
@@ -252,7 +286,13 @@ pub fn read_payload(r: &mut impl Read, key: &OffloadKey, dst: &mut [u8]) -> io::
 /// # Errors
 /// I/O errors.
 pub fn skip_payload(r: &mut impl Read, len: u32) -> io::Result<()> {
-    skip(r, u64::from(len) + 8)
+    skip(r, u64::from(len) + TAG_BYTES as u64)
+}
+
+fn read_tag(r: &mut impl Read) -> io::Result<Tag> {
+    let mut b = [0u8; TAG_BYTES];
+    r.read_exact(&mut b)?;
+    Ok(Tag::from_bytes(b))
 }
 
 /// Writes an `END`.
@@ -280,12 +320,16 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
             if count > MAX_CHUNKS {
                 return Err(bad("too many chunks in one transfer"));
             }
-            Ok(Frame::Begin(Begin {
-                transfer_id,
-                kv_request_id,
-                round,
-                count,
-            }))
+            let tag = read_tag(r)?;
+            Ok(Frame::Begin(
+                Begin {
+                    transfer_id,
+                    kv_request_id,
+                    round,
+                    count,
+                },
+                tag,
+            ))
         }
         TAG_CHUNK => {
             let index = read_u32(r)?;
@@ -294,12 +338,16 @@ pub fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
             r.read_exact(&mut kb)?;
             let key = OffloadKey::from_bytes(&kb).ok_or_else(|| bad("bad key"))?;
             let len = read_u32(r)?;
-            Ok(Frame::Chunk(ChunkHeader {
-                index,
-                dst_row,
-                key,
-                len,
-            }))
+            let tag = read_tag(r)?;
+            Ok(Frame::Chunk(
+                ChunkHeader {
+                    index,
+                    dst_row,
+                    key,
+                    len,
+                },
+                tag,
+            ))
         }
         TAG_END => Ok(Frame::End { sent: read_u32(r)? }),
         t => Err(bad(format!("unknown data frame tag {t}"))),
@@ -355,8 +403,15 @@ pub fn skip(r: &mut impl Read, len: u64) -> io::Result<()> {
 mod tests {
     use super::*;
 
+    fn flip(t: Tag) -> Tag {
+        let mut b = *t.as_bytes();
+        b[0] ^= 1;
+        Tag::from_bytes(b)
+    }
+
     #[test]
-    fn frames_round_trip() {
+    fn frames_round_trip_and_tags_verify() {
+        let dk = DataKey::from_bytes([9; 32]);
         let mut buf = Vec::new();
         let h = Hello {
             peer_id: "127.0.0.1:9".into(),
@@ -367,9 +422,9 @@ mod tests {
             transfer_id: 1,
             kv_request_id: "req".into(),
             round: 2,
-            count: 1,
+            count: 2,
         };
-        write_begin(&mut buf, &b).unwrap();
+        write_begin(&mut buf, &dk, &b).unwrap();
         let key = OffloadKey::from_u64(5);
         let payload = [7u8; 16];
         let ch = ChunkHeader {
@@ -378,29 +433,36 @@ mod tests {
             key,
             len: 16,
         };
-        let sent = write_chunk(&mut buf, &ch, &payload, |s| s).unwrap();
-        assert_eq!(
-            sent,
-            checksum(&key, &payload),
-            "streamed and one-shot checksums agree"
-        );
+        let sent = write_chunk(&mut buf, &dk, &b, &ch, &payload, |s| s).unwrap();
+        let mut one_shot = payload_mac(&dk, &b, &ch);
+        one_shot.update(&payload);
+        assert_eq!(sent, one_shot.finalize(), "streamed and one-shot MACs agree");
         let ch2 = ChunkHeader { index: 1, ..ch };
-        write_chunk(&mut buf, &ch2, &payload, |s| s ^ 1).unwrap();
-        write_end(&mut buf, 1).unwrap();
+        write_chunk(&mut buf, &dk, &b, &ch2, &payload, flip).unwrap();
+        write_end(&mut buf, 2).unwrap();
         write_ack(&mut buf, 1, &[ChunkStatus::Ok, ChunkStatus::ChecksumMismatch]).unwrap();
         let mut r = buf.as_slice();
         assert_eq!(read_hello(&mut r).unwrap(), h);
-        assert_eq!(read_frame(&mut r).unwrap(), Frame::Begin(b));
-        assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch));
+        assert_eq!(
+            read_frame(&mut r).unwrap(),
+            Frame::Begin(b.clone(), begin_tag(&dk, &b))
+        );
+        assert_eq!(
+            read_frame(&mut r).unwrap(),
+            Frame::Chunk(ch, header_tag(&dk, &b, &ch))
+        );
         let mut dst = [0u8; 16];
-        assert!(read_payload(&mut r, &key, &mut dst).unwrap());
+        assert!(read_payload(&mut r, payload_mac(&dk, &b, &ch), &mut dst).unwrap());
         assert_eq!(dst, payload);
-        assert_eq!(read_frame(&mut r).unwrap(), Frame::Chunk(ch2));
+        assert_eq!(
+            read_frame(&mut r).unwrap(),
+            Frame::Chunk(ch2, header_tag(&dk, &b, &ch2))
+        );
         assert!(
-            !read_payload(&mut r, &key, &mut dst).unwrap(),
+            !read_payload(&mut r, payload_mac(&dk, &b, &ch2), &mut dst).unwrap(),
             "a tampered trailer fails"
         );
-        assert_eq!(read_frame(&mut r).unwrap(), Frame::End { sent: 1 });
+        assert_eq!(read_frame(&mut r).unwrap(), Frame::End { sent: 2 });
         assert_eq!(
             read_ack(&mut r).unwrap(),
             (1, vec![ChunkStatus::Ok, ChunkStatus::ChecksumMismatch])
@@ -409,11 +471,104 @@ mod tests {
     }
 
     #[test]
-    fn checksum_depends_on_key_and_bytes() {
-        let a = OffloadKey::from_u64(1);
-        let b = OffloadKey::from_u64(2);
-        assert_ne!(checksum(&a, b"x"), checksum(&b, b"x"));
-        assert_ne!(checksum(&a, b"x"), checksum(&a, b"y"));
+    fn tags_bind_key_session_transfer_and_position() {
+        let dk = DataKey::from_bytes([9; 32]);
+        let b = Begin {
+            transfer_id: 1,
+            kv_request_id: "req".into(),
+            round: 2,
+            count: 2,
+        };
+        let c = ChunkHeader {
+            index: 0,
+            dst_row: 4,
+            key: OffloadKey::from_u64(1),
+            len: 16,
+        };
+        let t = header_tag(&dk, &b, &c);
+        assert_ne!(
+            t,
+            header_tag(&DataKey::from_bytes([8; 32]), &b, &c),
+            "another session"
+        );
+        assert_ne!(
+            t,
+            header_tag(
+                &dk,
+                &Begin {
+                    round: 3,
+                    ..b.clone()
+                },
+                &c
+            ),
+            "another round"
+        );
+        assert_ne!(
+            t,
+            header_tag(
+                &dk,
+                &Begin {
+                    transfer_id: 2,
+                    ..b.clone()
+                },
+                &c
+            )
+        );
+        assert_ne!(
+            t,
+            header_tag(&dk, &b, &ChunkHeader { dst_row: 5, ..c }),
+            "another row"
+        );
+        assert_ne!(
+            t,
+            header_tag(
+                &dk,
+                &b,
+                &ChunkHeader {
+                    key: OffloadKey::from_u64(2),
+                    ..c
+                }
+            )
+        );
+        assert_ne!(t, header_tag(&dk, &b, &ChunkHeader { index: 1, ..c }));
+        assert_ne!(
+            begin_tag(&dk, &b),
+            begin_tag(
+                &dk,
+                &Begin {
+                    count: 3,
+                    ..b.clone()
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn oversized_headers_are_refused_from_their_length_fields_before_any_body_is_read() {
+        // Only the length fields are present: reading (or allocating) a body would end in
+        // UnexpectedEof, refusing from the header ends in InvalidData.
+        let mut name = vec![TAG_BEGIN];
+        name.extend_from_slice(&[0; 16]);
+        name.extend_from_slice(&u16::MAX.to_le_bytes());
+        let e = read_frame(&mut name.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut count = vec![TAG_BEGIN];
+        count.extend_from_slice(&[0; 16]);
+        count.extend_from_slice(&1u16.to_le_bytes());
+        count.push(b'r');
+        count.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = read_frame(&mut count.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut ack = vec![TAG_ACK];
+        ack.extend_from_slice(&[0; 8]);
+        ack.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = read_ack(&mut ack.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+        let mut hello = MAGIC.to_le_bytes().to_vec();
+        hello.extend_from_slice(&DATA_VERSION.to_le_bytes());
+        hello.extend_from_slice(&u16::MAX.to_le_bytes());
+        let e = read_hello(&mut hello.as_slice()).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The data plane: chunk bytes over TCP, pushed by the producer straight from its pinned arena
 //! rows into the consumer's reserved rows.
 //!
-//! - [`frame`]: the framing and the per-chunk checksum;
+//! - [`frame`]: the framing and the per-frame MACs;
 //! - `dest`: the consumer's whitelist of reserved rows (and the quiescence rule);
 //! - `receiver`: the consumer's listener and connection threads;
 //! - `sender`: registration and the producer's per-consumer sender threads.
@@ -30,6 +30,8 @@ pub(crate) struct DataCounters {
     pub(crate) bytes_received: AtomicU64,
     pub(crate) chunks_rejected: AtomicU64,
     pub(crate) checksum_failures: AtomicU64,
+    /// Data connections cut because a frame did not authenticate.
+    pub(crate) auth_failures: AtomicU64,
 }
 
 /// What the data-plane threads report to the tier.

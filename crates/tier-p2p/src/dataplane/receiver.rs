@@ -12,8 +12,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::DataCounters;
-use super::dest::{DestKey, DestTable};
+use super::dest::{BeginVerdict, DestKey, DestTable};
 use super::frame::{self, ChunkStatus, Frame};
+use crate::auth::DataKey;
 
 type ConnTable = Arc<Mutex<HashMap<u64, (String, TcpStream)>>>;
 
@@ -154,8 +155,8 @@ fn serve_connection(
         .insert(id, (hello.peer_id.clone(), stream.try_clone()?));
     let mut writer = BufWriter::new(stream);
     loop {
-        let begin = match frame::read_frame(&mut reader)? {
-            Frame::Begin(b) => b,
+        let (begin, tag) = match frame::read_frame(&mut reader)? {
+            Frame::Begin(b, t) => (b, t),
             other => {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
@@ -168,29 +169,85 @@ fn serve_connection(
             req: begin.kv_request_id.clone(),
             round: begin.round,
         };
-        let mut statuses = vec![ChunkStatus::NotSent; begin.count as usize];
-        loop {
-            match frame::read_frame(&mut reader)? {
-                Frame::Chunk(h) => {
-                    let Some(slot) = statuses.get_mut(h.index as usize) else {
-                        return Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            "chunk index out of range",
-                        ));
-                    };
-                    *slot = receive_chunk(&mut reader, dest, &dk, &h, counters)?;
+        let statuses = match dest.authenticate(&dk, hello.instance, &begin, &tag) {
+            BeginVerdict::Unknown => reject_transfer(&mut reader, &dk, &begin, counters)?,
+            BeginVerdict::Refused(why) => return Err(refuse(counters, &dk, why)),
+            BeginVerdict::Accepted { key, rows } => {
+                if begin.count as usize > rows {
+                    return Err(refuse(counters, &dk, "more chunks announced than rows reserved"));
                 }
-                Frame::End { .. } => break,
-                Frame::Begin(_) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::InvalidData,
-                        "BEGIN inside a transfer",
-                    ));
+                let mut statuses = vec![ChunkStatus::NotSent; begin.count as usize];
+                loop {
+                    match frame::read_frame(&mut reader)? {
+                        Frame::Chunk(h, tag) => {
+                            // Checked before the row is touched: without the key, no byte lands.
+                            if frame::header_tag(&key, &begin, &h) != tag {
+                                return Err(refuse(counters, &dk, "a chunk header tag does not verify"));
+                            }
+                            let Some(slot) = statuses.get_mut(h.index as usize) else {
+                                return Err(io::Error::new(
+                                    io::ErrorKind::InvalidData,
+                                    "chunk index out of range",
+                                ));
+                            };
+                            *slot = receive_chunk(&mut reader, dest, &dk, (&key, &begin), &h, counters)?;
+                        }
+                        Frame::End { .. } => break,
+                        Frame::Begin(..) => {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                "BEGIN inside a transfer",
+                            ));
+                        }
+                    }
                 }
+                statuses
             }
-        }
+        };
         frame::write_ack(&mut writer, begin.transfer_id, &statuses)?;
         writer.flush()?;
+    }
+}
+
+/// Counts and logs a data connection cut for failing authentication.
+fn refuse(counters: &DataCounters, dk: &DestKey, why: &str) -> io::Error {
+    counters.auth_failures.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(peer = %dk.peer, req = %dk.req, round = dk.round, reason = why, "data connection refused");
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        format!("data plane authentication failed: {why}"),
+    )
+}
+
+/// A transfer for no outstanding fetch (a late one after an abort, or a stray): every chunk is
+/// skipped unread and reported rejected.
+fn reject_transfer(
+    reader: &mut BufReader<TcpStream>,
+    dk: &DestKey,
+    begin: &frame::Begin,
+    counters: &DataCounters,
+) -> io::Result<Vec<ChunkStatus>> {
+    loop {
+        match frame::read_frame(reader)? {
+            Frame::Chunk(h, _) => {
+                if h.index >= begin.count {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        "chunk index out of range",
+                    ));
+                }
+                counters.chunks_rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(peer = %dk.peer, req = %dk.req, row = h.dst_row, "rejected a chunk for a row not reserved for it");
+                frame::skip_payload(reader, h.len)?;
+            }
+            Frame::End { .. } => return Ok(vec![ChunkStatus::Rejected; begin.count as usize]),
+            Frame::Begin(..) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "BEGIN inside a transfer",
+                ));
+            }
+        }
     }
 }
 
@@ -198,6 +255,7 @@ fn receive_chunk(
     reader: &mut BufReader<TcpStream>,
     dest: &DestTable,
     dk: &DestKey,
+    (key, begin): (&DataKey, &frame::Begin),
     h: &frame::ChunkHeader,
     counters: &DataCounters,
 ) -> io::Result<ChunkStatus> {
@@ -215,7 +273,7 @@ fn receive_chunk(
         frame::skip_payload(reader, h.len)?;
         return Ok(ChunkStatus::BadLength);
     }
-    let ok = match frame::read_payload(reader, &h.key, &mut grant[..]) {
+    let ok = match frame::read_payload(reader, frame::payload_mac(key, begin, h), &mut grant[..]) {
         Ok(ok) => ok,
         Err(e) => {
             dest.checkin(dk, grant, false);
@@ -231,7 +289,7 @@ fn receive_chunk(
         Ok(ChunkStatus::Ok)
     } else {
         counters.checksum_failures.fetch_add(1, Ordering::Relaxed);
-        tracing::warn!(peer = %dk.peer, key = %h.key, "chunk checksum mismatch");
+        tracing::warn!(peer = %dk.peer, key = %h.key, "chunk payload MAC mismatch");
         Ok(ChunkStatus::ChecksumMismatch)
     }
 }

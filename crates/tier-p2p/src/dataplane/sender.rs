@@ -14,6 +14,7 @@ use tiering_core::{OffloadKey, RowRead};
 
 use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello};
 use super::{DataCounters, DataEvent, Faults};
+use crate::auth::DataKey;
 use crate::notify::Notifier;
 
 /// One chunk to push.
@@ -62,6 +63,8 @@ pub(crate) struct Registration {
     pub(crate) generation: u64,
     pub(crate) data_addr: String,
     pub(crate) hello: Hello,
+    /// The key of this session's data toward the peer.
+    pub(crate) key: DataKey,
     pub(crate) connect_timeout: Duration,
     pub(crate) io_timeout: Duration,
     pub(crate) events: mpsc::Sender<DataEvent>,
@@ -179,15 +182,13 @@ fn push(
     stop: &AtomicBool,
 ) -> io::Result<Vec<ChunkStatus>> {
     let count = u32::try_from(job.items.len()).map_err(|_| io::Error::other("transfer too large"))?;
-    frame::write_begin(
-        w,
-        &Begin {
-            transfer_id: job.transfer_id,
-            kv_request_id: job.req.clone(),
-            round: job.round,
-            count,
-        },
-    )?;
+    let begin = Begin {
+        transfer_id: job.transfer_id,
+        kv_request_id: job.req.clone(),
+        round: job.round,
+        count,
+    };
+    frame::write_begin(w, &reg.key, &begin)?;
     let mut sent = 0u32;
     for (i, item) in job.items.iter().enumerate() {
         if job.cancel.load(Ordering::Acquire) {
@@ -205,7 +206,15 @@ fn push(
             len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
         };
         let corrupt = reg.faults.corrupts(&item.key);
-        frame::write_chunk(w, &header, payload, |s| if corrupt { s ^ 1 } else { s })?;
+        frame::write_chunk(w, &reg.key, &begin, &header, payload, |t| {
+            if corrupt {
+                let mut b = *t.as_bytes();
+                b[0] ^= 1;
+                crate::auth::Tag::from_bytes(b)
+            } else {
+                t
+            }
+        })?;
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
             .bytes_sent

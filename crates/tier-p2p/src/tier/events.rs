@@ -46,9 +46,33 @@ impl P2pTier {
                 P2pCounters::bump(&self.core.counters.handshake_failures);
                 tracing::error!(%peer, "p2p handshake refused: {m}");
                 self.core.record_error(m.clone());
-                self.kill(peer, &m, true);
+                let f = crate::PeerFailure::HandshakeRefused {
+                    peer: peer.to_owned(),
+                    reason: m,
+                };
+                self.fail(peer, f, true);
             }
-            Err(SessionError::Closed(m)) => self.kill(peer, &format!("peer disconnected: {m}"), false),
+            Err(SessionError::Closed(m)) => {
+                // A goodbye before the session was ready is the peer refusing us (its reason
+                // is in the message); after, the producer went away.
+                let ready = self
+                    .sessions
+                    .get(peer)
+                    .is_some_and(crate::session::Session::ready);
+                let f = if ready {
+                    crate::PeerFailure::ProducerDied {
+                        peer: peer.to_owned(),
+                        reason: format!("peer disconnected: {m}"),
+                    }
+                } else {
+                    self.core.record_error(m.clone());
+                    crate::PeerFailure::HandshakeRefused {
+                        peer: peer.to_owned(),
+                        reason: m,
+                    }
+                };
+                self.fail(peer, f, false);
+            }
         }
     }
 
@@ -77,7 +101,11 @@ impl P2pTier {
                     .get(&peer)
                     .is_some_and(|s| s.generation == generation)
                 {
-                    self.kill(&peer, &format!("data-plane registration failed: {reason}"), true);
+                    let f = crate::PeerFailure::Unreachable {
+                        peer: peer.clone(),
+                        reason: format!("data-plane registration failed: {reason}"),
+                    };
+                    self.fail(&peer, f, true);
                 }
             }
             DataEvent::TransferFinished {

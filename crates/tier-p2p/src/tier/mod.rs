@@ -25,6 +25,7 @@ use crate::handle::P2pHandle;
 use crate::notify::Notifier;
 use crate::options::{P2pTierOptions, split_host_port};
 use crate::params::params;
+use crate::resolve::Resolved;
 use crate::server::{Supply, release};
 use crate::session::Session;
 use crate::stats::P2pCounters;
@@ -50,20 +51,36 @@ impl P2pTier {
     /// the ones fetches write into.
     ///
     /// # Errors
-    /// Bad options, or a socket that cannot be bound.
+    /// Bad options (no shared secret without `insecure`, an empty `hash_seed` or
+    /// `layout_fingerprint`), or a socket that cannot be bound.
     pub fn new(options: P2pTierOptions, arena: &ChunkArena) -> Result<Self, P2pError> {
+        let secret = options.resolve_secret()?;
+        options.check_identity()?;
         let notifier = Notifier::default();
+        // Identities on the wire are `ip:port`: a host name in `bind` or `advertise` is
+        // resolved once, here, as peers resolve the names they are given.
+        let bind = crate::canonical_peer(&options.bind)
+            .map_err(|e| P2pError::Config(format!("bind = {:?}: {e}", options.bind)))?;
+        let advertise = match &options.advertise {
+            Some(a) => {
+                let c = crate::canonical_peer(&format!("{a}:0"))
+                    .map_err(|e| P2pError::Config(format!("advertise = {a:?}: {e}")))?;
+                Some(c.rsplit_once(':').map_or(c.clone(), |(h, _)| h.to_owned()))
+            }
+            None => None,
+        };
         let transport = ControlTransport::start(
-            &options.bind,
-            options.advertise.as_deref(),
+            &bind,
+            advertise.as_deref(),
             &options.heartbeat,
             options.send_hwm,
+            &options.inbound,
             notifier.clone(),
         )?;
         let data_bind = match &options.data_bind {
             Some(b) => b.clone(),
             None => {
-                let (host, _) = split_host_port(&options.bind)
+                let (host, _) = split_host_port(&bind)
                     .ok_or_else(|| P2pError::Config(format!("bad bind address {:?}", options.bind)))?;
                 format!("{host}:0")
             }
@@ -80,6 +97,7 @@ impl P2pTier {
         let peers = options.peers.clone();
         let core = Core::new(
             options,
+            secret,
             transport,
             receiver,
             dest,
@@ -98,8 +116,19 @@ impl P2pTier {
             shut_down: false,
             consumed: 0,
         };
+        // Peers named at start are dialled like any other: a refused port and a black-holed
+        // one both fail their session at the handshake deadline (`PeerFailure::Unreachable`);
+        // neither fails the start. A name that does not resolve is recorded the same way.
         for p in peers {
-            tier.session(&p);
+            match crate::canonical_peer(&p) {
+                Ok(c) => {
+                    tier.session(&c);
+                }
+                Err(reason) => tier
+                    .core
+                    .failures
+                    .record(crate::PeerFailure::Unreachable { peer: p, reason }),
+            }
         }
         Ok(tier)
     }
@@ -121,6 +150,7 @@ impl P2pTier {
             data: Arc::clone(&self.core.data_counters),
             faults: Arc::clone(&self.core.faults),
             last_error: Arc::clone(&self.core.last_error),
+            failures: self.core.failures.clone(),
         }
     }
 
@@ -154,6 +184,12 @@ impl P2pTier {
                     self.consumed += 1;
                     self.on_message(&peer, msg);
                 }
+                IoEvent::Flooded { peer } => {
+                    P2pCounters::bump(&self.core.counters.peers_flooded);
+                    let m = format!("peer {peer} flooded the control socket; disconnected");
+                    self.core.record_error(m.clone());
+                    self.kill(&peer, &m, true);
+                }
                 IoEvent::Dead {
                     peer,
                     generation,
@@ -164,9 +200,20 @@ impl P2pTier {
                         .get(&peer)
                         .is_some_and(|s| s.generation == generation)
                     {
-                        self.kill(&peer, &reason, false);
+                        let f = self.lost(&peer, reason);
+                        self.fail(&peer, f, false);
                     }
                 }
+            }
+        }
+        for (peer, generation, reason) in std::mem::take(&mut self.core.dead_links) {
+            if self
+                .sessions
+                .get(&peer)
+                .is_some_and(|s| s.generation == generation)
+            {
+                let f = self.lost(&peer, reason);
+                self.fail(&peer, f, false);
             }
         }
         while let Ok(ev) = self.core.data_rx.try_recv() {
@@ -180,7 +227,11 @@ impl P2pTier {
             }
         }
         for (peer, reason) in doomed {
-            self.kill(&peer, &reason, true);
+            let f = crate::PeerFailure::Unreachable {
+                peer: peer.clone(),
+                reason,
+            };
+            self.fail(&peer, f, true);
         }
         for s in &mut self.retiring {
             s.client.finish_quiescent(&mut self.core, &s.peer.clone());
@@ -243,6 +294,62 @@ impl P2pTier {
     }
 }
 
+/// A request's source with its peer name resolved.
+enum Src {
+    /// The request pulls from no peer.
+    None,
+    /// The peer's name is still resolving.
+    Pending,
+    /// The peer's name does not resolve.
+    Failed,
+    /// `peer` is the canonical `ip:port`.
+    Ready(crate::params::Source),
+}
+
+impl P2pTier {
+    fn source(&mut self, ctx: &ReqContext) -> Src {
+        let Some(mut src) = params(ctx).source else {
+            return Src::None;
+        };
+        match self.core.resolver.resolve(&src.peer) {
+            Resolved::Pending => Src::Pending,
+            Resolved::Done(Ok(canonical)) => {
+                src.peer = canonical;
+                Src::Ready(src)
+            }
+            Resolved::Done(Err(reason)) => {
+                if self.core.failures.get(&src.peer).is_none() {
+                    self.core.failures.record(crate::PeerFailure::Unreachable {
+                        peer: src.peer,
+                        reason,
+                    });
+                }
+                Src::Failed
+            }
+        }
+    }
+
+    /// Tears a session down and records why, as its consumer sees it.
+    pub(super) fn fail(&mut self, peer: &str, failure: crate::PeerFailure, notify: bool) {
+        let reason = failure.to_string();
+        if self.sessions.contains_key(peer) {
+            self.core.failures.record(failure);
+        }
+        self.kill(peer, &reason, notify);
+    }
+
+    /// How the loss of `peer`'s connection looks to a consumer: unreachable if the session
+    /// never became ready, else the producer went away.
+    pub(super) fn lost(&self, peer: &str, reason: String) -> crate::PeerFailure {
+        let peer = peer.to_owned();
+        if self.sessions.get(&peer).is_some_and(Session::ready) {
+            crate::PeerFailure::ProducerDied { peer, reason }
+        } else {
+            crate::PeerFailure::Unreachable { peer, reason }
+        }
+    }
+}
+
 fn release_parked(core: &mut Core, p: Parked) {
     let mut map: KeyMap<Supply> = KeyMap::default();
     for (k, s) in p.items {
@@ -270,8 +377,14 @@ impl SecondaryTier for P2pTier {
     }
 
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
-        let Some(src) = params(ctx).source else {
-            return LookupResult::Miss;
+        let src = match self.source(ctx) {
+            Src::None => return LookupResult::Miss,
+            Src::Pending => return LookupResult::Retry,
+            Src::Failed => {
+                P2pCounters::bump(&self.core.counters.misses);
+                return LookupResult::Miss;
+            }
+            Src::Ready(src) => src,
         };
         let id = (src.peer.clone(), src.kv_request_id.clone());
         let miss = |c: &P2pCounters| {
@@ -282,6 +395,11 @@ impl SecondaryTier for P2pTier {
             return miss(&self.core.counters);
         }
         let deadline = self.core.opts.deadlines.lookup();
+        // The session opens here when the peer's name was still resolving at
+        // `on_new_request`.
+        if self.session(&src.peer).is_none() {
+            return miss(&self.core.counters);
+        }
         let Some(s) = self.sessions.get_mut(&src.peer) else {
             return miss(&self.core.counters);
         };
@@ -305,6 +423,10 @@ impl SecondaryTier for P2pTier {
                 tracing::warn!(peer = %src.peer, kv = %src.kv_request_id, "peer lookup deadline passed; falling back to miss");
                 P2pCounters::bump(&self.core.counters.lookup_timeouts);
                 s.client.fail(&src.kv_request_id);
+                self.core.failures.record(crate::PeerFailure::Deadline {
+                    peer: src.peer.clone(),
+                    what: "lookup",
+                });
                 self.failed_reqs.insert(id);
                 miss(&self.core.counters)
             }
@@ -357,7 +479,7 @@ impl SecondaryTier for P2pTier {
     }
 
     fn submit_load(&mut self, job: TransferJob) {
-        let Some(src) = params(&job.req).source else {
+        let Src::Ready(src) = self.source(&job.req) else {
             self.core.finished.push(JobResult::failed(job.id, Duration::ZERO));
             return;
         };
@@ -376,10 +498,15 @@ impl SecondaryTier for P2pTier {
         let Some(s) = self.sessions.get_mut(&src.peer) else {
             return;
         };
-        match s
-            .client
-            .start_load(&mut self.core, &src.peer, &src.kv_request_id, job, src.eager)
-        {
+        let auth = Arc::clone(&s.inbound);
+        match s.client.start_load(
+            &mut self.core,
+            &src.peer,
+            &src.kv_request_id,
+            job,
+            src.eager,
+            auth,
+        ) {
             Ok(fetch) => s.send(&mut self.core, fetch),
             Err(result) => self.core.finished.push(result),
         }
@@ -408,7 +535,7 @@ impl SecondaryTier for P2pTier {
 
     fn on_new_request(&mut self, ctx: &ReqContext) -> OffloadPolicy {
         let p = params(ctx);
-        if let Some(src) = &p.source {
+        if let Src::Ready(src) = self.source(ctx) {
             let _ = self.session(&src.peer);
         }
         if p.decoder.is_some() {
@@ -419,7 +546,7 @@ impl SecondaryTier for P2pTier {
     }
 
     fn on_request_finished(&mut self, ctx: &ReqContext) {
-        let Some(src) = params(ctx).source else {
+        let Src::Ready(src) = self.source(ctx) else {
             return;
         };
         if let Some(s) = self.sessions.get_mut(&src.peer) {

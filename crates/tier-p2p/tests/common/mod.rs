@@ -1,6 +1,8 @@
 //! Test nodes: a `TieringManager` over a `MemoryPrimary` with a p2p tier, driven like an engine.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
+pub mod fake_peer;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -29,10 +31,15 @@ pub struct Node {
     pub p2p: P2pHandle,
 }
 
+/// The shared secret of the test deployment.
+pub const SECRET: &[u8] = b"kvtier-test-secret";
+
 pub fn opts() -> P2pTierOptions {
     let mut o = P2pTierOptions::loopback();
     o.hash_seed = "seed".into();
     o.layout_fingerprint = "layout".into();
+    o.insecure = false;
+    o.secret = Some(tier_p2p::SharedSecret::new(SECRET));
     o
 }
 
@@ -116,6 +123,46 @@ impl Node {
             unreachable!()
         };
         ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
+    /// A request pulling every chunk of `kv` from the peer at `host:port` without probing
+    /// (`remote_prefiller`).
+    pub fn prefiller_ctx_to(&self, req: &str, kv: &str, host: &str, port: u16) -> ReqContext {
+        let params = json!({"remote_prefiller": {"kv_request_id": kv, "host": host, "port": port}});
+        let serde_json::Value::Object(m) = params else {
+            unreachable!()
+        };
+        ReqContext::builder(RequestId::local(req)).params(m).build()
+    }
+
+    /// Steps `ctx` over `keys` until `peer` sees a fetch from this node.
+    pub fn step_until_fetch(
+        &mut self,
+        ctx: &ReqContext,
+        keys: &[OffloadKey],
+        peer: &fake_peer::FakePeer,
+    ) -> fake_peer::SeenFetch {
+        let start = Instant::now();
+        loop {
+            let _ = self.step(ctx, keys);
+            if let Some(f) = peer.poll_fetch(Duration::from_millis(5)) {
+                return f;
+            }
+            assert!(start.elapsed() < PATIENCE, "the node never fetched");
+        }
+    }
+
+    /// Runs `f` while holding this node's manager lock, so neither its engine nor its control
+    /// thread handles anything meanwhile (its I/O threads still run).
+    pub fn with_lock_held<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        self.mgr.inspect(|_| f())
+    }
+
+    /// Whether every byte of these arena rows is still zero.
+    pub fn rows_untouched(&self, rows: &[u32]) -> bool {
+        let arena = self.primary.arena().clone();
+        rows.iter()
+            .all(|&r| arena.read_row(r).unwrap().iter().all(|&b| b == 0))
     }
 
     /// A consumer request pulling from `from`.
