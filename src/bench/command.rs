@@ -205,6 +205,36 @@ mod tests {
                 Flow::Pull
             )
         );
+        match Bench::try_parse_from(["bench", "fetch-rtt"]).unwrap().cmd {
+            BenchCommand::FetchRtt {
+                sched_ms,
+                workers_process,
+                ..
+            } => assert!((sched_ms - 2.0).abs() < f64::EPSILON && !workers_process),
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
+        let argv = [
+            "bench",
+            "fetch-rtt",
+            "--workers-process",
+            "--sched-ms",
+            "1.5",
+            "--arrival-ms",
+            "4",
+        ];
+        match Bench::try_parse_from(argv).unwrap().cmd {
+            BenchCommand::FetchRtt {
+                sched_ms,
+                arrival_ms,
+                workers_process,
+                ..
+            } => assert!(
+                workers_process
+                    && (sched_ms - 1.5).abs() < f64::EPSILON
+                    && (arrival_ms - 4.0).abs() < f64::EPSILON
+            ),
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
         let bad = Bench::try_parse_from(["bench", "fetch-rtt", "--control-plane", "step,sometimes"]);
         assert!(bad.is_err());
         assert!(Bench::try_parse_from(["bench", "fetch-rtt", "--flow", "push"]).is_err());
