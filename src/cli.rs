@@ -61,6 +61,9 @@ enum Command {
         #[command(subcommand)]
         bench: kvtier::bench::BenchCommand,
     },
+    /// A copy worker process of `bench fetch-rtt --workers-process` (started by it, not by hand).
+    #[command(hide = true)]
+    BenchCopyWorker(kvtier::bench::CopyWorkerArgs),
 }
 
 /// Entry point of the binary: runs the command and reports errors with their causes.
@@ -83,6 +86,7 @@ pub fn main() -> ExitCode {
         Command::Peer(args) => kvtier::peer::peer_command(&args),
         Command::Redis { cmd } => kvtier::redis_admin::run_command(&cmd),
         Command::Bench { bench } => kvtier::bench::run_command(&bench, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
+        Command::BenchCopyWorker(args) => kvtier::bench::copy_worker(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

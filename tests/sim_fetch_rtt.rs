@@ -7,6 +7,8 @@ use kvtier::bench::{ControlPlaneMode, FetchRttConfig, Flow, fetch_rtt};
 fn small() -> FetchRttConfig {
     FetchRttConfig {
         producer_step: Duration::from_millis(5),
+        sched_time: Duration::from_millis(1),
+        arrival_mean: Duration::from_millis(3),
         fetches: 4,
         chunks_per_fetch: 2,
         chunk_bytes: 16 * 1024,
@@ -16,16 +18,19 @@ fn small() -> FetchRttConfig {
     }
 }
 
-#[test]
-fn handoff_every_mode_lands_every_fetch_and_only_offstep_needs_no_producer_step() {
+/// The hand-off in every mode, with the copy workers as a thread or as two worker processes.
+/// Every fetch must land with the bytes the producer's copy workers wrote, or this is an error.
+fn handoff_every_mode(workers_process: bool) {
     let cfg = FetchRttConfig {
         // Makes "no producer step began during the fetch" an ordering fact: the producer's
-        // model step outlasts an off-step fetch for sure, instead of 5 ms that a loaded machine
-        // could overrun. A fetch that needed a producer step would then wait the fetch timeout.
+        // model step lasts until the fetches of its started stores landed, instead of 5 ms that
+        // a loaded machine could overrun. A fetch that needed a producer step would then wait
+        // the fetch timeout.
         hold_offstep_step_until_landed: true,
+        workers_process,
+        worker_exe: Some(env!("CARGO_BIN_EXE_kvtier").into()),
         ..small()
     };
-    // Every fetch must land with the bytes the producer stored, or this is an error.
     let report = fetch_rtt(&cfg).unwrap();
     println!("{report}");
     let modes: Vec<ControlPlaneMode> = report.modes.iter().map(|m| m.mode).collect();
@@ -36,25 +41,62 @@ fn handoff_every_mode_lands_every_fetch_and_only_offstep_needs_no_producer_step(
         assert!(m.producer_step_ms.count > 0, "{m:?}");
         assert!(m.lookup_ms.is_none(), "no probing in the hand-off");
         match m.mode {
-            // The store completes only at the producer's next `complete_store`: every fetch
-            // saw at least one producer step begin.
+            // The store completes only at a later producer step's `complete_store`: every
+            // fetch landed after at least one producer step began past the one that started it.
             ControlPlaneMode::Step | ControlPlaneMode::Thread => {
                 assert!(m.producer_steps_during_fetch.iter().all(|&n| n >= 1), "{m:?}");
                 assert_eq!(m.off_step_store_completions, 0, "{m:?}");
             }
-            // The copy worker's report completed the store on the control thread.
+            // The copy workers' reports completed the store on the control thread (with worker
+            // processes: both ranks over the completion channel), before any later step.
             ControlPlaneMode::ThreadOffStep => {
                 assert_eq!(m.producer_steps_during_fetch, [0, 0, 0, 0], "{m:?}");
                 assert_eq!(
-                    m.off_step_store_completions, 5,
-                    "the warm-up's store and the four measured ones"
+                    m.off_step_store_completions,
+                    5 * 2,
+                    "the warm-up's store and the four measured ones, two chunks each"
                 );
             }
         }
     }
     assert_eq!(report.raw_control_rtt_us.count, 50);
     assert_eq!(report.transfer_ms.count, 10);
-    assert!(report.target.is_some(), "step and thread+offstep both ran");
+    assert!(report.memcpy_gib_s > 0.0 && report.copy_ms > 0.0);
+    let target = report.target.expect("thread+offstep ran");
+    assert!(target.step_over_offstep_p50.is_some(), "step ran too");
+}
+
+#[test]
+fn handoff_every_mode_lands_every_fetch_and_only_offstep_needs_no_producer_step() {
+    handoff_every_mode(false);
+}
+
+#[test]
+fn handoff_with_worker_processes_lands_every_fetch_and_offstep_needs_no_producer_step() {
+    handoff_every_mode(true);
+}
+
+#[test]
+fn worker_processes_copy_only_the_handoff_flow() {
+    let cfg = FetchRttConfig {
+        flow: Flow::Pull,
+        workers_process: true,
+        ..small()
+    };
+    let err = fetch_rtt(&cfg).unwrap_err().to_string();
+    assert!(err.contains("workers_process"), "{err}");
+}
+
+#[test]
+fn a_missing_worker_binary_is_a_clear_error() {
+    let cfg = FetchRttConfig {
+        workers_process: true,
+        worker_exe: Some("/nonexistent/kvtier".into()),
+        modes: vec![ControlPlaneMode::ThreadOffStep],
+        ..small()
+    };
+    let err = fetch_rtt(&cfg).unwrap_err().to_string();
+    assert!(err.contains("cannot start /nonexistent/kvtier"), "{err}");
 }
 
 #[test]

@@ -39,12 +39,22 @@ pub enum BenchCommand {
         /// The producer's model step, ms.
         #[arg(long, default_value_t = 50.0)]
         step_ms: f64,
-        /// Hand-off flow: the producer's device→cpu copy time, ms (counted from the moment the
-        /// consumer's fetch left).
-        #[arg(long, default_value_t = 0.2)]
-        copy_ms: f64,
+        /// The producer's scheduling phase per step, ms: how long it holds its step (making
+        /// manager calls) before the model runs.
+        #[arg(long, default_value_t = 2.0)]
+        sched_ms: f64,
+        /// Hand-off flow: mean gap between the consumer's fetches, ms (Poisson arrivals).
+        #[arg(long, default_value_t = 10.0)]
+        arrival_ms: f64,
+        /// Seed of the keys and the arrival times.
+        #[arg(long, default_value_t = FetchRttConfig::default().seed)]
+        seed: u64,
+        /// Hand-off flow: run the producer's copy workers as two OS processes on its shared
+        /// arena, reporting on the completion channel (`reporters = 2`).
+        #[arg(long)]
+        workers_process: bool,
         /// Measured fetches per mode.
-        #[arg(long, default_value_t = 40)]
+        #[arg(long, default_value_t = 200)]
         fetches: usize,
         /// Chunks per fetch.
         #[arg(long, default_value_t = 4)]
@@ -137,7 +147,10 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
         }
         BenchCommand::FetchRtt {
             step_ms,
-            copy_ms,
+            sched_ms,
+            arrival_ms,
+            seed,
+            workers_process,
             fetches,
             chunks_per_fetch,
             chunk_bytes,
@@ -157,7 +170,10 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
             }
             let cfg = FetchRttConfig {
                 producer_step: millis("step-ms", *step_ms)?,
-                copy_time: millis("copy-ms", *copy_ms)?,
+                sched_time: millis("sched-ms", *sched_ms)?,
+                arrival_mean: millis("arrival-ms", *arrival_ms)?,
+                seed: *seed,
+                workers_process: *workers_process,
                 fetches: *fetches,
                 chunks_per_fetch: *chunks_per_fetch,
                 chunk_bytes: *chunk_bytes,
@@ -207,6 +223,36 @@ mod tests {
                 Flow::Pull
             )
         );
+        match Bench::try_parse_from(["bench", "fetch-rtt"]).unwrap().cmd {
+            BenchCommand::FetchRtt {
+                sched_ms,
+                workers_process,
+                ..
+            } => assert!((sched_ms - 2.0).abs() < f64::EPSILON && !workers_process),
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
+        let argv = [
+            "bench",
+            "fetch-rtt",
+            "--workers-process",
+            "--sched-ms",
+            "1.5",
+            "--arrival-ms",
+            "4",
+        ];
+        match Bench::try_parse_from(argv).unwrap().cmd {
+            BenchCommand::FetchRtt {
+                sched_ms,
+                arrival_ms,
+                workers_process,
+                ..
+            } => assert!(
+                workers_process
+                    && (sched_ms - 1.5).abs() < f64::EPSILON
+                    && (arrival_ms - 4.0).abs() < f64::EPSILON
+            ),
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
         let bad = Bench::try_parse_from(["bench", "fetch-rtt", "--control-plane", "step,sometimes"]);
         assert!(bad.is_err());
         assert!(Bench::try_parse_from(["bench", "fetch-rtt", "--flow", "push"]).is_err());

@@ -17,7 +17,8 @@ pub mod tiers;
 
 pub use command::{BenchCommand, run_command};
 pub use fetch_rtt::{
-    ControlPlaneMode, FetchRttConfig, FetchRttReport, Flow, ModeResult, TargetCheck, fetch_rtt,
+    ControlPlaneMode, CopyWorkerArgs, FetchRttConfig, FetchRttReport, Flow, ModeResult, TargetCheck,
+    copy_worker, fetch_rtt,
 };
 pub use redis::{LookupLatency, RedisTarget};
 pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};

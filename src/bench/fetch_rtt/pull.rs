@@ -1,5 +1,5 @@
-//! The pull flow: the producer stored every chunk up front; its busy engine then makes no
-//! manager call for a model step, again and again. The consumer probes (`remote_kv_source`)
+//! The pull flow: the producer stored every chunk up front; its busy engine then holds its step
+//! for the scheduling phase and makes no manager call for a model step, again and again. The consumer probes (`remote_kv_source`)
 //! and pulls what it found, one small request after another, stepping every 100 µs.
 
 use std::sync::Arc;
@@ -48,6 +48,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         let stop = Arc::clone(&stop);
         let steps = Arc::clone(&steps);
         let step = cfg.producer_step;
+        let sched = cfg.sched_time;
         let mut mgr = producer.mgr;
         std::thread::Builder::new()
             .name("kvtier-bench-producer".into())
@@ -59,7 +60,14 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
                         // The model runs: no manager call at all.
                         std::thread::sleep(step);
                         steps.fetch_add(1, Ordering::AcqRel);
-                        mgr.step().on_schedule_end(&end())?;
+                        // The scheduling phase holds the step.
+                        let begin = Instant::now();
+                        let mut s = mgr.step();
+                        while begin.elapsed() < sched {
+                            std::hint::spin_loop();
+                        }
+                        s.on_schedule_end(&end())?;
+                        drop(s);
                         let now = Instant::now();
                         periods.push(ms(now - last));
                         last = now;
@@ -96,6 +104,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         producer_step_ms: Percentiles::of(&periods),
         producer_steps_during_fetch: during,
         fetches_waited: tier_p2p::P2pCounters::get(&producer.p2p.counters().fetches_waited),
+        fetches_held_back: 0,
         off_step_store_completions: stats.manager.off_step_store_completions,
     })
 }

@@ -1,0 +1,183 @@
+//! The producer's device→cpu copy workers: a thread of the producer's process, or two worker
+//! processes (`--workers-process`, see [`super::worker_process`]). Either way a worker really
+//! copies each chunk's bytes from its "device" buffer into the arena row, and the copy lasts
+//! as long as those bytes take at the memcpy rate measured at the start of the run (a copy
+//! that finished sooner, e.g. from a hot cache, waits out the rest).
+
+use std::sync::Arc;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use tiering_core::{ChunkArena, ChunkId, OffloadKey, StoreCompletionSender};
+
+use super::worker_process::WorkerProcesses;
+use crate::bench::BenchError;
+use crate::sim::fill_chunk;
+
+/// One store for the copy workers: request `request`'s chunks go to `rows`, in key order.
+#[derive(Clone, Debug)]
+pub(super) struct CopyOrder {
+    /// The request (index into the run's key lists).
+    pub request: usize,
+    /// The rows `prepare_store` handed out.
+    pub rows: Vec<ChunkId>,
+}
+
+/// A worker's "copy finished" for one request: (request, rank, success).
+pub(super) type CopyDone = (usize, u32, bool);
+
+/// Memcpy throughput of `chunk_bytes`-sized copies in this process, bytes per second (median
+/// of repeated copies between two warm buffers).
+pub(super) fn memcpy_rate(chunk_bytes: usize) -> f64 {
+    let src: Vec<u8> = (0..chunk_bytes).map(|i| i as u8).collect();
+    let mut dst = vec![0u8; chunk_bytes];
+    dst.copy_from_slice(&src);
+    let mut samples: Vec<f64> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            t.elapsed().as_secs_f64()
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let median = samples[samples.len() / 2].max(1e-9);
+    chunk_bytes as f64 / median
+}
+
+/// How long `bytes` take at `rate` bytes per second.
+pub(super) fn copy_duration(bytes: usize, rate: f64) -> Duration {
+    Duration::from_secs_f64(bytes as f64 / rate.max(1.0))
+}
+
+/// Copies `keys[i]`'s device bytes (`sources[i]`) into `rows[i]` of `arena` for the indices
+/// this rank owns (`i % ranks == rank`), then waits out the rest of the copy time of those
+/// bytes. Returns whether every row could be written.
+pub(super) fn copy_share(
+    arena: &Arc<ChunkArena>,
+    sources: &[Vec<u8>],
+    rows: &[ChunkId],
+    rank: u32,
+    ranks: u32,
+    rate: f64,
+) -> bool {
+    let started = Instant::now();
+    let mut ok = true;
+    let mut bytes = 0;
+    for (i, (src, &row)) in sources.iter().zip(rows).enumerate() {
+        if i % ranks as usize != rank as usize {
+            continue;
+        }
+        match arena.write_row(row) {
+            Ok(mut grant) => {
+                let n = src.len().min(grant.len());
+                grant[..n].copy_from_slice(&src[..n]);
+                bytes += n;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, row, "bench copy worker cannot write its row");
+                ok = false;
+            }
+        }
+    }
+    let due = started + copy_duration(bytes, rate);
+    let now = Instant::now();
+    if due > now {
+        std::thread::sleep(due - now);
+    }
+    ok
+}
+
+/// The device buffers of a request: each key's deterministic bytes.
+pub(super) fn device_bytes(keys: &[OffloadKey], chunk_bytes: usize) -> Vec<Vec<u8>> {
+    keys.iter()
+        .map(|k| {
+            let mut b = vec![0u8; chunk_bytes];
+            fill_chunk(k, &mut b);
+            b
+        })
+        .collect()
+}
+
+/// The producer's copy workers, whichever kind.
+pub(super) enum CopyWorkers {
+    /// One thread of this process (rank 0 of 1).
+    Thread {
+        orders: Sender<CopyOrder>,
+        handle: JoinHandle<()>,
+    },
+    /// Worker processes, one per rank.
+    Processes(WorkerProcesses),
+}
+
+impl CopyWorkers {
+    /// A copy thread over `arena`. `reporter`: off-step mode's in-process completion sender.
+    pub(super) fn thread(
+        arena: Arc<ChunkArena>,
+        keys: &[Vec<OffloadKey>],
+        chunk_bytes: usize,
+        rate: f64,
+        reporter: Option<StoreCompletionSender>,
+        done: Sender<CopyDone>,
+    ) -> Result<Self, BenchError> {
+        let sources: Vec<Vec<Vec<u8>>> = keys.iter().map(|k| device_bytes(k, chunk_bytes)).collect();
+        let keys = keys.to_vec();
+        let (orders, rx): (Sender<CopyOrder>, Receiver<CopyOrder>) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("kvtier-bench-copy".into())
+            .spawn(move || {
+                for order in rx {
+                    let Some(src) = sources.get(order.request) else {
+                        tracing::error!(request = order.request, "copy order for an unknown request");
+                        return;
+                    };
+                    let ok = copy_share(&arena, src, &order.rows, 0, 1, rate);
+                    if let Some(r) = &reporter {
+                        r.report(&keys[order.request], ok);
+                    }
+                    if done.send((order.request, 0, ok)).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| BenchError::Tier {
+                tier: "copier".into(),
+                message: format!("cannot start the copy thread: {e}"),
+            })?;
+        Ok(Self::Thread { orders, handle })
+    }
+
+    /// Ranks that each report every store.
+    pub(super) fn ranks(&self) -> u32 {
+        match self {
+            Self::Thread { .. } => 1,
+            Self::Processes(p) => p.ranks(),
+        }
+    }
+
+    /// Hands a store to every worker.
+    pub(super) fn order(&mut self, order: &CopyOrder) -> Result<(), BenchError> {
+        match self {
+            Self::Thread { orders, .. } => orders.send(order.clone()).map_err(|_| BenchError::Tier {
+                tier: "copier".into(),
+                message: "the copy thread stopped".into(),
+            }),
+            Self::Processes(p) => p.order(order),
+        }
+    }
+
+    /// Stops the workers and waits for them.
+    pub(super) fn finish(self) -> Result<(), BenchError> {
+        match self {
+            Self::Thread { orders, handle } => {
+                drop(orders);
+                handle.join().map_err(|_| BenchError::Tier {
+                    tier: "copier".into(),
+                    message: "the copy thread panicked".into(),
+                })
+            }
+            Self::Processes(p) => p.finish(),
+        }
+    }
+}
