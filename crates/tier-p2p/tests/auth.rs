@@ -8,7 +8,7 @@ use common::*;
 use tier_p2p::auth::DataKey;
 use tier_p2p::dataplane::frame::ChunkStatus;
 use tier_p2p::{P2pCounters, SharedSecret};
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig};
 
 #[test]
 fn a_node_with_another_secret_or_none_is_refused_at_handshake_and_sends_nothing() {

@@ -9,7 +9,7 @@ use common::fake_peer::FakePeer;
 use common::*;
 use tier_p2p::P2pCounters;
 use tier_p2p::wire::{Message, encode_keys};
-use tiering_core::{LookupResult, ManagerConfig, OffloadKey, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig, OffloadKey};
 
 fn raw_dealer(ctx: &zmq::Context, identity: &str, node: &tier_p2p::P2pHandle) -> zmq::Socket {
     let d = ctx.socket(zmq::DEALER).unwrap();

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use tier_p2p::PeerFailure;
-use tiering_core::{LookupResult, ManagerConfig, OffloadingManager};
+use tiering_core::{LookupResult, ManagerConfig};
 
 #[test]
 fn a_peer_named_by_host_name_is_pulled_from() {

@@ -72,5 +72,5 @@ fn a_chain_with_a_reachable_server_builds() {
     let text = format!("{HEAD}url = \"{}\"\nnamespace = \"chain\"\n", server.url());
     let chain = ChainConfig::parse("chain.toml", &text).unwrap();
     let mut m = chain.build(Registry::global().unwrap(), 4096).unwrap();
-    tiering_core::OffloadingManager::shutdown(&mut m).unwrap();
+    m.shutdown().unwrap();
 }
