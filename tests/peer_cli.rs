@@ -21,7 +21,7 @@ fn free_port() -> u16 {
 fn chain(dir: &std::path::Path, name: &str, bind: &str) -> std::path::PathBuf {
     let path = dir.join(name);
     let text = format!(
-        "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n\n[[secondary]]\ntype = \"p2p\"\nbind = \"{bind}\"\n"
+        "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n\n[[secondary]]\ntype = \"p2p\"\nbind = \"{bind}\"\nhash_seed = \"peer-cli\"\nlayout_fingerprint = \"peer-cli\"\ninsecure = true\n"
     );
     std::fs::write(&path, text).unwrap();
     path

@@ -63,7 +63,7 @@ mod tests {
 
     fn chain(peers: &str) -> ChainConfig {
         let text = format!(
-            "[primary]\ntype = \"cpu\"\ncapacity = \"1MiB\"\n\n[[secondary]]\ntype = \"p2p\"\npeers = {peers}\n"
+            "[primary]\ntype = \"cpu\"\ncapacity = \"1MiB\"\n\n[[secondary]]\ntype = \"p2p\"\npeers = {peers}\nhash_seed = \"t\"\nlayout_fingerprint = \"t\"\ninsecure = true\n"
         );
         ChainConfig::parse("peers.toml", &text).unwrap()
     }
