@@ -12,6 +12,7 @@
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
+pub mod metrics_endpoint;
 pub mod peer;
 pub mod redis_admin;
 pub mod sim;

@@ -39,6 +39,9 @@ pub struct PeerArgs {
     /// Consumer: give up on the pull after this many seconds.
     #[arg(long, default_value_t = 20)]
     pub timeout_secs: u64,
+    /// Serve Prometheus metrics (names prefixed `kvtier_`) over HTTP at this address.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn keys(seed: u64, n: usize) -> Vec<OffloadKey> {
@@ -66,6 +69,9 @@ pub fn peer_command(args: &PeerArgs) -> Result<()> {
             "{}: the chain has no p2p tier, so this node cannot talk to peers",
             config.source
         );
+    }
+    if let Some(addr) = args.metrics_addr {
+        crate::metrics_endpoint::serve(addr)?;
     }
     let chain = config_chain(config, registry()?)
         .build(args.chunk_bytes)

@@ -38,6 +38,14 @@ pub struct RunArgs {
     /// Also write the report as JSON to this file.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// Serve Prometheus metrics (names prefixed `kvtier_`) over HTTP at this address while the
+    /// run lasts, e.g. `127.0.0.1:9464`.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
+    /// With `--metrics-addr`: keep serving this many seconds after the run, so the final
+    /// figures can be scraped.
+    #[arg(long, value_name = "SECS", default_value_t = 0, requires = "metrics_addr")]
+    pub metrics_hold: u64,
     /// Bytes per chunk (one device block).
     #[arg(long, default_value_t = SimConfig::default().chunk_bytes)]
     pub chunk_bytes: usize,
@@ -106,6 +114,9 @@ pub fn load_chain(path: Option<&Path>, default_name: &str, default_text: &str) -
 pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
     let chain = load_chain(args.config.as_deref(), default_name, default_text)?;
     super::preflight::check_peers(&chain, super::preflight::PEER_CONNECT_TIMEOUT)?;
+    if let Some(addr) = args.metrics_addr {
+        crate::metrics_endpoint::serve(addr)?;
+    }
     let workload = match &args.trace {
         Some(path) => Workload::from_trace(path, args.seed)?,
         None => {
@@ -132,6 +143,10 @@ pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Re
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
         std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    if args.metrics_hold > 0 {
+        eprintln!("serving the final metrics for {} s", args.metrics_hold);
+        std::thread::sleep(Duration::from_secs(args.metrics_hold));
     }
     if !report.identities_hold() {
         anyhow::bail!("the report's consistency identities do not hold (see above)");

@@ -15,8 +15,8 @@ use tier_cpu::{CpuTier, PolicyKind};
 use tier_redis::{RedisTier, RedisTierOptions};
 use tiering_core::testing::Engine;
 use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext,
-    ScheduleEndContext, TierStats, TieringManager,
+    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext,
+    TierStats, TieringManager,
 };
 
 /// How long a test waits for something that should happen promptly.
@@ -281,7 +281,11 @@ impl Node {
         let cpu = CpuTier::new(primary_chunks, chunk_bytes, PolicyKind::Lru).unwrap();
         let arena = Arc::clone(cpu.arena());
         let redis = RedisTier::connect(opts, chunk_bytes).unwrap();
-        let m = Engine::new(TieringManager::new(Box::new(cpu), vec![Box::new(redis)], ManagerConfig::step_driven()));
+        let m = Engine::new(TieringManager::new(
+            Box::new(cpu),
+            vec![Box::new(redis)],
+            ManagerConfig::step_driven(),
+        ));
         let mut node = Self {
             m,
             arena,
