@@ -1,0 +1,170 @@
+"""kvtier.vllm driven the way vLLM's offloading connector drives it, across processes: a
+scheduler process (this one: spec → manager, steps in connector order) and two worker processes
+(ranks 0 and 1, reporters = 2) whose "GPU" KV tensors are numpy arrays. Bytes the workers store
+are cascaded to a disk tier, evicted from the CPU tier, promoted back, and loaded bit-exact."""
+
+import multiprocessing
+import time
+from types import SimpleNamespace
+
+import pytest
+
+import kvtier
+from kvtier import LookupResult
+from kvtier.vllm import KvtierOffloadingSpec
+
+import vllm_worker
+
+# A hang guard for waits on background work, not a speed requirement.
+PATIENCE_S = 60
+
+
+def chain(tmp_path):
+    path = tmp_path / "chain.toml"
+    path.write_text(
+        f"""
+[primary]
+type = "cpu"
+capacity = 4
+eviction = "lru"
+shared_memory = "{tmp_path}/arena"
+
+[[secondary]]
+type = "disk"
+name = "disk"
+path = "{tmp_path}/disk"
+capacity = "1MiB"
+
+[control_plane]
+thread = true
+idle_wait = "1ms"
+off_step = true
+"""
+    )
+    return str(path)
+
+
+def keys(prefix, n):
+    return [kvtier.make_offload_key(bytes([prefix, i]) * 16, 0) for i in range(n)]
+
+
+def wait_until(cond, what):
+    deadline = time.monotonic() + PATIENCE_S
+    while not cond():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.005)
+
+
+class Workers:
+    def __init__(self, extra, world_size=2):
+        ctx = multiprocessing.get_context("spawn")
+        self.pipes, self.procs = [], []
+        for rank in range(world_size):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=vllm_worker.main, args=(rank, world_size, extra, child), daemon=True)
+            p.start()
+            self.pipes.append(parent)
+            self.procs.append(p)
+        for pipe in self.pipes:
+            assert self.recv(pipe) == "ready"
+
+    def recv(self, pipe):
+        if not pipe.poll(PATIENCE_S):
+            pytest.fail("a worker did not answer")
+        msg = pipe.recv()
+        if isinstance(msg, str) and msg.startswith("error"):
+            pytest.fail(f"worker failed: {msg}")
+        return msg
+
+    def all(self, *msg):
+        for pipe in self.pipes:
+            pipe.send(msg)
+        return [self.recv(pipe) for pipe in self.pipes]
+
+    def stop(self):
+        for pipe, p in zip(self.pipes, self.procs):
+            if p.is_alive():
+                try:
+                    pipe.send(("exit",))
+                except OSError:
+                    pass
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def req(name):
+    """A stand-in for vLLM's ReqContext (the adapter reads req_id and kv_transfer_params)."""
+    return SimpleNamespace(req_id=name, kv_transfer_params=None)
+
+
+def disk_stores(m):
+    return m.get_stats()["secondaries"][0]["stores"]
+
+
+def store_step(m, workers, r, ks, gpu_blocks):
+    """One request's step in connector order: new request, lookups, on_schedule_end, then the
+    store job; the workers copy and report; the connector completes it; the request finishes."""
+    m.on_new_request(r)
+    assert [m.lookup(k, r) for k in ks] == [LookupResult.MISS] * len(ks)
+    m.on_schedule_end(SimpleNamespace(new_req_ids=[r.req_id], preempted_req_ids=[]))
+    out = m.prepare_store(ks, r)
+    assert out.keys_to_store == ks
+    assert workers.all("store", gpu_blocks, out.store_spec.block_ids, ks) == [True, True]
+    m.complete_store(out.keys_to_store, r)
+    m.on_request_finished(r)
+    return out
+
+
+def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
+    extra = {"kvtier_chain": chain(tmp_path), "kvtier_channel": str(tmp_path / "done.sock")}
+    spec = KvtierOffloadingSpec(
+        extra_config=extra, rank_chunk_bytes=vllm_worker.rank_chunk_bytes(), world_size=2
+    )
+    assert spec.arena_path == f"{tmp_path}/arena"
+    m = spec.get_manager()
+    assert spec.get_manager() is m
+    workers = Workers(extra)
+    try:
+        first, second = keys(1, 4), keys(2, 4)
+        store_step(m, workers, req("a"), first, [0, 1, 2, 3])
+        wait_until(lambda: disk_stores(m) >= 4, "the first chunks to cascade to disk")
+        out = store_step(m, workers, req("b"), second, [4, 5, 6, 7])
+        assert sorted(out.evicted_keys) == sorted(first), "the CPU tier holds 4 chunks"
+        wait_until(lambda: disk_stores(m) >= 8, "the second chunks to cascade to disk")
+
+        # The first chunks are gone from the CPU tier; the disk tier has them: promotion.
+        c = req("c")
+        m.on_new_request(c)
+        assert [m.lookup(k, c) for k in first] == [LookupResult.HIT_PENDING] * 4
+        m.on_schedule_end(SimpleNamespace(new_req_ids=["c"], preempted_req_ids=[]))
+
+        def promoted():
+            if all(m.lookup(k, c) is LookupResult.HIT for k in first):
+                return True  # the step stays held until prepare_load
+            m.on_schedule_end()
+            return False
+
+        wait_until(promoted, "the promotions to land")
+        rows = m.prepare_load(first, c).block_ids
+        m.on_schedule_end()
+        assert workers.all("load", rows, [8, 9, 10, 11]) == [True, True]
+        m.complete_load(first, c)
+        m.on_request_finished(c)
+
+        for rank_blocks in workers.all("blocks", [0, 1, 2, 3, 8, 9, 10, 11]):
+            assert rank_blocks[4:] == rank_blocks[:4], "loaded blocks equal the stored ones"
+            assert any(any(b) for b in rank_blocks[:4])
+        r0, r1 = workers.all("blocks", [0])
+        assert r0 != r1, "each rank kept its own slice of the rows"
+
+        st = m.get_stats()
+        assert st["manager"]["promoted_keys"] == 4
+        assert st["manager"]["off_step_store_completions"] == 8
+        assert st["primary"]["evictions"] >= 4
+        wait_until(lambda: not m.has_pending_work(), "the manager to go idle")
+    finally:
+        workers.stop()
+        m.shutdown()
