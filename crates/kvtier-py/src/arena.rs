@@ -37,7 +37,12 @@ impl PyArenaView {
     /// and `chunk_bytes`, refuses an arena of another geometry.
     #[new]
     #[pyo3(signature = (path, num_chunks = None, chunk_bytes = None))]
-    fn new(py: Python<'_>, path: PathBuf, num_chunks: Option<usize>, chunk_bytes: Option<usize>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        num_chunks: Option<usize>,
+        chunk_bytes: Option<usize>,
+    ) -> PyResult<Self> {
         let view = py
             .detach(|| match (num_chunks, chunk_bytes) {
                 (Some(n), Some(b)) => ArenaView::open_expecting(&path, n, b),

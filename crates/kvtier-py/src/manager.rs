@@ -72,7 +72,9 @@ impl PyTieringManager {
         if chunk_bytes == 0 {
             return Err(config_err("chunk_bytes must be positive"));
         }
-        let manager = py.detach(|| build(config, chunk_bytes, reporters)).map_err(config_err)?;
+        let manager = py
+            .detach(|| build(config, chunk_bytes, reporters))
+            .map_err(config_err)?;
         Ok(Self {
             shared: Arc::new(Shared {
                 manager: RwLock::new(Some(manager)),
@@ -126,7 +128,12 @@ impl PyTieringManager {
     #[staticmethod]
     #[pyo3(signature = (path, chunk_bytes, reporters = None))]
     #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts an owned path")]
-    fn from_config(py: Python<'_>, path: PathBuf, chunk_bytes: usize, reporters: Option<u32>) -> PyResult<Self> {
+    fn from_config(
+        py: Python<'_>,
+        path: PathBuf,
+        chunk_bytes: usize,
+        reporters: Option<u32>,
+    ) -> PyResult<Self> {
         let config = py.detach(|| ChainConfig::load(&path)).map_err(config_err)?;
         Self::from_chain(py, &config, chunk_bytes, reporters)
     }

@@ -33,11 +33,14 @@ impl PyStep {
         }
     }
 
-    fn with<R>(&self, f: impl FnOnce(&mut Step<'static>) -> Result<R, tiering_core::ManagerError>) -> PyResult<R> {
+    fn with<R>(
+        &self,
+        f: impl FnOnce(&mut Step<'static>) -> Result<R, tiering_core::ManagerError>,
+    ) -> PyResult<R> {
         let mut guard = self.step.lock();
-        let step = guard
-            .as_mut()
-            .ok_or_else(|| StepError::new_err("the step was released; start a new one with manager.step()"))?;
+        let step = guard.as_mut().ok_or_else(|| {
+            StepError::new_err("the step was released; start a new one with manager.step()")
+        })?;
         f(step).map_err(kvtier_err)
     }
 
@@ -64,7 +67,12 @@ impl Drop for PyStep {
 #[pymethods]
 impl PyStep {
     /// The verdict for one chunk: `HIT` (load it this step), `HIT_PENDING`, `MISS` or `RETRY`.
-    fn lookup(&self, py: Python<'_>, key: &Bound<'_, PyAny>, req_context: &PyReqContext) -> PyResult<Py<LookupResult>> {
+    fn lookup(
+        &self,
+        py: Python<'_>,
+        key: &Bound<'_, PyAny>,
+        req_context: &PyReqContext,
+    ) -> PyResult<Py<PyAny>> {
         let key = key_from_py(key)?;
         let r = self.with(|s| s.lookup(&key, &req_context.inner))?;
         LookupResult::object(py, r)
@@ -109,14 +117,20 @@ impl PyStep {
 
     /// The device→arena copy of a `prepare_store` finished (`success`) or failed.
     #[pyo3(signature = (keys, req_context, success = true))]
-    fn complete_store(&self, keys: &Bound<'_, PyAny>, req_context: &PyReqContext, success: bool) -> PyResult<()> {
+    fn complete_store(
+        &self,
+        keys: &Bound<'_, PyAny>,
+        req_context: &PyReqContext,
+        success: bool,
+    ) -> PyResult<()> {
         let keys = keys_from_py(keys)?;
         self.with(|s| s.complete_store(&keys, &req_context.inner, success))
     }
 
     /// A request reached the scheduler; returns its offload policy.
-    fn on_new_request(&self, req_context: &PyReqContext) -> PyResult<OffloadPolicy> {
-        self.with(|s| s.on_new_request(&req_context.inner)).map(Into::into)
+    fn on_new_request(&self, py: Python<'_>, req_context: &PyReqContext) -> PyResult<Py<PyAny>> {
+        let policy = self.with(|s| s.on_new_request(&req_context.inner))?;
+        OffloadPolicy::object(py, policy)
     }
 
     /// No further `prepare_*` calls will come for the request (completions may).

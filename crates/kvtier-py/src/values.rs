@@ -26,17 +26,19 @@ pub(crate) enum LookupResult {
     RETRY,
 }
 
-static LOOKUP_RESULTS: PyOnceLock<[Py<LookupResult>; 4]> = PyOnceLock::new();
+static LOOKUP_RESULTS: PyOnceLock<[Py<PyAny>; 4]> = PyOnceLock::new();
 
 impl LookupResult {
-    /// The shared Python object of a verdict (lookups return these without allocating).
-    pub(crate) fn object(py: Python<'_>, r: tiering_core::LookupResult) -> PyResult<Py<Self>> {
+    /// The class attribute of a verdict (`LookupResult.HIT`, ...), so results compare with
+    /// `is` and lookups return them without allocating.
+    pub(crate) fn object(py: Python<'_>, r: tiering_core::LookupResult) -> PyResult<Py<PyAny>> {
         let all = LOOKUP_RESULTS.get_or_try_init(py, || -> PyResult<_> {
+            let t = py.get_type::<Self>();
             Ok([
-                Py::new(py, Self::HIT)?,
-                Py::new(py, Self::HIT_PENDING)?,
-                Py::new(py, Self::MISS)?,
-                Py::new(py, Self::RETRY)?,
+                t.getattr("HIT")?.unbind(),
+                t.getattr("HIT_PENDING")?.unbind(),
+                t.getattr("MISS")?.unbind(),
+                t.getattr("RETRY")?.unbind(),
             ])
         })?;
         let i = match r {
@@ -60,12 +62,14 @@ pub(crate) enum OffloadPolicy {
     REQUEST_LEVEL,
 }
 
-impl From<tiering_core::OffloadPolicy> for OffloadPolicy {
-    fn from(p: tiering_core::OffloadPolicy) -> Self {
-        match p {
-            tiering_core::OffloadPolicy::ChunkLevel => Self::CHUNK_LEVEL,
-            tiering_core::OffloadPolicy::RequestLevel => Self::REQUEST_LEVEL,
-        }
+impl OffloadPolicy {
+    /// The class attribute of a policy, so policies compare with `is`.
+    pub(crate) fn object(py: Python<'_>, p: tiering_core::OffloadPolicy) -> PyResult<Py<PyAny>> {
+        let name = match p {
+            tiering_core::OffloadPolicy::ChunkLevel => "CHUNK_LEVEL",
+            tiering_core::OffloadPolicy::RequestLevel => "REQUEST_LEVEL",
+        };
+        Ok(py.get_type::<Self>().getattr(name)?.unbind())
     }
 }
 
@@ -106,7 +110,10 @@ impl PrepareStoreOutput {
         format!(
             "PrepareStoreOutput(keys_to_store={} keys, chunk_ids={}, evicted={} keys)",
             self.keys_to_store.bind(py).len(),
-            self.chunk_ids.bind(py).repr().map_or_else(|_| "?".into(), |r| r.to_string()),
+            self.chunk_ids
+                .bind(py)
+                .repr()
+                .map_or_else(|_| "?".into(), |r| r.to_string()),
             self.evicted.bind(py).len()
         )
     }

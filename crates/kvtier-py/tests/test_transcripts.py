@@ -45,7 +45,8 @@ class Replay:
         self.manager = None
         self.step = None
         self.ctxs = {}
-        self.announced = set()
+        # id -> context; holding the contexts keeps their ids from being reused.
+        self.announced = {}
 
     def close(self):
         if self.step is not None:
@@ -59,7 +60,7 @@ class Replay:
         c = self.ctxs[r]
         if id(c) not in self.announced:
             self.step.on_new_request(c)
-            self.announced.add(id(c))
+            self.announced[id(c)] = c
         return c
 
     def run(self, line):
@@ -71,7 +72,7 @@ class Replay:
             self.close()
             self.manager = cpu_manager(int(args[0]), args[1])
             self.step = self.manager.step()
-            self.ctxs, self.announced = {}, set()
+            self.ctxs, self.announced = {}, {}
             return "ok"
         if op == "newctx":
             self.ctxs[args[0]] = kvtier.ReqContext(args[0])

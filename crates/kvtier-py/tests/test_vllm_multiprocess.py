@@ -105,24 +105,25 @@ def disk_stores(m):
 
 
 def store_step(m, workers, r, ks, gpu_blocks):
-    """One request's step in connector order: new request, lookups, on_schedule_end, then the
-    store job; the workers copy and report; the connector completes it; the request finishes."""
-    m.on_new_request(r)
-    assert [m.lookup(k, r) for k in ks] == [LookupResult.MISS] * len(ks)
-    m.on_schedule_end(SimpleNamespace(new_req_ids=[r.req_id], preempted_req_ids=[]))
-    out = m.prepare_store(ks, r)
+    """One request in connector order: under the manager lock, new request, lookups,
+    on_schedule_end and the store job; the lock is released while the workers copy (and report
+    on the channel); then the connector completes the store and finishes the request."""
+    with m.lock:
+        m.on_new_request(r)
+        assert [m.lookup(k, r) for k in ks] == [LookupResult.MISS] * len(ks)
+        m.on_schedule_end(SimpleNamespace(new_req_ids=[r.req_id], preempted_req_ids=[]))
+        out = m.prepare_store(ks, r)
     assert out.keys_to_store == ks
-    assert workers.all("store", gpu_blocks, out.store_spec.block_ids, ks) == [True, True]
-    m.complete_store(out.keys_to_store, r)
-    m.on_request_finished(r)
+    assert workers.all("store", gpu_blocks, list(out.store_spec.block_ids)) == [True, True]
+    with m.lock:
+        m.complete_store(out.keys_to_store, r)
+        m.on_request_finished(r)
     return out
 
 
 def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
     extra = {"kvtier_chain": chain(tmp_path), "kvtier_channel": str(tmp_path / "done.sock")}
-    spec = KvtierOffloadingSpec(
-        extra_config=extra, rank_chunk_bytes=vllm_worker.rank_chunk_bytes(), world_size=2
-    )
+    spec = KvtierOffloadingSpec.from_settings(extra, vllm_worker.block_bytes(), world_size=2)
     assert spec.arena_path == f"{tmp_path}/arena"
     m = spec.get_manager()
     assert spec.get_manager() is m
@@ -137,22 +138,25 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
 
         # The first chunks are gone from the CPU tier; the disk tier has them: promotion.
         c = req("c")
-        m.on_new_request(c)
-        assert [m.lookup(k, c) for k in first] == [LookupResult.HIT_PENDING] * 4
-        m.on_schedule_end(SimpleNamespace(new_req_ids=["c"], preempted_req_ids=[]))
+        with m.lock:
+            m.on_new_request(c)
+            assert [m.lookup(k, c) for k in first] == [LookupResult.HIT_PENDING] * 4
+            m.on_schedule_end(SimpleNamespace(new_req_ids=["c"], preempted_req_ids=[]))
+        rows = []
 
         def promoted():
-            if all(m.lookup(k, c) is LookupResult.HIT for k in first):
-                return True  # the step stays held until prepare_load
-            m.on_schedule_end()
-            return False
+            # One scheduler step: the lookups and the load that pins the hits share the lock.
+            with m.lock:
+                if all(m.lookup(k, c) is LookupResult.HIT for k in first):
+                    rows.extend(int(r) for r in m.prepare_load(first, c).block_ids)
+                m.on_schedule_end()
+            return bool(rows)
 
         wait_until(promoted, "the promotions to land")
-        rows = m.prepare_load(first, c).block_ids
-        m.on_schedule_end()
         assert workers.all("load", rows, [8, 9, 10, 11]) == [True, True]
-        m.complete_load(first, c)
-        m.on_request_finished(c)
+        with m.lock:
+            m.complete_load(first, c)
+            m.on_request_finished(c)
 
         for rank_blocks in workers.all("blocks", [0, 1, 2, 3, 8, 9, 10, 11]):
             assert rank_blocks[4:] == rank_blocks[:4], "loaded blocks equal the stored ones"

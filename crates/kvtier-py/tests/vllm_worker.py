@@ -1,5 +1,8 @@
 """A worker process of the multi-process test: one rank's "GPU" KV tensors (numpy arrays) and
-its kvtier.vllm transfer handler, driven over a pipe by the scheduler process."""
+kvtier.vllm's OffloadingWorker, driven over a pipe by the scheduler process the way vLLM's
+worker-side connector drives it (submit_store / submit_load with block-id specs, get_finished)."""
+
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -19,27 +22,35 @@ def make_tensors(rank):
     return [k, v]
 
 
-def rank_chunk_bytes():
+def block_bytes():
+    """One rank's bytes of one block over all layers (vLLM's worker_kv_bytes_per_block)."""
     return sum(t[0].nbytes for t in make_tensors(0))
+
+
+def spec_ids(ids):
+    return SimpleNamespace(block_ids=np.array(ids, dtype=np.int32))
 
 
 def main(rank, world_size, extra_config, conn):
     tensors = make_tensors(rank)
-    spec = KvtierOffloadingSpec(
-        extra_config=extra_config, rank_chunk_bytes=rank_chunk_bytes(), world_size=world_size
-    )
-    handler = spec.get_transfer_handler(tensors, rank)
+    spec = KvtierOffloadingSpec.from_settings(extra_config, block_bytes(), world_size, rank)
+    worker = spec.get_worker(tensors)
     conn.send("ready")
+    job = 0
     try:
         while True:
             msg = conn.recv()
             if msg[0] == "store":
-                _, gpu_blocks, rows, keys = msg
-                conn.send(handler.store(gpu_blocks, rows, keys))
+                _, gpu_blocks, rows = msg
+                job += 1
+                worker.submit_store(job, spec_ids(gpu_blocks), spec_ids(rows))
+                worker.wait({job})
+                conn.send([(r.job_id, r.success) for r in worker.get_finished()] == [(job, True)])
             elif msg[0] == "load":
                 _, rows, gpu_blocks = msg
-                handler.load(rows, gpu_blocks)
-                conn.send(True)
+                job += 1
+                worker.submit_load(job, spec_ids(rows), spec_ids(gpu_blocks))
+                conn.send([(r.job_id, r.success) for r in worker.get_finished()] == [(job, True)])
             elif msg[0] == "blocks":
                 _, blocks = msg
                 conn.send([b"".join(t[b].tobytes() for t in tensors) for b in blocks])
@@ -49,4 +60,4 @@ def main(rank, world_size, extra_config, conn):
         conn.send(f"error: {e!r}")
         raise
     finally:
-        handler.close()
+        worker.shutdown()

@@ -18,30 +18,45 @@ Worker side, :meth:`KvtierOffloadingSpec.get_transfer_handler` returns a
 finished stores on the manager's completion channel, so the manager cascades them while the
 model runs. A row holds every rank's slice, rank-major.
 
-Nothing here imports vLLM or torch at import time.
+Under vLLM the classes derive from vLLM's ``OffloadingSpec`` / ``OffloadingManager`` /
+``OffloadingWorker`` (its factory checks the spec's base class); without vLLM installed they are
+plain classes with the same methods, so the adapter is testable without torch. torch is imported
+only by a worker copying torch tensors.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 from . import _kvtier as _k
 
+def _vllm(name: str) -> Any:
+    """A class of vLLM's kv_offload base module, or ``object`` when vLLM is not importable."""
+    try:
+        from vllm.v1.kv_offload import base  # type: ignore[import-not-found]
+    except Exception:  # vLLM (or torch) absent: plain classes
+        return object
+    return getattr(base, name, object)
+
+
+_ManagerBase = _vllm("OffloadingManager")
+_SpecBase = _vllm("OffloadingSpec")
+_WorkerBase = _vllm("OffloadingWorker")
+
 __all__ = [
     "ChunkSpec",
     "KvtierOffloadingManager",
     "KvtierOffloadingSpec",
+    "KvtierOffloadingWorker",
     "KvtierTransferHandler",
+    "RowKeys",
     "StoreOutput",
 ]
 
-# Calls that start a scheduler step's lookup phase: the lock is held from the first of them
-# until on_schedule_end, so a HIT stays resident until its prepare_load.
-_OPENING = frozenset({"lookup", "prepare_load", "on_new_request"})
+KEY_BYTES = _k.KEY_BYTES
 
 
 @dataclass(frozen=True)
@@ -61,28 +76,67 @@ class StoreOutput:
     evicted_keys: list = field(default_factory=list)
 
 
-class KvtierOffloadingManager:
+class RowKeys:
+    """The key each arena row is being written for, in a small shared file next to the arena
+    (``<arena>.keys``, 36 bytes per row): the scheduler side records it at ``prepare_store``;
+    workers, whose store jobs carry only rows, read it to report finished stores by key."""
+
+    def __init__(self, path: str, num_chunks: int, create: bool):
+        import numpy as np
+
+        self.path = path
+        mode = "w+" if create else "r"
+        self.table = np.memmap(path, dtype=np.uint8, mode=mode, shape=(num_chunks, KEY_BYTES))
+
+    def record(self, keys: Sequence[bytes], rows: Sequence[int]) -> None:
+        import numpy as np
+
+        for key, row in zip(keys, rows):
+            self.table[int(row)] = np.frombuffer(key, dtype=np.uint8)
+
+    def keys_of(self, rows: Sequence[int]) -> list:
+        return [bytes(self.table[int(r)]) for r in rows]
+
+
+class _StepLock:
+    """vLLM's ``OffloadingManager.lock``: entering takes a kvtier step (the GIL is released
+    while waiting), leaving releases it; not reentrant."""
+
+    def __init__(self, owner: "KvtierOffloadingManager"):
+        self.owner = owner
+
+    def __enter__(self):
+        if self.owner._step is not None:
+            raise _k.StepError("the manager lock is not reentrant")
+        self.owner._step = self.owner.manager.step()
+        return self.owner
+
+    def __exit__(self, *exc):
+        self.owner.end_step()
+        return False
+
+
+class KvtierOffloadingManager(_ManagerBase):
     """vLLM's ``OffloadingManager`` over a kvtier manager.
 
-    vLLM's connector does not delimit its scheduler steps, so this class does: the step lock is
-    taken by the first lookup/load/new-request call and held until ``on_schedule_end``; calls
-    after it (the connector's stores and finished requests, and the completions reported after
-    the model ran) each run in a short step of their own, so the lock is never held while the
-    model executes and the control thread serves peers meanwhile.
+    vLLM 0.33.0's connector holds ``manager.lock`` around every sequence of calls that relies on
+    an earlier answer (a lookup HIT, then the prepare_load that pins it); here the lock is a
+    kvtier step, so the control thread runs only while no caller holds it (the model's
+    execution). A call made without the lock runs in a step of its own.
     """
 
-    def __init__(self, manager: _k.TieringManager):
+    def __init__(self, manager: _k.TieringManager, row_keys: Optional[RowKeys] = None):
         self.manager = manager
+        self.row_keys = row_keys
         self._step: Optional[_k.Step] = None
         self._contexts: dict = {}
-        self._lock = threading.Lock()
 
-    # -- step bookkeeping -------------------------------------------------------------------
+    @property
+    def lock(self) -> _StepLock:
+        return _StepLock(self)
+
     def _call(self, name: str, *args):
         if self._step is not None:
-            return getattr(self._step, name)(*args)
-        if name in _OPENING:
-            self._step = self.manager.step()
             return getattr(self._step, name)(*args)
         with self.manager.step() as s:
             return getattr(s, name)(*args)
@@ -100,7 +154,7 @@ class KvtierOffloadingManager:
         return entry[1]
 
     def end_step(self) -> None:
-        """Releases the step lock if held (``on_schedule_end`` does this)."""
+        """Releases the step if one is held."""
         if self._step is not None:
             step, self._step = self._step, None
             step.release()
@@ -123,6 +177,8 @@ class KvtierOffloadingManager:
         out = self._call("prepare_store", keys, self._ctx(req_context))
         if out is None:
             return None
+        if self.row_keys is not None:
+            self.row_keys.record(out.keys_to_store, out.chunk_ids)
         return StoreOutput(out.keys_to_store, ChunkSpec(out.chunk_ids), out.evicted)
 
     def complete_store(self, keys: Sequence[bytes], req_context: Any, success: bool = True) -> None:
@@ -143,10 +199,7 @@ class KvtierOffloadingManager:
                 list(getattr(ctx, "new_req_ids", ()) or ()),
                 list(getattr(ctx, "preempted_req_ids", ()) or ()),
             )
-        try:
-            self._call("on_schedule_end", end)
-        finally:
-            self.end_step()
+        self._call("on_schedule_end", end)
 
     def take_events(self) -> list:
         if self._step is not None:
@@ -208,6 +261,7 @@ class KvtierTransferHandler:
         channel_path: Optional[str] = None,
         fingerprint: Optional[int] = None,
         grant_timeout_s: float = 10.0,
+        rank_stride: Optional[int] = None,
     ):
         self.view = _k.ArenaView(arena_path)
         self.tensors = list(kv_tensors)
@@ -216,10 +270,12 @@ class KvtierTransferHandler:
         self.blocks_per_chunk = blocks_per_chunk
         self.block_bytes = [self._nbytes(t[0]) for t in self.tensors]
         self.rank_chunk_bytes = sum(self.block_bytes) * blocks_per_chunk
-        if self.rank_chunk_bytes * world_size > self.view.chunk_bytes:
+        # Where each rank's slice starts in a row (vLLM's per-worker page, maybe padded).
+        self.rank_stride = rank_stride or self.rank_chunk_bytes
+        if self.rank_chunk_bytes > self.rank_stride or self.rank_stride * world_size > self.view.chunk_bytes:
             raise _k.KvtierError(
-                f"a chunk of {world_size} ranks × {self.rank_chunk_bytes} bytes does not fit the "
-                f"arena's rows of {self.view.chunk_bytes} bytes"
+                f"a chunk of {world_size} ranks × {self.rank_chunk_bytes} bytes (slices of "
+                f"{self.rank_stride}) does not fit the arena's rows of {self.view.chunk_bytes} bytes"
             )
         self.grant_timeout_s = grant_timeout_s
         self.reporter = None
@@ -259,7 +315,7 @@ class KvtierTransferHandler:
                 blocks = self._blocks(gpu_block_ids, i)
                 with self._row(int(row_id), True) as row:
                     dst = row.array()
-                    off = self.rank * self.rank_chunk_bytes
+                    off = self.rank * self.rank_stride
                     for t, nb in zip(self.tensors, self.block_bytes):
                         for b in blocks:
                             _copy_block_out(t, int(b), dst[off : off + nb], np)
@@ -281,7 +337,7 @@ class KvtierTransferHandler:
             blocks = self._blocks(gpu_block_ids, i)
             with self._row(int(row_id), False) as row:
                 src = row.array()
-                off = self.rank * self.rank_chunk_bytes
+                off = self.rank * self.rank_stride
                 for t, nb in zip(self.tensors, self.block_bytes):
                     for b in blocks:
                         _copy_block_in(t, int(b), src[off : off + nb], np)
@@ -320,22 +376,85 @@ def _copy_block_in(t: Any, block: int, src: Any, np: Any) -> None:
     dst.copy_(torch.from_numpy(np.array(src, copy=False)), non_blocking=False)
 
 
-class KvtierOffloadingSpec:
+@dataclass
+class _TransferResult:
+    """vLLM's ``TransferResult`` when vLLM is not importable."""
+
+    job_id: int
+    success: bool
+    transfer_size: Optional[int] = None
+    transfer_time: Optional[float] = None
+
+
+class KvtierOffloadingWorker(_WorkerBase):
+    """vLLM's ``OffloadingWorker`` of one rank: GPU↔arena copies, done at submission (the
+    copies are host-side memcpy-speed for numpy and synchronous ``copy_`` for torch), with the
+    finished stores reported by key on the completion channel.
+
+    Handles one KV-cache group per job with chunk-aligned block runs (``blocks_per_chunk``
+    GPU blocks per chunk, ``block_indices`` 0).
+    """
+
+    def __init__(self, handler: KvtierTransferHandler, row_keys: Optional[RowKeys]):
+        self.handler = handler
+        self.row_keys = row_keys
+        self._finished: list = []
+        self._result_cls = _vllm("TransferResult")
+        if self._result_cls is object:
+            self._result_cls = _TransferResult
+
+    def _done(self, job_id: int, ok: bool, nbytes: int, t0: float) -> None:
+        self._finished.append(self._result_cls(job_id, ok, nbytes, time.perf_counter() - t0))
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        t0 = time.perf_counter()
+        rows = [int(r) for r in dst_spec.block_ids]
+        keys = self.row_keys.keys_of(rows) if self.row_keys is not None else ()
+        try:
+            ok = self.handler.store([int(b) for b in src_spec.block_ids], rows, keys)
+        except Exception:
+            ok = False
+        self._done(job_id, ok, len(rows) * self.handler.rank_chunk_bytes, t0)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+        t0 = time.perf_counter()
+        rows = [int(r) for r in src_spec.block_ids]
+        try:
+            ok = self.handler.load(rows, [int(b) for b in dst_spec.block_ids])
+        except Exception:
+            ok = False
+        self._done(job_id, ok, len(rows) * self.handler.rank_chunk_bytes, t0)
+        return True
+
+    def get_finished(self) -> list:
+        out, self._finished = self._finished, []
+        return out
+
+    def wait(self, job_ids: set) -> None:
+        """Copies finish at submission; nothing to wait for."""
+
+    def shutdown(self) -> None:
+        self.handler.close()
+
+
+class KvtierOffloadingSpec(_SpecBase):
     """The offloading spec vLLM loads (``spec_name = "KvtierOffloadingSpec"``).
 
     Extra-config keys (``kv_connector_extra_config``): ``kvtier_chain`` (chain file, required),
     ``kvtier_channel`` (completion socket; default ``<arena>.sock``), ``kvtier_arena`` (the
-    arena file, default the chain's ``[primary] shared_memory``), ``block_size`` or
-    ``blocks_per_chunk``.
+    arena file; default the chain's ``[primary] shared_memory``).
+
+    From vLLM's ``OffloadingConfig`` it reads ``extra_config``, ``parallel.world_size`` and
+    ``parallel.rank``, ``worker_kv_bytes_per_block`` and ``cache.blocks_per_chunk``. A row holds
+    every rank's slice of a chunk, rank-major, as vLLM's CPU spec lays its region out.
     """
 
-    def __init__(self, vllm_config: Any = None, kv_cache_config: Any = None, *, extra_config=None,
-                 rank_chunk_bytes: Optional[int] = None, world_size: Optional[int] = None):
-        self.vllm_config = vllm_config
-        self.kv_cache_config = kv_cache_config
-        if extra_config is None:
-            extra_config = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
-        self.extra_config = dict(extra_config)
+    def __init__(self, config: Any):
+        if _SpecBase is not object:
+            super().__init__(config)
+        self.config = config
+        self.extra_config = dict(config.extra_config or {})
         chain = self.extra_config.get("kvtier_chain")
         if not chain:
             raise _k.ConfigError("kv_connector_extra_config needs kvtier_chain (a chain file path)")
@@ -347,17 +466,39 @@ class KvtierOffloadingSpec:
                 "or set kvtier_arena"
             )
         self.channel_path = self.extra_config.get("kvtier_channel") or f"{self.arena_path}.sock"
-        self.world_size = world_size or _world_size(vllm_config)
-        self.blocks_per_chunk = int(self.extra_config.get("blocks_per_chunk", 1))
-        gpu_block = _gpu_block_size(vllm_config)
-        if "block_size" in self.extra_config and gpu_block:
-            self.blocks_per_chunk = int(self.extra_config["block_size"]) // gpu_block
-        self.rank_chunk_bytes = rank_chunk_bytes or _rank_chunk_bytes(kv_cache_config, self.blocks_per_chunk)
+        self.world_size = int(config.parallel.world_size)
+        self.rank = int(getattr(config.parallel, "rank", 0))
+        self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
+        self.rank_chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk
+        if self.rank_chunk_bytes <= 0:
+            raise _k.ConfigError("worker_kv_bytes_per_block must be positive")
         self._manager: Optional[KvtierOffloadingManager] = None
+        self._worker: Optional[KvtierOffloadingWorker] = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        extra_config: dict,
+        worker_kv_bytes_per_block: int,
+        world_size: int = 1,
+        rank: int = 0,
+        blocks_per_chunk: int = 1,
+    ) -> "KvtierOffloadingSpec":
+        """A spec without vLLM's config object (engines other than vLLM, and tests)."""
+        from types import SimpleNamespace
+
+        return cls(
+            SimpleNamespace(
+                extra_config=extra_config,
+                parallel=SimpleNamespace(world_size=world_size, rank=rank),
+                cache=SimpleNamespace(blocks_per_chunk=blocks_per_chunk),
+                worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+            )
+        )
 
     @property
     def chunk_bytes(self) -> int:
-        """Bytes of one arena row: every rank's slice of one chunk."""
+        """Bytes of one arena row's data: every rank's slice of one chunk."""
         return self.rank_chunk_bytes * self.world_size
 
     def get_manager(self) -> KvtierOffloadingManager:
@@ -368,44 +509,33 @@ class KvtierOffloadingSpec:
                 if os.path.exists(self.channel_path):
                     os.unlink(self.channel_path)
                 m.open_completion_channel(self.channel_path)
+                row_keys = RowKeys(f"{self.arena_path}.keys", m.num_chunks, create=True)
             except BaseException:
                 m.shutdown()
                 raise
-            self._manager = KvtierOffloadingManager(m)
+            self._manager = KvtierOffloadingManager(m, row_keys)
         return self._manager
 
-    def get_transfer_handler(self, kv_tensors: Sequence[Any], rank: int = 0) -> KvtierTransferHandler:
-        """A worker rank's handler over its KV tensors."""
+    def get_transfer_handler(self, kv_tensors: Sequence[Any], rank: Optional[int] = None) -> KvtierTransferHandler:
+        """The copy engine of one rank over its KV tensors (each indexed by block id)."""
         return KvtierTransferHandler(
             self.arena_path,
             kv_tensors,
-            rank=rank,
+            rank=self.rank if rank is None else rank,
             world_size=self.world_size,
             blocks_per_chunk=self.blocks_per_chunk,
             channel_path=self.channel_path,
+            rank_stride=self.rank_chunk_bytes,
         )
 
-
-def _world_size(vllm_config: Any) -> int:
-    try:
-        return int(vllm_config.parallel_config.world_size)
-    except AttributeError:
-        return 1
-
-
-def _gpu_block_size(vllm_config: Any) -> Optional[int]:
-    try:
-        return int(vllm_config.cache_config.block_size)
-    except AttributeError:
-        return None
-
-
-def _rank_chunk_bytes(kv_cache_config: Any, blocks_per_chunk: int) -> int:
-    """One rank's bytes of one chunk: every layer's page of one block, times blocks per chunk."""
-    if kv_cache_config is None:
-        raise _k.ConfigError("rank_chunk_bytes is needed when no kv_cache_config is given")
-    total = 0
-    for group in kv_cache_config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        total += int(spec.page_size_bytes) * len(group.layer_names)
-    return total * blocks_per_chunk
+    def get_worker(self, kv_caches: Any, rank: Optional[int] = None) -> KvtierOffloadingWorker:
+        """vLLM's worker for this rank; ``kv_caches`` is vLLM's ``CanonicalKVCaches`` (or a list
+        of tensors indexed by block id)."""
+        if self._worker is None:
+            tensors = getattr(kv_caches, "tensors", kv_caches)
+            tensors = [getattr(t, "tensor", t) for t in tensors]
+            handler = self.get_transfer_handler(tensors, rank)
+            view = handler.view
+            row_keys = RowKeys(f"{self.arena_path}.keys", view.num_chunks, create=False)
+            self._worker = KvtierOffloadingWorker(handler, row_keys)
+        return self._worker
