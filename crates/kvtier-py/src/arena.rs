@@ -1,27 +1,21 @@
 //! `kvtier.ArenaView`: a worker process's window on the manager's shared arena, and `Row`, one
 //! held row grant whose bytes are exposed as zero-copy numpy arrays.
 //!
-//! Soundness: a `Row`'s arrays are built on one private `memoryview` over the granted row.
-//! Every array derived from it (slices, reshapes, `memoryview(arr)`) keeps an export of that
-//! memoryview, so releasing the grant first releases the memoryview, which Python refuses
-//! (`BufferError`) while any array still uses it — the grant is then kept and `release` raises.
-//! A `Row` garbage-collected while arrays still use it leaks its grant (and the mapping) instead
-//! of freeing memory they point to.
+//! Soundness: the grant is owned by a small `RowMemory` object that numpy arrays of the row
+//! take as their base (through `__array_interface__`); every derived array (slices, reshapes,
+//! `memoryview(arr)`) keeps that base alive, so the grant — and the mapping — outlive every
+//! array. `Row.release()` refuses while arrays exist (it checks that it holds the only
+//! reference), so a released row really is free for other writers.
 
-use std::ffi::c_char;
 use std::path::PathBuf;
 
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 use tiering_core::arena::ArenaView;
 use tiering_core::{RowRead, RowWrite};
 
 use crate::errors::kvtier_err;
-
-// Values of the stable ABI's `PyBUF_READ` / `PyBUF_WRITE` (not exported under abi3 by pyo3).
-const PYBUF_READ: i32 = 0x100;
-const PYBUF_WRITE: i32 = 0x200;
 
 /// A shared arena opened by a worker process (the scheduler process owns it). Rows are granted
 /// row by row, excluding the owner's and other views' grants.
@@ -114,7 +108,7 @@ impl PyArenaView {
     /// Holds a grant on row `chunk_id` (exclusive with `write=True`, shared otherwise) until the
     /// returned `Row` is released; `row.array()` is a zero-copy numpy view of its bytes.
     #[pyo3(signature = (chunk_id, write = false))]
-    fn row(&self, chunk_id: u32, write: bool) -> PyResult<PyRow> {
+    fn row(&self, py: Python<'_>, chunk_id: u32, write: bool) -> PyResult<PyRow> {
         let grant = if write {
             Grant::Write(self.view.write_row(chunk_id).map_err(kvtier_err)?)
         } else {
@@ -122,10 +116,7 @@ impl PyArenaView {
         };
         Ok(PyRow {
             chunk_id,
-            state: Mutex::new(RowState {
-                grant: Some(grant),
-                memoryview: None,
-            }),
+            memory: Mutex::new(Some(Py::new(py, PyRowMemory::new(grant))?)),
         })
     }
 
@@ -144,52 +135,88 @@ enum Grant {
     Write(RowWrite),
 }
 
-struct RowState {
-    grant: Option<Grant>,
-    /// The one memoryview every array of this row derives from.
-    memoryview: Option<Py<PyAny>>,
+/// The memory of one granted row, owning the grant. numpy arrays made from it (through
+/// `__array_interface__`) keep it as their base, so the grant lives as long as any of them.
+#[pyclass(module = "kvtier", name = "RowMemory", frozen)]
+pub(crate) struct PyRowMemory {
+    /// Held only to be dropped (releasing the row lock) when the last array is gone.
+    _grant: Grant,
+    ptr: usize,
+    len: usize,
+    writable: bool,
 }
 
-/// A held grant on one arena row. Use as a context manager; `array()` gives a zero-copy numpy
-/// `uint8` array of the row (writable for a write grant), valid until the row is released.
-#[pyclass(module = "kvtier", name = "Row")]
-pub(crate) struct PyRow {
-    chunk_id: u32,
-    state: Mutex<RowState>,
-}
-
-impl PyRow {
-    /// Releases the memoryview (refused while arrays use it), then the grant.
-    fn release_inner(&self, py: Python<'_>) -> PyResult<()> {
-        let mut state = self.state.lock();
-        if let Some(mv) = state.memoryview.as_ref() {
-            mv.bind(py).call_method0("release").map_err(|e| {
-                kvtier_err(format!(
-                    "row {} is still used by an array ({e}); delete the arrays before releasing it",
-                    self.chunk_id
-                ))
-            })?;
-            state.memoryview = None;
+impl PyRowMemory {
+    fn new(mut grant: Grant) -> Self {
+        let (ptr, len, writable) = match &mut grant {
+            Grant::Read(r) => (r.as_ptr() as usize, r.len(), false),
+            Grant::Write(w) => (w.as_mut_ptr() as usize, w.len(), true),
+        };
+        Self {
+            _grant: grant,
+            ptr,
+            len,
+            writable,
         }
-        state.grant = None;
-        Ok(())
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr+len` is the row this object's grant holds (read or write access),
+        // inside the arena mapping the grant's `Arc` keeps mapped; no Rust reference to the
+        // row's bytes exists besides this shared one (writers go through raw pointers handed
+        // to numpy, which the GIL serialises with this read).
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
     }
 }
 
-impl Drop for PyRow {
-    fn drop(&mut self) {
-        let state = self.state.get_mut();
-        let Some(mv) = state.memoryview.take() else {
-            return;
-        };
-        let released = Python::attach(|py| mv.bind(py).call_method0("release").is_ok());
-        if !released && let Some(grant) = state.grant.take() {
-            tracing::error!(
-                chunk = self.chunk_id,
-                "a Row was dropped while arrays still use it; its grant is leaked to keep them valid"
-            );
-            std::mem::forget(grant);
+#[pymethods]
+impl PyRowMemory {
+    /// numpy's array interface (version 3): a `uint8` vector over the row, read-only for a
+    /// read grant.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        d.set_item("shape", (self.len,))?;
+        d.set_item("typestr", "|u1")?;
+        d.set_item("data", (self.ptr, !self.writable))?;
+        d.set_item("version", 3)?;
+        Ok(d)
+    }
+}
+
+/// A held grant on one arena row. Use as a context manager; `array()` gives a zero-copy numpy
+/// `uint8` array of the row (writable for a write grant). Releasing the row while an array of it
+/// is alive is refused; a `Row` dropped while arrays live leaves the grant to them, released
+/// when the last one goes.
+#[pyclass(module = "kvtier", name = "Row")]
+pub(crate) struct PyRow {
+    chunk_id: u32,
+    memory: Mutex<Option<Py<PyRowMemory>>>,
+}
+
+impl PyRow {
+    fn memory<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyRowMemory>> {
+        self.memory
+            .lock()
+            .as_ref()
+            .map(|m| m.bind(py).clone())
+            .ok_or_else(|| kvtier_err(format!("row {} was released", self.chunk_id)))
+    }
+
+    fn release_inner(&self, py: Python<'_>) -> PyResult<()> {
+        let mut guard = self.memory.lock();
+        if let Some(m) = guard.as_ref() {
+            // Our reference is the only one unless an array (or a view of one) still uses it.
+            let users = m.bind(py).get_refcnt() - 1;
+            if users > 0 {
+                return Err(kvtier_err(format!(
+                    "row {} is still used by {users} array(s); delete them before releasing it",
+                    self.chunk_id
+                )));
+            }
         }
+        *guard = None;
+        Ok(())
     }
 }
 
@@ -203,49 +230,20 @@ impl PyRow {
 
     /// Whether the grant is exclusive (writable).
     #[getter]
-    fn writable(&self) -> bool {
-        matches!(self.state.lock().grant, Some(Grant::Write(_)))
+    fn writable(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.memory(py)?.get().writable)
     }
 
     /// A zero-copy numpy `uint8` array over the row (read-only for a read grant).
     fn array<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let mut state = self.state.lock();
-        let (ptr, len, flags) = match state.grant.as_mut() {
-            None => return Err(kvtier_err(format!("row {} was released", self.chunk_id))),
-            Some(Grant::Read(r)) => (r.as_ptr().cast_mut(), r.len(), PYBUF_READ),
-            Some(Grant::Write(w)) => (w.as_mut_ptr(), w.len(), PYBUF_WRITE),
-        };
-        if state.memoryview.is_none() {
-            let len = isize::try_from(len).map_err(kvtier_err)?;
-            // SAFETY: `ptr..ptr+len` is the granted row inside the arena mapping, which the grant
-            // (held in `state` until `release_inner` succeeds, or leaked by `Drop`) keeps mapped
-            // and locked; writes are allowed only through a write grant (PYBUF_WRITE), which
-            // excludes every other grant of the row. The memoryview is released before the
-            // grant, and Python refuses that while any array still exports it.
-            let raw = unsafe { pyo3::ffi::PyMemoryView_FromMemory(ptr.cast::<c_char>(), len, flags) };
-            // SAFETY: a new reference or NULL with an exception set, as the C API documents.
-            let mv = unsafe { Bound::from_owned_ptr_or_err(py, raw) }?;
-            state.memoryview = Some(mv.unbind());
-        }
-        let mv = state
-            .memoryview
-            .as_ref()
-            .map(|m| m.bind(py).clone())
-            .ok_or_else(|| kvtier_err("memoryview missing"))?;
-        drop(state);
-        let np = py.import("numpy")?;
-        let uint8 = np.getattr("uint8")?;
-        np.call_method1("frombuffer", (mv, uint8))
+        let memory = self.memory(py)?;
+        py.import("numpy")?.call_method1("asarray", (memory,))
     }
 
     /// A copy of the row's bytes.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
-        let state = self.state.lock();
-        match state.grant.as_ref() {
-            None => Err(kvtier_err(format!("row {} was released", self.chunk_id))),
-            Some(Grant::Read(r)) => Ok(PyBytes::new(py, r)),
-            Some(Grant::Write(w)) => Ok(PyBytes::new(py, w)),
-        }
+        let memory = self.memory(py)?;
+        Ok(PyBytes::new(py, memory.get().bytes()))
     }
 
     /// Releases the grant. Raises if an array of the row is still alive (the grant is kept).

@@ -44,6 +44,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<step::PyStep>()?;
     m.add_class::<arena::PyArenaView>()?;
     m.add_class::<arena::PyRow>()?;
+    m.add_class::<arena::PyRowMemory>()?;
     m.add_class::<reporter::PyWorkerReporter>()?;
     m.add_function(wrap_pyfunction!(keys::make_offload_key, m)?)?;
     m.add_function(wrap_pyfunction!(keys::split_offload_key, m)?)?;

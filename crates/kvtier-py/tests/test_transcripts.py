@@ -5,7 +5,18 @@ a manager over a CPU-only chain, driven with keys as bytes, must give op-for-op 
 Two op kinds have no counterpart on the engine-facing manager: `order` (the policy's internal
 list order, observable only on the tier itself) is skipped, and `read` (`prepare_read`, the pin
 the manager takes internally for cascades) cannot be issued by an engine, so a transcript is
-replayed up to its first `read` (its remaining ops depend on that pin)."""
+replayed up to its first `read` (its remaining ops depend on that pin).
+
+One documented difference of granularity: the manager completes a store batch by batch (it
+tracks each `prepare_store` batch to cascade it as one job), so a `complete_store` whose keys
+came from several batches yields one store (or metadata-only removal) event per batch, where
+the CPU manager alone yields one per call. Batch by batch also frees a failed store's rows in
+batch order, and freed rows are reused last-in first-out, so a later store may get the same rows
+in another order: such a store output is accepted when keys, evictions and the set of rows are
+equal, and from then on the replay translates the binding's row ids to the recording's (a
+fixed permutation), so every later row is still compared exactly (such stores are counted in
+`REORDERED`). The replay merges those back into one event per call (keys
+in call order) before comparing; every other event is compared as is."""
 
 import pathlib
 
@@ -22,6 +33,17 @@ NAMES = {
     kvtier.LookupResult.MISS: "MISS",
     kvtier.LookupResult.RETRY: "RETRY",
 }
+
+
+# Store ops whose rows matched the recording only as a set (see the module docs).
+REORDERED = []
+
+
+def same_but_row_order(got, expected):
+    if not (got.startswith("keys ") and expected.startswith("keys ")):
+        return False
+    g, e = [x.split("|") for x in (got, expected)]
+    return g[0] == e[0] and g[2].strip() == e[2].strip() and sorted(g[1].split()) == sorted(e[1].split())
 
 
 def parse_key(tok):
@@ -47,6 +69,15 @@ class Replay:
         self.ctxs = {}
         # id -> context; holding the contexts keeps their ids from being reused.
         self.announced = {}
+        # (event kind, keys) of the complete_store calls since the last `events`.
+        self.store_calls = []
+        # The binding's row id -> the recording's, once a store got its rows in another order.
+        self.row_map = {}
+        self.last_rows = []
+
+    def rows(self, ids):
+        self.last_rows = list(ids)
+        return " ".join(str(self.row_map.get(i, i)) for i in ids)
 
     def close(self):
         if self.step is not None:
@@ -71,6 +102,7 @@ class Replay:
         if op == "new":
             self.close()
             self.manager = cpu_manager(int(args[0]), args[1])
+            self.row_map = {}
             self.step = self.manager.step()
             self.ctxs, self.announced = {}, {}
             return "ok"
@@ -84,7 +116,7 @@ class Replay:
         if op == "lookup":
             return NAMES[s.lookup(parse_key(args[1]), self.ctx(args[0]))]
         if op == "load":
-            return "chunks " + " ".join(map(str, s.prepare_load(ks(1), self.ctx(args[0]))))
+            return "chunks " + self.rows(s.prepare_load(ks(1), self.ctx(args[0])))
         if op == "cload":
             s.complete_load(ks(1), self.ctx(args[0]))
             return "ok"
@@ -96,19 +128,20 @@ class Replay:
             if out is None:
                 return "none"
             return "keys {} | chunks {} | evicted {}".format(
-                join(out.keys_to_store), " ".join(map(str, out.chunk_ids)), join(out.evicted)
+                join(out.keys_to_store), self.rows(out.chunk_ids), join(out.evicted)
             )
         if op == "cstore":
             s.complete_store(ks(2), self.ctx(args[0]), args[1] == "1")
+            self.store_calls.append(("+" if args[1] == "1" else "-m", ks(2)))
             return "ok"
         if op == "finish":
             s.on_request_finished(self.ctx(args[0]))
             return "ok"
         if op == "events":
-            parts = [
-                "{}{} {}".format("-" if e.removed else "+", "m" if e.metadata_only else "", join(e.keys))
-                for e in s.take_events()
-            ]
+            parts = []
+            for kind, ks_ in self.per_call(s.take_events()):
+                parts.append(f"{kind} {join(ks_)}")
+            self.store_calls = []
             return "events " + " ; ".join(parts)
         if op == "reset":
             s.release()
@@ -116,6 +149,43 @@ class Replay:
             self.step = self.manager.step()
             return "ok"
         raise AssertionError(f"unknown op {op!r}")
+
+
+def _per_call(self, events):
+    """Events as (kind, keys), with the per-batch store and failed-store events of one
+    complete_store call merged back into one event with the call's key order. A call's events
+    are consecutive and calls are in order, so each event goes to the first call, from the
+    current one on, of its kind whose unconsumed keys contain it."""
+    out = []
+    calls = [(kind, list(keys)) for kind, keys in self.store_calls]
+    cur = 0
+    last = None
+    for e in events:
+        kind = ("-" if e.removed else "+") + ("m" if e.metadata_only else "")
+        keys = list(e.keys)
+        if kind == "-":
+            out.append((kind, keys))
+            last = None
+            continue
+        i = cur
+        while i < len(calls) and not (calls[i][0] == kind and all(k in calls[i][1] for k in keys)):
+            i += 1
+        if i == len(calls):
+            out.append((kind, keys))  # not attributable: compared as is
+            last = None
+            continue
+        for k in keys:
+            calls[i][1].remove(k)
+        order = self.store_calls[i][1]
+        if last == i:
+            out[-1] = (kind, sorted(out[-1][1] + keys, key=order.index))
+        else:
+            out.append((kind, sorted(keys, key=order.index)))
+        cur, last = i, i
+    return out
+
+
+Replay.per_call = _per_call
 
 
 def replay(path):
@@ -135,7 +205,12 @@ def replay(path):
                 return compared, len(pairs) - i
             got = r.run(op)
             history.append(f"{op}  => {got}")
-            if got.rstrip() != expected[2:].rstrip():
+            if got.rstrip() != expected[2:].rstrip() and same_but_row_order(got, expected[2:]):
+                REORDERED.append(f"{path.name}: {op}")
+                want = [int(x) for x in expected[2:].split("|")[1].split()[1:]]
+                for raw, exp in zip(r.last_rows, want):
+                    r.row_map[raw] = exp
+            elif got.rstrip() != expected[2:].rstrip():
                 recent = "\n    ".join(history[-12:])
                 pytest.fail(
                     f"{path.name}: op #{i + 1} {op!r}\n  expected: {expected[2:]}\n  got:      {got}\n"
@@ -159,9 +234,12 @@ def test_transcript_replays_identically_through_the_binding(path):
 
 def test_replay_covers_most_of_the_recorded_ops():
     compared = left = 0
+    REORDERED.clear()
     for p in FILES:
         c, l = replay(p)
         compared += c
         left += l
+    print(f"{compared} ops replayed, {left} after a first read not replayable, rows reordered: {REORDERED}")
     # Figures of the committed set; a drop means transcripts were cut short unexpectedly.
     assert compared >= 1000, (compared, left)
+    assert len(REORDERED) <= 3, REORDERED
