@@ -147,6 +147,11 @@ class TieringManager:
     def __enter__(self) -> "TieringManager": ...
     def __exit__(self, *exc: object) -> bool: ...
 
+class RowMemory:
+    """The memory of a granted row; numpy arrays of the row keep it (and the grant) alive."""
+
+    __array_interface__: dict[str, Any]
+
 class Row:
     """A held grant on one arena row (context manager)."""
 

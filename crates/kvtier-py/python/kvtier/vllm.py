@@ -149,9 +149,29 @@ class KvtierOffloadingManager(_ManagerBase):
         entry = self._contexts.get(req_id)
         if entry is None or (entry[0] is not req_context and not isinstance(req_context, str)):
             params = getattr(req_context, "kv_transfer_params", None)
-            entry = (req_context, _k.ReqContext(req_id, params if isinstance(params, dict) else None))
+            try:
+                ctx = _k.ReqContext(
+                    req_id,
+                    params if isinstance(params, dict) else None,
+                    _tier_filter(getattr(req_context, "load_tier_filter", None)),
+                )
+            except (TypeError, ValueError):  # parameters that are not JSON: drop them
+                ctx = _k.ReqContext(req_id)
+            entry = (req_context, ctx)
             self._contexts[req_id] = entry
         return entry[1]
+
+    def _ctx_with_positions(self, req_context: Any, keys: Sequence[bytes]) -> _k.ReqContext:
+        """The kvtier context, with the end-token positions vLLM's scheduler recorded for `keys`
+        copied over (the LRU policy orders a request's keys by them)."""
+        ctx = self._ctx(req_context)
+        get = getattr(req_context, "get_offload_key_position", None)
+        if get is not None and not isinstance(req_context, _k.ReqContext):
+            for key in keys:
+                pos = get(key)
+                if pos is not None:
+                    ctx.set_offload_key_position(key, pos)
+        return ctx
 
     def end_step(self) -> None:
         """Releases the step if one is held."""
@@ -164,17 +184,17 @@ class KvtierOffloadingManager(_ManagerBase):
         return self._call("lookup", key, self._ctx(req_context))
 
     def prepare_load(self, keys: Sequence[bytes], req_context: Any) -> ChunkSpec:
-        return ChunkSpec(self._call("prepare_load", keys, self._ctx(req_context)))
+        return ChunkSpec(self._call("prepare_load", keys, self._ctx_with_positions(req_context, keys)))
 
     def touch(self, keys: Sequence[bytes], req_context: Any = None) -> None:
-        ctx = self._ctx(req_context if req_context is not None else "__touch__")
+        ctx = self._ctx_with_positions(req_context if req_context is not None else "__touch__", keys)
         self._call("touch", keys, ctx)
 
     def complete_load(self, keys: Sequence[bytes], req_context: Any = None) -> None:
         self._call("complete_load", keys, self._ctx(req_context))
 
     def prepare_store(self, keys: Sequence[bytes], req_context: Any) -> Optional[StoreOutput]:
-        out = self._call("prepare_store", keys, self._ctx(req_context))
+        out = self._call("prepare_store", keys, self._ctx_with_positions(req_context, keys))
         if out is None:
             return None
         if self.row_keys is not None:
@@ -223,6 +243,18 @@ class KvtierOffloadingManager(_ManagerBase):
     def shutdown(self) -> None:
         self.end_step()
         self.manager.shutdown()
+
+
+def _tier_filter(f: Any) -> Optional[list]:
+    """vLLM's ``TierFilter`` as kvtier's list of matchers; ``None`` (every tier) for ``ALL``."""
+    matchers = getattr(f, "matchers", None)
+    if f is None or matchers is None or getattr(type(f), "ALL", None) is f:
+        return None
+
+    def name(v: Any) -> Optional[str]:
+        return None if v is None else str(getattr(v, "value", v))
+
+    return [{"medium": name(m.medium), "locality": name(m.locality)} for m in matchers]
 
 
 def _chain_arena_path(chain_path: str) -> Optional[str]:
