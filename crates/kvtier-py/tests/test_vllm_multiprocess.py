@@ -115,6 +115,12 @@ def store_step(m, workers, r, ks, gpu_blocks):
         out = m.prepare_store(ks, r)
     assert out.keys_to_store == ks
     assert workers.all("store", gpu_blocks, list(out.store_spec.block_ids)) == [True, True]
+    # Both ranks reported on the channel: the control thread completes the store before the
+    # connector does (its complete_store below is then absorbed).
+    wait_until(
+        lambda: all(m.lookup(k, r) is LookupResult.HIT for k in ks),
+        "the workers' reports to complete the store",
+    )
     with m.lock:
         m.complete_store(out.keys_to_store, r)
         m.on_request_finished(r)
@@ -167,6 +173,7 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
         st = m.get_stats()
         assert st["manager"]["promoted_keys"] == 4
         assert st["manager"]["off_step_store_completions"] == 8
+        assert st["manager"]["duplicate_store_reports"] >= 8
         assert st["primary"]["evictions"] >= 4
         wait_until(lambda: not m.has_pending_work(), "the manager to go idle")
     finally:

@@ -42,6 +42,52 @@ def _vllm(name: str) -> Any:
     return getattr(base, name, object)
 
 
+class _VllmTypes:
+    """vLLM's result types, used for the manager's answers when vLLM is importable (its
+    connector compares against them); ``None`` otherwise, and the kvtier types are returned."""
+
+    def __init__(self):
+        try:
+            from vllm.v1.kv_offload import base  # type: ignore[import-not-found]
+            from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # type: ignore[import-not-found]
+        except Exception:
+            self.base = None
+            return
+        self.base = base
+        self.spec = CPULoadStoreSpec
+        self.lookup = {
+            _k.LookupResult.HIT: base.LookupResult.HIT,
+            _k.LookupResult.HIT_PENDING: base.LookupResult.HIT_PENDING,
+            _k.LookupResult.MISS: base.LookupResult.MISS,
+            _k.LookupResult.RETRY: base.LookupResult.RETRY,
+        }
+        self.policy = {
+            _k.OffloadPolicy.CHUNK_LEVEL: base.OffloadPolicy.CHUNK_LEVEL,
+            _k.OffloadPolicy.REQUEST_LEVEL: base.OffloadPolicy.REQUEST_LEVEL,
+        }
+
+    def event(self, e: Any) -> Any:
+        b = self.base
+        return b.OffloadingEvent(
+            keys=list(e.keys),
+            medium=b.Medium(e.medium) if e.medium else b.Medium.CPU,
+            removed=e.removed,
+            locality=b.Locality(e.locality) if e.locality else None,
+            ownership=e.ownership,
+            metadata_only=e.metadata_only,
+        )
+
+
+_VLLM: Optional[_VllmTypes] = None
+
+
+def _vllm_types() -> _VllmTypes:
+    global _VLLM
+    if _VLLM is None:
+        _VLLM = _VllmTypes()
+    return _VLLM
+
+
 _ManagerBase = _vllm("OffloadingManager")
 _SpecBase = _vllm("OffloadingSpec")
 _WorkerBase = _vllm("OffloadingWorker")
@@ -130,6 +176,7 @@ class KvtierOffloadingManager(_ManagerBase):
         self.row_keys = row_keys
         self._step: Optional[_k.Step] = None
         self._contexts: dict = {}
+        self._types = _vllm_types()
 
     @property
     def lock(self) -> _StepLock:
@@ -180,11 +227,17 @@ class KvtierOffloadingManager(_ManagerBase):
             step.release()
 
     # -- vLLM's OffloadingManager -----------------------------------------------------------
-    def lookup(self, key: bytes, req_context: Any) -> _k.LookupResult:
-        return self._call("lookup", key, self._ctx(req_context))
+    def lookup(self, key: bytes, req_context: Any) -> Any:
+        r = self._call("lookup", key, self._ctx(req_context))
+        v = self._types
+        return v.lookup[r] if v.base is not None else r
 
-    def prepare_load(self, keys: Sequence[bytes], req_context: Any) -> ChunkSpec:
-        return ChunkSpec(self._call("prepare_load", keys, self._ctx_with_positions(req_context, keys)))
+    def _spec(self, ids: list) -> Any:
+        v = self._types
+        return v.spec(ids) if v.base is not None else ChunkSpec(ids)
+
+    def prepare_load(self, keys: Sequence[bytes], req_context: Any) -> Any:
+        return self._spec(self._call("prepare_load", keys, self._ctx_with_positions(req_context, keys)))
 
     def touch(self, keys: Sequence[bytes], req_context: Any = None) -> None:
         ctx = self._ctx_with_positions(req_context if req_context is not None else "__touch__", keys)
@@ -199,13 +252,22 @@ class KvtierOffloadingManager(_ManagerBase):
             return None
         if self.row_keys is not None:
             self.row_keys.record(out.keys_to_store, out.chunk_ids)
+        v = self._types
+        if v.base is not None:
+            return v.base.PrepareStoreOutput(
+                keys_to_store=out.keys_to_store, store_spec=v.spec(out.chunk_ids), evicted_keys=out.evicted
+            )
         return StoreOutput(out.keys_to_store, ChunkSpec(out.chunk_ids), out.evicted)
 
     def complete_store(self, keys: Sequence[bytes], req_context: Any, success: bool = True) -> None:
         self._call("complete_store", keys, self._ctx(req_context), success)
 
-    def on_new_request(self, req_context: Any) -> _k.OffloadPolicy:
-        return self._call("on_new_request", self._ctx(req_context))
+    def on_new_request(self, req_context: Any) -> Any:
+        policy = self._call("on_new_request", self._ctx(req_context))
+        v = self._types
+        if v.base is not None:
+            return v.base.RequestOffloadingContext(policy=v.policy[policy])
+        return policy
 
     def on_request_finished(self, req_context: Any) -> None:
         ctx = self._ctx(req_context)
@@ -222,9 +284,9 @@ class KvtierOffloadingManager(_ManagerBase):
         self._call("on_schedule_end", end)
 
     def take_events(self) -> list:
-        if self._step is not None:
-            return self._step.take_events()
-        return self.manager.take_events()
+        events = self._step.take_events() if self._step is not None else self.manager.take_events()
+        v = self._types
+        return [v.event(e) for e in events] if v.base is not None else events
 
     def has_pending_work(self) -> bool:
         if self._step is not None:
