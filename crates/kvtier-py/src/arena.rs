@@ -160,12 +160,15 @@ impl PyRowMemory {
         }
     }
 
-    fn bytes(&self) -> &[u8] {
-        // SAFETY: `ptr..ptr+len` is the row this object's grant holds (read or write access),
-        // inside the arena mapping the grant's `Arc` keeps mapped; no Rust reference to the
-        // row's bytes exists besides this shared one (writers go through raw pointers handed
-        // to numpy, which the GIL serialises with this read).
-        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    /// A copy of the row, taken through the raw pointer: numpy arrays of a write grant may be
+    /// written by other Python threads, so no Rust reference to the bytes is ever formed.
+    fn to_vec(&self) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        // SAFETY: `ptr..ptr+len` is the row this object's grant holds, inside the arena mapping
+        // the grant's `Arc` keeps mapped for as long as `self` lives; `out` has `len` bytes and
+        // does not overlap the mapping.
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr as *const u8, out.as_mut_ptr(), self.len) };
+        out
     }
 }
 
@@ -243,7 +246,7 @@ impl PyRow {
     /// A copy of the row's bytes.
     fn tobytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
         let memory = self.memory(py)?;
-        Ok(PyBytes::new(py, memory.get().bytes()))
+        Ok(PyBytes::new(py, &memory.get().to_vec()))
     }
 
     /// Releases the grant. Raises if an array of the row is still alive (the grant is kept).
