@@ -7,7 +7,7 @@ import pytest
 
 import kvtier
 from kvtier import LookupResult
-from conftest import cpu_manager, key, keys, num, nums, store
+from conftest import cpu_manager, key, keys, nums, store
 
 
 def test_lookup_moves_from_miss_to_pending_to_hit(manager):

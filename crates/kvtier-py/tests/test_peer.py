@@ -6,8 +6,6 @@ import multiprocessing
 import socket
 import time
 
-import pytest
-
 import kvtier
 from kvtier import LookupResult
 

@@ -100,8 +100,11 @@ def req(name):
     return SimpleNamespace(req_id=name, kv_transfer_params=None)
 
 
-def disk_stores(m):
-    return m.get_stats()["secondaries"][0]["stores"]
+def cascaded(m, n):
+    """The disk tier stored `n` chunks and the manager processed the jobs (so their pins on the
+    CPU rows are released: until then the rows can be neither evicted nor reused)."""
+    st = m.get_stats()
+    return st["secondaries"][0]["stores"] >= n and st["jobs_in_flight"] == 0
 
 
 def store_step(m, workers, r, ks, gpu_blocks):
@@ -137,10 +140,10 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
     try:
         first, second = keys(1, 4), keys(2, 4)
         store_step(m, workers, req("a"), first, [0, 1, 2, 3])
-        wait_until(lambda: disk_stores(m) >= 4, "the first chunks to cascade to disk")
+        wait_until(lambda: cascaded(m, 4), "the first chunks to cascade to disk")
         out = store_step(m, workers, req("b"), second, [4, 5, 6, 7])
         assert sorted(out.evicted_keys) == sorted(first), "the CPU tier holds 4 chunks"
-        wait_until(lambda: disk_stores(m) >= 8, "the second chunks to cascade to disk")
+        wait_until(lambda: cascaded(m, 8), "the second chunks to cascade to disk")
 
         # The first chunks are gone from the CPU tier; the disk tier has them: promotion.
         c = req("c")
