@@ -1,0 +1,164 @@
+"""Times kvtier through the Python binding (FFI included) on the operations of
+crates/tier-cpu/benches/cpu_tier.rs, next to vLLM 0.33.0's own CPUOffloadingManager measured in
+the same run, and prints the ratios.
+
+vLLM's manager is run from its released source with its imports stubbed (no torch needed), by
+crates/tier-cpu/tests/data/recorder/oracle.py: point VLLM_CPU_SRC at the `vllm/v1/kv_offload/cpu`
+directory of the unpacked 0.33.0 wheel (`pip download vllm==0.33.0 --no-deps`, unzip). Without
+it only kvtier's figures are printed.
+
+    python bench/bench_manager.py [--chunks 100000] [--seconds 2] [--policy lru]
+
+Each figure is the best of 5 rounds. Both sides run the same loop (16-key batches, a fresh request per load and per store, each
+store request finished and its events drained); the clock is read once per 256 calls.
+What the ratios depend on: the CPU and its caches (the tier's index of N chunks vs CPython's
+dict), the Python version (call overhead is part of both sides), and N.
+"""
+
+import argparse
+import os
+import random
+import sys
+import time
+
+import kvtier
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RECORDER = os.path.join(HERE, "..", "..", "tier-cpu", "tests", "data", "recorder")
+
+
+def rate(fn, seconds, batch=256, rounds=5):
+    """Calls per second of `fn(i)`: the best of `rounds` rounds (a shared machine's other load
+    only ever slows a round down), timing batches of calls so the clock is not measured."""
+    best = 0.0
+    count = 0
+    for _ in range(rounds):
+        start = count
+        t0 = time.perf_counter()
+        while True:
+            for i in range(count, count + batch):
+                fn(i)
+            count += batch
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds / rounds:
+                break
+        best = max(best, (count - start) / elapsed)
+    return best
+
+
+class KvtierSide:
+    """kvtier through the binding; every call inside one held step, as an engine holds one per
+    scheduler iteration."""
+
+    name = "kvtier (binding)"
+
+    def __init__(self, n, policy):
+        self.m = kvtier.TieringManager.from_toml(
+            f'[primary]\ntype = "cpu"\ncapacity = {n}\neviction = "{policy}"\n', 64
+        )
+        self.s = self.m.step()
+        self.ctx = kvtier.ReqContext
+
+    def new_request(self, name):
+        c = kvtier.ReqContext(name)
+        self.s.on_new_request(c)
+        return c
+
+    def close(self):
+        self.s.release()
+        self.m.shutdown()
+
+
+class VllmSide:
+    """vLLM 0.33.0's CPUOffloadingManager, its released source loaded by the recorder's oracle."""
+
+    name = "vLLM 0.33.0"
+
+    def __init__(self, n, policy):
+        sys.path.insert(0, RECORDER)
+        import oracle  # noqa: E402
+
+        self.s = oracle.mgr_mod.CPUOffloadingManager(n, cache_policy=policy, enable_events=True)
+        self.ctx = oracle.ReqContext
+
+    def new_request(self, name):
+        return self.ctx(name)
+
+    def close(self):
+        pass
+
+
+def bench(side, n, seconds):
+    s = side.s
+    keys = [os.urandom(32) + b"\0\0\0\0" for _ in range(n)]
+    fill = side.new_request("fill")
+    for i in range(0, n, 1024):
+        b = keys[i : i + 1024]
+        s.prepare_store(b, fill)
+        s.complete_store(b, fill)
+    s.on_request_finished(fill)
+    list(s.take_events())
+    rnd = random.Random(1)
+    res_keys = [keys[rnd.randrange(n)] for _ in range(100000)]
+    ctx = side.new_request("bench")
+    res = {}
+    lookup = s.lookup
+
+    def lookups(i):
+        # 256 lookups per call, so the loop around them costs nothing per lookup.
+        for k in res_keys[(i * 256) % 99840 : (i * 256) % 99840 + 256]:
+            lookup(k, ctx)
+
+    res["lookup_hit"] = rate(lookups, seconds, batch=4) * 256
+
+    def load(i):
+        b = [res_keys[(i * 16 + j) % 100000] for j in range(16)]
+        c = side.ctx("load")
+        s.prepare_load(b, c)
+        s.complete_load(b, c)
+
+    res["load16"] = rate(load, seconds)
+    ctr = [0]
+
+    def store(i):
+        b = []
+        for _ in range(16):
+            ctr[0] += 1
+            b.append(ctr[0].to_bytes(32, "big") + b"\0\0\0\0")
+        c = side.new_request(f"store{i}")
+        out = s.prepare_store(b, c)
+        assert out is not None and len(out.evicted_keys) == 16
+        s.complete_store(b, c)
+        s.on_request_finished(c)
+        list(s.take_events())
+
+    res["store16_evict"] = rate(store, seconds)
+    side.close()
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--chunks", type=int, default=100000)
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--policy", action="append")
+    a = ap.parse_args()
+    for policy in a.policy or ["lru", "arc"]:
+        k = bench(KvtierSide(a.chunks, policy), a.chunks, a.seconds)
+        v = None
+        src = os.environ.get("VLLM_CPU_SRC")
+        if src and os.path.isdir(src):
+            v = bench(VllmSide(a.chunks, policy), a.chunks, a.seconds)
+        print(f"policy {policy}, {a.chunks} chunks, {sys.version.split()[0]}")
+        print(f"  {'op':<15}{'kvtier (binding)':>20}{'vLLM 0.33.0':>16}{'ratio':>9}")
+        for op, ops in k.items():
+            if v is None:
+                print(f"  {op:<15}{ops:>16,.0f}/s{'-':>16}{'-':>9}")
+            else:
+                print(f"  {op:<15}{ops:>16,.0f}/s{v[op]:>14,.0f}/s{ops / v[op]:>8.1f}x")
+        if v is None:
+            print("  (set VLLM_CPU_SRC to compare with vLLM 0.33.0 in the same run)")
+
+
+if __name__ == "__main__":
+    main()

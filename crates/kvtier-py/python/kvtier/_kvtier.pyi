@@ -1,0 +1,193 @@
+"""Type stubs of the kvtier extension module."""
+
+import enum
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+KEY_BYTES: int
+"""Length of a packed key: 32-byte block hash + 4-byte big-endian group index."""
+
+Key = bytes
+"""A key: vLLM's packing (36 bytes), or a bare 32-byte hash meaning group 0."""
+
+class KvtierError(Exception):
+    """An error reported by kvtier, carrying the Rust message."""
+
+class ConfigError(KvtierError):
+    """A chain file or TOML text that cannot be parsed, resolved or built."""
+
+class StepError(KvtierError):
+    """A step used wrongly (second step on one thread, released step, handle call mid-step)."""
+
+def make_offload_key(block_hash: bytes, group_idx: int = 0) -> bytes:
+    """Packs a 32-byte block hash and a KV-group index into a 36-byte key."""
+
+def split_offload_key(key: bytes) -> tuple[bytes, int]:
+    """Splits a key into (block_hash, group_idx)."""
+
+class LookupResult(enum.Enum):
+    """The verdict of a lookup (vLLM's LookupResult)."""
+
+    HIT = 0
+    HIT_PENDING = 1
+    MISS = 2
+    RETRY = 3
+
+class OffloadPolicy(enum.Enum):
+    """What a request wants offloaded."""
+
+    CHUNK_LEVEL = 0
+    REQUEST_LEVEL = 1
+
+class PrepareStoreOutput:
+    """Result of prepare_store."""
+
+    keys_to_store: list[bytes]
+    """Keys that need writing (resident ones filtered out), in offer order."""
+    chunk_ids: list[int]
+    """Destination arena rows, parallel to keys_to_store (vLLM's store_spec)."""
+    evicted: list[bytes]
+    """Keys evicted to make room."""
+    evicted_keys: list[bytes]
+    """vLLM's name for evicted."""
+
+class OffloadingEvent:
+    """Keys stored in, or removed from, one tier."""
+
+    keys: list[bytes]
+    medium: Optional[str]
+    """"CPU", "STORAGE" or None."""
+    locality: Optional[str]
+    """"LOCAL", "REMOTE" or None."""
+    removed: bool
+    ownership: Optional[str]
+    """The emitting secondary tier's name; None for the primary tier."""
+    metadata_only: bool
+    """A removal of keys that never became readable (a failed store)."""
+
+class ScheduleEndContext:
+    """What the engine tells the manager at the end of a scheduler step."""
+
+    new_req_ids: list[str]
+    preempted_req_ids: list[str]
+    def __init__(
+        self, new_req_ids: Sequence[str] = (), preempted_req_ids: Sequence[str] = ()
+    ) -> None: ...
+
+class ReqContext:
+    """One request's context; keep one instance per request for all its calls."""
+
+    req_id: str
+    def __init__(
+        self,
+        req_id: str,
+        kv_transfer_params: Optional[dict[str, Any]] = None,
+        load_tier_filter: Optional[Sequence[dict[str, Optional[str]]]] = None,
+    ) -> None: ...
+    def set_offload_key_position(self, key: Key, position: int) -> None:
+        """Records the end-token position of key in the request."""
+    def get_offload_key_position(self, key: Key) -> Optional[int]:
+        """The recorded position of key, if any."""
+
+class Step:
+    """One scheduler step: holds the manager's lock until released (context manager)."""
+
+    released: bool
+    def lookup(self, key: Key, req_context: ReqContext) -> LookupResult: ...
+    def prepare_load(self, keys: Iterable[Key], req_context: ReqContext) -> list[int]:
+        """Pins HIT keys; returns their arena rows in key order."""
+    def touch(self, keys: Iterable[Key], req_context: ReqContext) -> None: ...
+    def complete_load(self, keys: Iterable[Key], req_context: ReqContext) -> None: ...
+    def prepare_store(
+        self, keys: Iterable[Key], req_context: ReqContext
+    ) -> Optional[PrepareStoreOutput]:
+        """Reserves rows for new chunks; None when there is no room."""
+    def complete_store(
+        self, keys: Iterable[Key], req_context: ReqContext, success: bool = True
+    ) -> None: ...
+    def on_new_request(self, req_context: ReqContext) -> OffloadPolicy: ...
+    def on_request_finished(self, req_context: ReqContext) -> None: ...
+    def on_schedule_end(self, ctx: Optional[ScheduleEndContext] = None) -> None: ...
+    def take_events(self) -> list[OffloadingEvent]: ...
+    def has_pending_work(self) -> bool: ...
+    def stats(self) -> dict[str, Any]: ...
+    def release(self) -> None:
+        """Releases the lock now (idempotent)."""
+    def __enter__(self) -> "Step": ...
+    def __exit__(self, *exc: object) -> bool: ...
+
+class TieringManager:
+    """A tiering manager over a chain of tiers built from a chain file."""
+
+    num_chunks: int
+    chunk_bytes: int
+    row_stride: int
+    arena_path: Optional[str]
+    arena_fingerprint: int
+    control_thread_running: bool
+    @staticmethod
+    def from_config(
+        path: "os.PathLike[str] | str", chunk_bytes: int, reporters: Optional[int] = None
+    ) -> "TieringManager": ...
+    @staticmethod
+    def from_toml(
+        text: str, chunk_bytes: int, source: str = "<string>", reporters: Optional[int] = None
+    ) -> "TieringManager": ...
+    def step(self) -> Step:
+        """Waits (GIL released) for the manager's lock; exit the step before the model runs."""
+    def has_pending_work(self) -> bool: ...
+    def take_events(self) -> list[OffloadingEvent]: ...
+    def stats(self) -> dict[str, Any]: ...
+    def get_stats(self) -> dict[str, Any]: ...
+    def reset_cache(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def open_completion_channel(self, path: "os.PathLike[str] | str") -> None: ...
+    def read_row(self, chunk_id: int) -> bytes: ...
+    def write_row(self, chunk_id: int, data: bytes) -> None: ...
+    def __enter__(self) -> "TieringManager": ...
+    def __exit__(self, *exc: object) -> bool: ...
+
+class RowMemory:
+    """The memory of a granted row; numpy arrays of the row keep it (and the grant) alive."""
+
+    __array_interface__: dict[str, Any]
+
+class Row:
+    """A held grant on one arena row (context manager)."""
+
+    chunk_id: int
+    writable: bool
+    def array(self) -> Any:
+        """A zero-copy numpy uint8 array over the row, valid until the row is released."""
+    def tobytes(self) -> bytes: ...
+    def release(self) -> None:
+        """Releases the grant; raises KvtierError while an array of the row is alive."""
+    def __enter__(self) -> "Row": ...
+    def __exit__(self, *exc: object) -> bool: ...
+
+class ArenaView:
+    """A worker process's window on the manager's shared arena."""
+
+    num_chunks: int
+    chunk_bytes: int
+    path: str
+    fingerprint: int
+    def __init__(
+        self,
+        path: "os.PathLike[str] | str",
+        num_chunks: Optional[int] = None,
+        chunk_bytes: Optional[int] = None,
+    ) -> None: ...
+    def owner_alive(self) -> bool: ...
+    def lock_memory(self) -> None: ...
+    def write_row(self, chunk_id: int, data: bytes) -> None: ...
+    def read_row(self, chunk_id: int) -> bytes: ...
+    def row(self, chunk_id: int, write: bool = False) -> Row: ...
+
+class WorkerReporter:
+    """Reports a worker rank's finished stores on the completion channel."""
+
+    rank: int
+    def __init__(self, socket_path: "os.PathLike[str] | str", rank: int, fingerprint: int) -> None: ...
+    def report(self, keys: Iterable[Key], success: bool = True) -> None: ...
+    def close(self) -> None: ...

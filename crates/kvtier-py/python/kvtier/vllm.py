@@ -1,0 +1,343 @@
+"""kvtier as vLLM's KV-offloading implementation.
+
+vLLM's ``OffloadingConnector`` loads an offloading spec by module path::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_module_path": "kvtier.vllm",
+        "spec_name": "KvtierOffloadingSpec", "kvtier_chain": "/etc/kvtier/chain.toml",
+        "block_size": 64}}'
+
+Scheduler side, :meth:`KvtierOffloadingSpec.get_manager` returns a
+:class:`KvtierOffloadingManager`: vLLM's ``OffloadingManager`` methods over a kvtier manager built
+from the chain file (whose ``[primary]`` must set ``shared_memory``). vLLM's CPU block ids *are*
+the arena's row ids, so load and store specs carry arena rows unchanged.
+
+Worker side, :meth:`KvtierOffloadingSpec.get_transfer_handler` returns a
+:class:`KvtierTransferHandler` per rank: it opens the arena, copies between the rank's KV tensors
+(torch, imported lazily; numpy arrays work too) and its slice of each arena row, and reports
+finished stores on the manager's completion channel, so the manager cascades them while the
+model runs. A row holds every rank's slice, rank-major.
+
+Under vLLM the classes derive from vLLM's ``OffloadingSpec`` / ``OffloadingManager`` /
+``OffloadingWorker`` (its factory checks the spec's base class); without vLLM installed they are
+plain classes with the same methods, so the adapter is testable without torch. torch is imported
+only by a worker copying torch tensors.
+"""
+
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional, Sequence
+
+from . import _kvtier as _k
+from ._vllm_types import ChunkSpec, RowKeys, StoreOutput, _vllm, _vllm_types
+from ._vllm_worker import KvtierOffloadingWorker, KvtierTransferHandler
+
+_ManagerBase = _vllm("OffloadingManager")
+_SpecBase = _vllm("OffloadingSpec")
+
+__all__ = [
+    "ChunkSpec",
+    "KvtierOffloadingManager",
+    "KvtierOffloadingSpec",
+    "KvtierOffloadingWorker",
+    "KvtierTransferHandler",
+    "RowKeys",
+    "StoreOutput",
+]
+
+
+class _StepLock:
+    """vLLM's ``OffloadingManager.lock``: entering takes a kvtier step (the GIL is released
+    while waiting), leaving releases it; not reentrant."""
+
+    def __init__(self, owner: "KvtierOffloadingManager"):
+        self.owner = owner
+
+    def __enter__(self):
+        if self.owner._step is not None:
+            raise _k.StepError("the manager lock is not reentrant")
+        self.owner._step = self.owner.manager.step()
+        return self.owner
+
+    def __exit__(self, *exc):
+        self.owner.end_step()
+        return False
+
+
+class KvtierOffloadingManager(_ManagerBase):
+    """vLLM's ``OffloadingManager`` over a kvtier manager.
+
+    vLLM 0.33.0's connector holds ``manager.lock`` around every sequence of calls that relies on
+    an earlier answer (a lookup HIT, then the prepare_load that pins it); here the lock is a
+    kvtier step, so the control thread runs only while no caller holds it (the model's
+    execution). A call made without the lock runs in a step of its own.
+    """
+
+    def __init__(self, manager: _k.TieringManager, row_keys: Optional[RowKeys] = None):
+        self.manager = manager
+        self.row_keys = row_keys
+        self._step: Optional[_k.Step] = None
+        self._contexts: dict = {}
+        self._types = _vllm_types()
+
+    @property
+    def lock(self) -> _StepLock:
+        return _StepLock(self)
+
+    def _call(self, name: str, *args):
+        if self._step is not None:
+            return getattr(self._step, name)(*args)
+        with self.manager.step() as s:
+            return getattr(s, name)(*args)
+
+    def _ctx(self, req_context: Any) -> _k.ReqContext:
+        """The kvtier context of a vLLM ``ReqContext`` (or a request id), one per request."""
+        if isinstance(req_context, _k.ReqContext):
+            return req_context
+        req_id = req_context if isinstance(req_context, str) else req_context.req_id
+        entry = self._contexts.get(req_id)
+        if entry is None or (entry[0] is not req_context and not isinstance(req_context, str)):
+            params = getattr(req_context, "kv_transfer_params", None)
+            try:
+                ctx = _k.ReqContext(
+                    req_id,
+                    params if isinstance(params, dict) else None,
+                    _tier_filter(getattr(req_context, "load_tier_filter", None)),
+                )
+            except (TypeError, ValueError):  # parameters that are not JSON: drop them
+                ctx = _k.ReqContext(req_id)
+            entry = (req_context, ctx)
+            self._contexts[req_id] = entry
+        return entry[1]
+
+    def _ctx_with_positions(self, req_context: Any, keys: Sequence[bytes]) -> _k.ReqContext:
+        """The kvtier context, with the end-token positions vLLM's scheduler recorded for `keys`
+        copied over (the LRU policy orders a request's keys by them)."""
+        ctx = self._ctx(req_context)
+        get = getattr(req_context, "get_offload_key_position", None)
+        if get is not None and not isinstance(req_context, _k.ReqContext):
+            for key in keys:
+                pos = get(key)
+                if pos is not None:
+                    ctx.set_offload_key_position(key, pos)
+        return ctx
+
+    def end_step(self) -> None:
+        """Releases the step if one is held."""
+        if self._step is not None:
+            step, self._step = self._step, None
+            step.release()
+
+    # -- vLLM's OffloadingManager -----------------------------------------------------------
+    def lookup(self, key: bytes, req_context: Any) -> Any:
+        r = self._call("lookup", key, self._ctx(req_context))
+        v = self._types
+        return v.lookup[r] if v.base is not None else r
+
+    def _spec(self, ids: list) -> Any:
+        v = self._types
+        return v.spec(ids) if v.base is not None else ChunkSpec(ids)
+
+    def prepare_load(self, keys: Sequence[bytes], req_context: Any) -> Any:
+        return self._spec(self._call("prepare_load", keys, self._ctx_with_positions(req_context, keys)))
+
+    def touch(self, keys: Sequence[bytes], req_context: Any = None) -> None:
+        ctx = self._ctx_with_positions(req_context if req_context is not None else "__touch__", keys)
+        self._call("touch", keys, ctx)
+
+    def complete_load(self, keys: Sequence[bytes], req_context: Any = None) -> None:
+        self._call("complete_load", keys, self._ctx(req_context))
+
+    def prepare_store(self, keys: Sequence[bytes], req_context: Any) -> Optional[StoreOutput]:
+        out = self._call("prepare_store", keys, self._ctx_with_positions(req_context, keys))
+        if out is None:
+            return None
+        if self.row_keys is not None:
+            self.row_keys.record(out.keys_to_store, out.chunk_ids)
+        v = self._types
+        if v.base is not None:
+            return v.base.PrepareStoreOutput(
+                keys_to_store=out.keys_to_store, store_spec=v.spec(out.chunk_ids), evicted_keys=out.evicted
+            )
+        return StoreOutput(out.keys_to_store, ChunkSpec(out.chunk_ids), out.evicted)
+
+    def complete_store(self, keys: Sequence[bytes], req_context: Any, success: bool = True) -> None:
+        self._call("complete_store", keys, self._ctx(req_context), success)
+
+    def on_new_request(self, req_context: Any) -> Any:
+        policy = self._call("on_new_request", self._ctx(req_context))
+        v = self._types
+        if v.base is not None:
+            return v.base.RequestOffloadingContext(policy=v.policy[policy])
+        return policy
+
+    def on_request_finished(self, req_context: Any) -> None:
+        ctx = self._ctx(req_context)
+        self._call("on_request_finished", ctx)
+        self._contexts.pop(ctx.req_id, None)
+
+    def on_schedule_end(self, ctx: Any = None) -> None:
+        end = None
+        if ctx is not None:
+            end = _k.ScheduleEndContext(
+                list(getattr(ctx, "new_req_ids", ()) or ()),
+                list(getattr(ctx, "preempted_req_ids", ()) or ()),
+            )
+        self._call("on_schedule_end", end)
+
+    def take_events(self) -> list:
+        events = self._step.take_events() if self._step is not None else self.manager.take_events()
+        v = self._types
+        return [v.event(e) for e in events] if v.base is not None else events
+
+    def has_pending_work(self) -> bool:
+        if self._step is not None:
+            return self._step.has_pending_work()
+        return self.manager.has_pending_work()
+
+    def get_stats(self) -> dict:
+        if self._step is not None:
+            return self._step.stats()
+        return self.manager.stats()
+
+    def reset_cache(self) -> None:
+        self.end_step()
+        self.manager.reset_cache()
+
+    def shutdown(self) -> None:
+        self.end_step()
+        self.manager.shutdown()
+
+
+def _tier_filter(f: Any) -> Optional[list]:
+    """vLLM's ``TierFilter`` as kvtier's list of matchers; ``None`` (every tier) for ``ALL``."""
+    matchers = getattr(f, "matchers", None)
+    if f is None or matchers is None or getattr(type(f), "ALL", None) is f:
+        return None
+
+    def name(v: Any) -> Optional[str]:
+        return None if v is None else str(getattr(v, "value", v))
+
+    return [{"medium": name(m.medium), "locality": name(m.locality)} for m in matchers]
+
+
+def _chain_arena_path(chain_path: str) -> Optional[str]:
+    """The ``[primary] shared_memory`` of a chain file (Python ≥ 3.11, or with tomli)."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ImportError:  # pragma: no cover - Python < 3.11
+        try:
+            import tomli as tomllib  # type: ignore[import-not-found,no-redef]
+        except ImportError:
+            return None
+    with open(chain_path, "rb") as f:
+        chain = tomllib.load(f)
+    path = chain.get("primary", {}).get("shared_memory")
+    if path is None:
+        return None
+    return path.replace("${tmpdir}", os.environ.get("TMPDIR", "/tmp"))
+
+
+class KvtierOffloadingSpec(_SpecBase):
+    """The offloading spec vLLM loads (``spec_name = "KvtierOffloadingSpec"``).
+
+    Extra-config keys (``kv_connector_extra_config``): ``kvtier_chain`` (chain file, required),
+    ``kvtier_channel`` (completion socket; default ``<arena>.sock``), ``kvtier_arena`` (the
+    arena file; default the chain's ``[primary] shared_memory``).
+
+    From vLLM's ``OffloadingConfig`` it reads ``extra_config``, ``parallel.world_size`` and
+    ``parallel.rank``, ``worker_kv_bytes_per_block`` and ``cache.blocks_per_chunk``. A row holds
+    every rank's slice of a chunk, rank-major, as vLLM's CPU spec lays its region out.
+    """
+
+    def __init__(self, config: Any):
+        if _SpecBase is not object:
+            super().__init__(config)
+        self.config = config
+        self.extra_config = dict(config.extra_config or {})
+        chain = self.extra_config.get("kvtier_chain")
+        if not chain:
+            raise _k.ConfigError("kv_connector_extra_config needs kvtier_chain (a chain file path)")
+        self.chain_path = str(chain)
+        self.arena_path = self.extra_config.get("kvtier_arena") or _chain_arena_path(self.chain_path)
+        if not self.arena_path:
+            raise _k.ConfigError(
+                f"{self.chain_path}: [primary] needs shared_memory (the arena workers open), "
+                "or set kvtier_arena"
+            )
+        self.channel_path = self.extra_config.get("kvtier_channel") or f"{self.arena_path}.sock"
+        self.world_size = int(config.parallel.world_size)
+        self.rank = int(getattr(config.parallel, "rank", 0))
+        self.blocks_per_chunk = int(config.cache.blocks_per_chunk)
+        self.rank_chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk
+        if self.rank_chunk_bytes <= 0:
+            raise _k.ConfigError("worker_kv_bytes_per_block must be positive")
+        self._manager: Optional[KvtierOffloadingManager] = None
+        self._worker: Optional[KvtierOffloadingWorker] = None
+
+    @classmethod
+    def from_settings(
+        cls,
+        extra_config: dict,
+        worker_kv_bytes_per_block: int,
+        world_size: int = 1,
+        rank: int = 0,
+        blocks_per_chunk: int = 1,
+    ) -> "KvtierOffloadingSpec":
+        """A spec without vLLM's config object (engines other than vLLM, and tests)."""
+        from types import SimpleNamespace
+
+        return cls(
+            SimpleNamespace(
+                extra_config=extra_config,
+                parallel=SimpleNamespace(world_size=world_size, rank=rank),
+                cache=SimpleNamespace(blocks_per_chunk=blocks_per_chunk),
+                worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+            )
+        )
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one arena row's data: every rank's slice of one chunk."""
+        return self.rank_chunk_bytes * self.world_size
+
+    def get_manager(self) -> KvtierOffloadingManager:
+        """The scheduler-side manager (built once), with its completion channel open."""
+        if self._manager is None:
+            m = _k.TieringManager.from_config(self.chain_path, self.chunk_bytes, reporters=self.world_size)
+            try:
+                if os.path.exists(self.channel_path):
+                    os.unlink(self.channel_path)
+                m.open_completion_channel(self.channel_path)
+                row_keys = RowKeys(f"{self.arena_path}.keys", m.num_chunks, create=True)
+            except BaseException:
+                m.shutdown()
+                raise
+            self._manager = KvtierOffloadingManager(m, row_keys)
+        return self._manager
+
+    def get_transfer_handler(self, kv_tensors: Sequence[Any], rank: Optional[int] = None) -> KvtierTransferHandler:
+        """The copy engine of one rank over its KV tensors (each indexed by block id)."""
+        return KvtierTransferHandler(
+            self.arena_path,
+            kv_tensors,
+            rank=self.rank if rank is None else rank,
+            world_size=self.world_size,
+            blocks_per_chunk=self.blocks_per_chunk,
+            channel_path=self.channel_path,
+            rank_stride=self.rank_chunk_bytes,
+        )
+
+    def get_worker(self, kv_caches: Any, rank: Optional[int] = None) -> KvtierOffloadingWorker:
+        """vLLM's worker for this rank; ``kv_caches`` is vLLM's ``CanonicalKVCaches`` (or a list
+        of tensors indexed by block id)."""
+        if self._worker is None:
+            tensors = getattr(kv_caches, "tensors", kv_caches)
+            tensors = [getattr(t, "tensor", t) for t in tensors]
+            handler = self.get_transfer_handler(tensors, rank)
+            view = handler.view
+            row_keys = RowKeys(f"{self.arena_path}.keys", view.num_chunks, create=False)
+            self._worker = KvtierOffloadingWorker(handler, row_keys)
+        return self._worker

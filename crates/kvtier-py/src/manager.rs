@@ -1,0 +1,342 @@
+//! `kvtier.TieringManager`: the handle of a chain built from a chain file.
+//!
+//! The engine calls of a scheduler step go on a `Step` (`manager.step()`); the handle keeps the
+//! read-mostly hooks and the teardown. One thread must never hold two steps of a manager (the
+//! second would wait for the first forever) nor call a handle hook that takes the lock while it
+//! holds a step: both raise `StepError` instead of deadlocking.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::thread::ThreadId;
+
+use parking_lot::{Mutex, RwLock};
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use tiering_core::config::ChainConfig;
+use tiering_core::{Registry, TieringManager};
+
+use crate::errors::{StepError, config_err, kvtier_err};
+use crate::step::PyStep;
+use crate::values::{OffloadingEvent, row_bytes};
+
+/// The manager and the thread that holds its step, shared with the steps.
+pub(crate) struct Shared {
+    pub(crate) manager: RwLock<Option<TieringManager>>,
+    /// The thread holding a step of this manager, if any.
+    pub(crate) step_thread: Mutex<Option<ThreadId>>,
+}
+
+impl Shared {
+    fn refuse_if_this_thread_holds_a_step(&self, what: &str) -> PyResult<()> {
+        if *self.step_thread.lock() == Some(std::thread::current().id()) {
+            return Err(StepError::new_err(format!(
+                "{what}: this thread holds a step of this manager; call it on the step, or exit \
+                 the step first (waiting here would deadlock)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A tiering manager over a chain of tiers (CPU primary, then disk, peers, ...), built from a
+/// chain file. Make the engine calls of each scheduler step on `with manager.step() as s:`.
+#[pyclass(module = "kvtier", name = "TieringManager")]
+pub(crate) struct PyTieringManager {
+    shared: Arc<Shared>,
+}
+
+/// Builds the chain; `reporters` overrides the number of worker ranks that report each store
+/// (chain files have no key for it).
+fn build(config: &ChainConfig, chunk_bytes: usize, reporters: Option<u32>) -> Result<TieringManager, String> {
+    if reporters == Some(0) {
+        return Err("reporters must be at least 1".to_owned());
+    }
+    let registry = Registry::global().map_err(|e| e.to_string())?;
+    let mut built = config
+        .resolve(registry)
+        .and_then(|r| r.build_tiers(chunk_bytes))
+        .map_err(|e| e.to_string())?;
+    if let Some(n) = reporters {
+        built.manager_config.reporters = n;
+    }
+    Ok(built.into_manager())
+}
+
+impl PyTieringManager {
+    fn from_chain(
+        py: Python<'_>,
+        config: &ChainConfig,
+        chunk_bytes: usize,
+        reporters: Option<u32>,
+    ) -> PyResult<Self> {
+        if chunk_bytes == 0 {
+            return Err(config_err("chunk_bytes must be positive"));
+        }
+        let manager = py
+            .detach(|| build(config, chunk_bytes, reporters))
+            .map_err(config_err)?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                manager: RwLock::new(Some(manager)),
+                step_thread: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Runs `f` on the live manager (read lock), GIL released.
+    fn with_manager<R: Send>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        f: impl FnOnce(&TieringManager) -> R + Send,
+    ) -> PyResult<R> {
+        self.shared.refuse_if_this_thread_holds_a_step(what)?;
+        let shared = &self.shared;
+        py.detach(|| shared.manager.read().as_ref().map(f))
+            .ok_or_else(|| kvtier_err("the manager has been shut down"))
+    }
+
+    fn with_manager_mut<R: Send>(
+        &self,
+        py: Python<'_>,
+        what: &str,
+        f: impl FnOnce(&mut TieringManager) -> R + Send,
+    ) -> PyResult<R> {
+        self.shared.refuse_if_this_thread_holds_a_step(what)?;
+        let shared = &self.shared;
+        py.detach(|| shared.manager.write().as_mut().map(f))
+            .ok_or_else(|| kvtier_err("the manager has been shut down"))
+    }
+
+    fn arena_info<R: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl FnOnce(&Arc<tiering_core::ChunkArena>) -> R + Send,
+    ) -> PyResult<R> {
+        // The arena is reachable without the step lock, so this works inside a step too.
+        let shared = &self.shared;
+        py.detach(|| shared.manager.read().as_ref().map(|m| f(m.arena())))
+            .ok_or_else(|| kvtier_err("the manager has been shut down"))
+    }
+}
+
+#[pymethods]
+impl PyTieringManager {
+    /// Builds the chain described by the chain file at `path`, for chunks of `chunk_bytes`
+    /// bytes (one offloaded chunk of the engine's KV cache). `reporters` is the number of
+    /// worker ranks that report each store on the completion channel (default 1).
+    #[staticmethod]
+    #[pyo3(signature = (path, chunk_bytes, reporters = None))]
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts an owned path")]
+    fn from_config(
+        py: Python<'_>,
+        path: PathBuf,
+        chunk_bytes: usize,
+        reporters: Option<u32>,
+    ) -> PyResult<Self> {
+        let config = py.detach(|| ChainConfig::load(&path)).map_err(config_err)?;
+        Self::from_chain(py, &config, chunk_bytes, reporters)
+    }
+
+    /// Builds the chain described by TOML `text` (the chain-file format); `source` names it in
+    /// error messages.
+    #[staticmethod]
+    #[pyo3(signature = (text, chunk_bytes, source = "<string>", reporters = None))]
+    fn from_toml(
+        py: Python<'_>,
+        text: &str,
+        chunk_bytes: usize,
+        source: &str,
+        reporters: Option<u32>,
+    ) -> PyResult<Self> {
+        let config = ChainConfig::parse(source, text).map_err(config_err)?;
+        Self::from_chain(py, &config, chunk_bytes, reporters)
+    }
+
+    /// Starts a scheduler step: waits (GIL released) for the manager's lock and holds it until
+    /// the step is exited. Use as `with manager.step() as s:`; exit it before the model runs.
+    fn step(&self, py: Python<'_>) -> PyResult<PyStep> {
+        self.shared.refuse_if_this_thread_holds_a_step("step")?;
+        let shared = &self.shared;
+        let step = py
+            .detach(|| shared.manager.read().as_ref().map(TieringManager::detached_step))
+            .ok_or_else(|| kvtier_err("the manager has been shut down"))?;
+        *self.shared.step_thread.lock() = Some(std::thread::current().id());
+        Ok(PyStep::new(step, Arc::clone(&self.shared)))
+    }
+
+    /// Whether the engine should keep stepping even with no requests.
+    fn has_pending_work(&self, py: Python<'_>) -> PyResult<bool> {
+        self.with_manager(py, "has_pending_work", TieringManager::has_pending_work)?
+            .map_err(kvtier_err)
+    }
+
+    /// Events since the last call: the primary tier's, then each secondary's in chain order.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self
+            .with_manager(py, "take_events", TieringManager::take_events)?
+            .map_err(kvtier_err)?;
+        events_list(py, &events)
+    }
+
+    /// A snapshot of the counters: `{"manager": {...}, "primary": {...}, "secondaries": [...],
+    /// "jobs_in_flight": n}`.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let stats = self
+            .with_manager(py, "stats", TieringManager::stats)?
+            .map_err(kvtier_err)?;
+        stats_to_py(py, &stats)
+    }
+
+    /// vLLM's name for `stats`.
+    fn get_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.stats(py)
+    }
+
+    /// Drains every tier, then forgets everything in the primary tier (secondary data
+    /// survives). Not in the middle of a step.
+    fn reset_cache(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_manager_mut(py, "reset_cache", TieringManager::reset_cache)?
+            .map_err(kvtier_err)
+    }
+
+    /// Stops the control plane, shuts the tiers down and releases the arena. Idempotent.
+    fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
+        self.shared.refuse_if_this_thread_holds_a_step("shutdown")?;
+        let shared = &self.shared;
+        let result = py.detach(|| {
+            let mut guard = shared.manager.write();
+            let Some(m) = guard.as_mut() else {
+                return Ok(());
+            };
+            let r = m.shutdown();
+            if r.is_ok() {
+                // Dropping the handle here releases the arena (and its shared-memory file).
+                *guard = None;
+            }
+            r
+        });
+        result.map_err(kvtier_err)
+    }
+
+    /// Opens the completion channel (a Unix socket at `path`) on which worker processes'
+    /// `WorkerReporter`s report finished stores.
+    #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts an owned path")]
+    fn open_completion_channel(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        self.with_manager_mut(py, "open_completion_channel", |m| {
+            m.open_completion_channel(&path)
+        })?
+        .map_err(kvtier_err)
+    }
+
+    /// Number of arena rows (primary chunks).
+    #[getter]
+    fn num_chunks(&self, py: Python<'_>) -> PyResult<usize> {
+        self.arena_info(py, |a| a.num_chunks())
+    }
+
+    /// Bytes of one chunk.
+    #[getter]
+    fn chunk_bytes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.arena_info(py, |a| a.chunk_bytes())
+    }
+
+    /// Bytes one arena row takes (the chunk size rounded up to the page size).
+    #[getter]
+    fn row_stride(&self, py: Python<'_>) -> PyResult<usize> {
+        self.arena_info(py, |a| a.row_stride())
+    }
+
+    /// The arena's shared-memory file (for workers' `ArenaView`), or `None` if anonymous.
+    #[getter]
+    fn arena_path(&self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
+        self.arena_info(py, |a| a.shared_path().map(std::path::Path::to_path_buf))
+    }
+
+    /// The fingerprint workers present on the completion channel.
+    #[getter]
+    fn arena_fingerprint(&self, py: Python<'_>) -> PyResult<u64> {
+        self.arena_info(py, |a| tiering_core::channel::arena_fingerprint(a))
+    }
+
+    /// Whether the control-plane thread is running.
+    #[getter]
+    fn control_thread_running(&self, py: Python<'_>) -> PyResult<bool> {
+        self.arena_info(py, |_| ())?;
+        let shared = &self.shared;
+        Ok(py.detach(|| {
+            shared
+                .manager
+                .read()
+                .as_ref()
+                .is_some_and(TieringManager::control_thread_running)
+        }))
+    }
+
+    /// A copy of arena row `chunk_id` (the owner's side; takes a read grant for the copy).
+    fn read_row<'py>(&self, py: Python<'py>, chunk_id: u32) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
+        let data = self
+            .arena_info(py, |a| a.read_row(chunk_id).map(|r| r.to_vec()))?
+            .map_err(kvtier_err)?;
+        Ok(row_bytes(py, &data))
+    }
+
+    /// Copies `data` into arena row `chunk_id` (the owner's side; takes a write grant).
+    fn write_row(&self, py: Python<'_>, chunk_id: u32, data: &[u8]) -> PyResult<()> {
+        self.arena_info(py, |a| {
+            let mut row = a.write_row(chunk_id).map_err(kvtier_err)?;
+            if data.len() > row.len() {
+                return Err(kvtier_err(format!(
+                    "{} bytes do not fit a row of {} bytes",
+                    data.len(),
+                    row.len()
+                )));
+            }
+            row[..data.len()].copy_from_slice(data);
+            Ok(())
+        })?
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_exc))]
+    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        self.shutdown(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> String {
+        match self.arena_info(py, |a| (a.num_chunks(), a.chunk_bytes())) {
+            Ok((n, b)) => format!("TieringManager({n} chunks of {b} bytes)"),
+            Err(_) => "TieringManager(shut down)".to_owned(),
+        }
+    }
+}
+
+/// Events as a Python list.
+pub(crate) fn events_list<'py>(
+    py: Python<'py>,
+    events: &[tiering_core::OffloadingEvent],
+) -> PyResult<Bound<'py, PyList>> {
+    let items = events
+        .iter()
+        .map(|e| OffloadingEvent::from_core(py, e))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// Stats as plain Python dicts and lists.
+pub(crate) fn stats_to_py<'py>(
+    py: Python<'py>,
+    stats: &tiering_core::ManagerStats,
+) -> PyResult<Bound<'py, PyAny>> {
+    let value = serde_json::json!({
+        "manager": stats.manager,
+        "primary": stats.primary,
+        "secondaries": stats.secondaries,
+        "jobs_in_flight": stats.jobs_in_flight,
+    });
+    py.import("json")?.call_method1("loads", (value.to_string(),))
+}

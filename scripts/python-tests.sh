@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds the kvtier Python extension into a project-local virtual environment (.venv at the
+# repository root, created with maturin, pytest and numpy from PyPI when missing) and runs the
+# Python tests. Needs only python3 (>= 3.9) and cargo.
+#   scripts/python-tests.sh [pytest args...]
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${KVTIER_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c "import maturin, pytest, numpy" 2>/dev/null; then
+    "$venv/bin/python" -m pip install --quiet --upgrade pip
+    "$venv/bin/python" -m pip install --quiet maturin pytest numpy
+fi
+# `maturin develop` installs the extension (release build) into the venv.
+(cd "$root/crates/kvtier-py" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
+    "$venv/bin/maturin" develop --release --quiet)
+cd "$root/crates/kvtier-py"
+exec "$venv/bin/python" -m pytest -q tests "$@"
