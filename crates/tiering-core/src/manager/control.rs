@@ -198,10 +198,9 @@ fn run(shared: &Shared) {
                         config.starvation_warning
                     );
                     starved_since = Some(now);
-                    shared
-                        .state
-                        .try_lock_for(Duration::ZERO)
-                        .map(|s| s.telemetry.starved());
+                    if let Some(s) = shared.state.try_lock_for(Duration::ZERO) {
+                        s.telemetry.starved();
+                    }
                 }
                 Some(_) => {}
             }
