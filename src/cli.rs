@@ -1,5 +1,6 @@
 //! Subcommands: `tiers`, `check`, `peer`, and the simulator's `run` and `bench`.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -65,8 +66,12 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    // Removes `${tmpdir}/kvtier-${pid}` on return, error, SIGINT and SIGTERM; reclaims the
+    // scratch of dead processes first. Dropped after the command (and its tiers) are done.
+    let _scratch = kvtier::scratch::ScratchGuard::install();
     let result = match cli.command {
         Command::Tiers { libraries } => tiers(&libraries),
         Command::Check {

@@ -7,8 +7,10 @@
 //!   inference engine's connector does, over seeded workloads, with a device KV pool in host
 //!   memory and a worker thread doing the real device↔primary copies;
 //! - [`peer`](crate::peer): one node of a multi-process P2P setup;
+//! - [`scratch`](crate::scratch): per-run scratch space, removed on every exit path;
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
 pub mod peer;
+pub mod scratch;
 pub mod sim;
