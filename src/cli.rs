@@ -35,17 +35,20 @@ enum Command {
         #[arg(long = "library", value_name = "PATH")]
         libraries: Vec<PathBuf>,
     },
-    /// Validate tier chain files (loading their libraries) and print the resolved chains.
+    /// Validate tier chain files and print the resolved chains. Reports every error (unknown
+    /// types and option keys, bad values, zero or oversized capacities, duplicate names and
+    /// paths) with file:line:key, without allocating, creating files or binding sockets.
     Check {
         /// Chain files.
         #[arg(required = true, value_name = "CONFIG")]
         configs: Vec<PathBuf>,
-        /// Also construct every tier (with chunks of `--chunk-bytes`) and shut it down again, so
-        /// each tier validates its own options. Tiers may create files (a disk tier its slabs).
+        /// Also construct every tier (with chunks of `--chunk-bytes`) and shut it down again.
+        /// Tiers may create files (a disk tier its slabs); scratch under
+        /// `${tmpdir}/kvtier-${pid}` is removed when the command ends.
         #[arg(long)]
         build: bool,
-        /// Chunk size for `--build`.
-        #[arg(long, default_value_t = 256 * 1024, value_name = "BYTES")]
+        /// Chunk size for `--build` (the same default as `kvtier run`).
+        #[arg(long, default_value_t = kvtier::sim::SimConfig::default().chunk_bytes, value_name = "BYTES")]
         chunk_bytes: usize,
     },
     /// Run the engine simulator over a tier chain and report what offloading saved.
@@ -151,6 +154,16 @@ fn check(configs: &[PathBuf], build: bool, chunk_bytes: usize) -> Result<()> {
 
 fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) -> Result<String> {
     let chain = ChainConfig::load(path)?;
+    let errors = chain.validate(registry, &kvtier::check::linked_options);
+    if !errors.is_empty() {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        bail!(
+            "{}\n{}: {} error(s)",
+            lines.join("\n"),
+            path.display(),
+            errors.len()
+        );
+    }
     let resolved = chain.resolve(registry)?;
     let text = resolved.to_string();
     if build {

@@ -11,6 +11,7 @@
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
+pub mod check;
 pub mod peer;
 pub mod scratch;
 pub mod sim;

@@ -182,10 +182,8 @@ mod tests {
         std::fs::create_dir_all(&locked).unwrap();
         let slab = File::create(locked.join("slab")).unwrap();
         // SAFETY: `slab` is open for the call.
-        assert_eq!(
-            unsafe { libc::flock(slab.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
-            0
-        );
+        let rc = unsafe { libc::flock(slab.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        assert_eq!(rc, 0);
         let other = tmp.path().join("kvtier-notapid");
         std::fs::create_dir_all(&other).unwrap();
 
