@@ -16,11 +16,28 @@ pub const DEFAULT_CHAIN: &str = include_str!("../config/default.toml");
 /// Name under which errors refer to the embedded default chain.
 const DEFAULT_CHAIN_NAME: &str = "config/default.toml (embedded)";
 
+/// What `--help` says about logs and scratch space.
+const LOGGING_HELP: &str = "\
+Logging: diagnostics go to stderr through `tracing`; RUST_LOG sets the filter (default `warn`),
+e.g. RUST_LOG=info shows disk recovery at open and per-tier summaries, RUST_LOG=tiering_core=debug
+the manager's decisions. Colour is used only when stderr is a terminal.
+
+Scratch: `${tmpdir}/kvtier-${pid}` (what the shipped chains use for disk slabs) is removed when
+the command ends, on an error, SIGINT or SIGTERM; scratch of killed processes is reclaimed at the
+next start. A relative tier `path` is relative to the chain file's directory.
+
+Traces (`kvtier run --trace FILE`): JSONL, one request per line, e.g.
+  {\"arrival\": 0.0, \"session\": \"alice\", \"prefix\": \"sys\", \"prefix_tokens\": 512, \"tokens\": 120, \"output\": 40}
+`arrival` (seconds, non-decreasing) is required; `session` continues a conversation; `prefix`
+names a shared prefix of `prefix_tokens` tokens; `tokens` (a count) or `token_ids` (a list) are
+the new prompt tokens; `output` is the generated length (default 16). `#` lines are comments.";
+
 #[derive(Parser)]
 #[command(
     name = "kvtier",
     version,
-    about = "Tiered KV-cache offloading: tier chains, simulator, benchmarks"
+    about = "Tiered KV-cache offloading: tier chains, simulator, benchmarks",
+    after_help = LOGGING_HELP
 )]
 struct Cli {
     #[command(subcommand)]

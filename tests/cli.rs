@@ -218,16 +218,19 @@ fn check_build_constructs_the_tiers_and_reports_bad_options() {
         "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"example\"\ncapacity = \"1MiB\"\nlru = true\n",
     )
     .unwrap();
-    // Without --build only the chain's own structure and types are checked.
-    assert!(kvtier(&["check", bad.to_str().unwrap()]).status.success());
-    let out = kvtier(&["check", "--build", bad.to_str().unwrap()]);
-    let t = text(&out);
-    assert!(!out.status.success(), "{t}");
-    assert!(
-        t.contains(&format!(
-            "{}:8: [[secondary]] #1 (type \"example\"): key `lru`",
-            bad.display()
-        )),
-        "{t}"
-    );
+    // With or without --build, the tier's options are checked (without --build nothing is built).
+    for args in [&["check"][..], &["check", "--build"][..]] {
+        let mut args = args.to_vec();
+        args.push(bad.to_str().unwrap());
+        let out = kvtier(&args);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(
+            t.contains(&format!(
+                "{}:8: [[secondary]] #1 (type \"example\"): key `lru`",
+                bad.display()
+            )),
+            "{t}"
+        );
+    }
 }
