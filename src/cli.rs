@@ -52,7 +52,9 @@ enum Command {
         #[arg(long = "library", value_name = "PATH")]
         libraries: Vec<PathBuf>,
     },
-    /// Validate tier chain files and print the resolved chains. Reports every error (unknown
+    /// Validate tier chain files and print the resolved chains.
+    ///
+    /// Reports every error (unknown
     /// types and option keys, bad values, zero or oversized capacities, duplicate names and
     /// paths) with file:line:key, without allocating, creating files or binding sockets.
     Check {
