@@ -234,3 +234,45 @@ fn check_build_constructs_the_tiers_and_reports_bad_options() {
         );
     }
 }
+
+#[test]
+fn a_library_tiers_log_lines_reach_the_hosts_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("lib.toml");
+    let lib = common::example_library();
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"64MiB\"\n\n[[secondary]]\ntype = \"example\"\nlibrary = \"{}\"\ncapacity = \"1MiB\"\n",
+            lib.display()
+        ),
+    )
+    .unwrap();
+    let run = |filter: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["check", "--build", chain.to_str().unwrap()])
+            .env("RUST_LOG", filter)
+            .env("TMPDIR", dir.path())
+            .output()
+            .expect("run kvtier")
+    };
+    let out = run("info");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", text(&out));
+    // The line the library's `ExampleTier::new` logs, re-emitted by the host under its target.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("example tier ready"))
+        .unwrap_or_else(|| panic!("the library's log line is missing:\n{stderr}"));
+    assert!(line.contains("INFO") && line.contains("kvtier::plugin"), "{line}");
+    assert!(line.contains("capacity_chunks="), "{line}");
+    // Not a terminal: no colour codes.
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    // The host's filter applies to library events too.
+    let quiet = run("warn");
+    assert!(
+        !String::from_utf8_lossy(&quiet.stderr).contains("example tier ready"),
+        "{}",
+        text(&quiet)
+    );
+}

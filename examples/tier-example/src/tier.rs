@@ -141,6 +141,7 @@ impl ExampleTier {
                     worker_shared.wake();
                 }
             })?;
+        tracing::info!(tier = %options.name, capacity_chunks = chunks, "example tier ready");
         let inbox = match &options.inbox {
             Some(path) => Some(start_inbox(&shared, path)?),
             None => None,

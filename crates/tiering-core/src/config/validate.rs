@@ -36,6 +36,8 @@ impl ChainConfig {
         for spec in self.tiers() {
             if let Err(e) = self.resolve_tier(spec, registry) {
                 errors.push(e);
+            } else if spec.library.is_some() {
+                // A library's options are its own (checked by `--build`).
             } else if let Some(Err(e)) = options(&spec.tier_type, &spec.options) {
                 errors.push(locate(self, spec, ChainErrorKind::Tier(e)));
             }
