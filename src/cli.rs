@@ -1,5 +1,6 @@
 //! Subcommands: `tiers`, `check`, `peer`, `redis`, and the simulator's `run` and `bench`.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -15,11 +16,28 @@ pub const DEFAULT_CHAIN: &str = include_str!("../config/default.toml");
 /// Name under which errors refer to the embedded default chain.
 const DEFAULT_CHAIN_NAME: &str = "config/default.toml (embedded)";
 
+/// What `--help` says about logs and scratch space.
+const LOGGING_HELP: &str = "\
+Logging: diagnostics go to stderr through `tracing`; RUST_LOG sets the filter (default `warn`),
+e.g. RUST_LOG=info shows disk recovery at open and per-tier summaries, RUST_LOG=tiering_core=debug
+the manager's decisions. Colour is used only when stderr is a terminal.
+
+Scratch: `${tmpdir}/kvtier-${pid}` (what the shipped chains use for disk slabs) is removed when
+the command ends, on an error, SIGINT or SIGTERM; scratch of killed processes is reclaimed at the
+next start. A relative tier `path` is relative to the chain file's directory.
+
+Traces (`kvtier run --trace FILE`): JSONL, one request per line, e.g.
+  {\"arrival\": 0.0, \"session\": \"alice\", \"prefix\": \"sys\", \"prefix_tokens\": 512, \"tokens\": 120, \"output\": 40}
+`arrival` (seconds, non-decreasing) is required; `session` continues a conversation; `prefix`
+names a shared prefix of `prefix_tokens` tokens; `tokens` (a count) or `token_ids` (a list) are
+the new prompt tokens; `output` is the generated length (default 16). `#` lines are comments.";
+
 #[derive(Parser)]
 #[command(
     name = "kvtier",
     version,
-    about = "Tiered KV-cache offloading: tier chains, simulator, benchmarks"
+    about = "Tiered KV-cache offloading: tier chains, simulator, benchmarks",
+    after_help = LOGGING_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,17 +52,22 @@ enum Command {
         #[arg(long = "library", value_name = "PATH")]
         libraries: Vec<PathBuf>,
     },
-    /// Validate tier chain files (loading their libraries) and print the resolved chains.
+    /// Validate tier chain files and print the resolved chains.
+    ///
+    /// Reports every error (unknown
+    /// types and option keys, bad values, zero or oversized capacities, duplicate names and
+    /// paths) with file:line:key, without allocating, creating files or binding sockets.
     Check {
         /// Chain files.
         #[arg(required = true, value_name = "CONFIG")]
         configs: Vec<PathBuf>,
-        /// Also construct every tier (with chunks of `--chunk-bytes`) and shut it down again, so
-        /// each tier validates its own options. Tiers may create files (a disk tier its slabs).
+        /// Also construct every tier (with chunks of `--chunk-bytes`) and shut it down again.
+        /// Tiers may create files (a disk tier its slabs); scratch under
+        /// `${tmpdir}/kvtier-${pid}` is removed when the command ends.
         #[arg(long)]
         build: bool,
-        /// Chunk size for `--build`.
-        #[arg(long, default_value_t = 256 * 1024, value_name = "BYTES")]
+        /// Chunk size for `--build` (the same default as `kvtier run`).
+        #[arg(long, default_value_t = kvtier::sim::SimConfig::default().chunk_bytes, value_name = "BYTES")]
         chunk_bytes: usize,
     },
     /// Run the engine simulator over a tier chain and report what offloading saved.
@@ -73,8 +96,12 @@ pub fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    // Removes `${tmpdir}/kvtier-${pid}` on return, error, SIGINT and SIGTERM; reclaims the
+    // scratch of dead processes first. Dropped after the command (and its tiers) are done.
+    let _scratch = kvtier::scratch::ScratchGuard::install();
     let result = match cli.command {
         Command::Tiers { libraries } => tiers(&libraries),
         Command::Check {
@@ -156,6 +183,16 @@ fn check(configs: &[PathBuf], build: bool, chunk_bytes: usize) -> Result<()> {
 
 fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) -> Result<String> {
     let chain = ChainConfig::load(path)?;
+    let errors = chain.validate(registry, &kvtier::check::linked_options);
+    if !errors.is_empty() {
+        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        bail!(
+            "{}\n{}: {} error(s)",
+            lines.join("\n"),
+            path.display(),
+            errors.len()
+        );
+    }
     let resolved = chain.resolve(registry)?;
     let text = resolved.to_string();
     if build {

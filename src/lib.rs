@@ -9,10 +9,14 @@
 //! - [`peer`](crate::peer): one node of a multi-process P2P setup;
 //! - [`redis_admin`]: operator commands for a shared Redis tier
 //!   (`kvtier redis invalidate`);
+//! - [`scratch`](crate::scratch): per-run scratch space, removed on every exit path;
+//! - [`metrics_endpoint`]: the Prometheus endpoint of `run` and `peer`;
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
+pub mod check;
 pub mod metrics_endpoint;
 pub mod peer;
 pub mod redis_admin;
+pub mod scratch;
 pub mod sim;

@@ -223,16 +223,61 @@ fn check_build_constructs_the_tiers_and_reports_bad_options() {
         "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"example\"\ncapacity = \"1MiB\"\nlru = true\n",
     )
     .unwrap();
-    // Without --build only the chain's own structure and types are checked.
-    assert!(kvtier(&["check", bad.to_str().unwrap()]).status.success());
-    let out = kvtier(&["check", "--build", bad.to_str().unwrap()]);
-    let t = text(&out);
-    assert!(!out.status.success(), "{t}");
+    // With or without --build, the tier's options are checked (without --build nothing is built).
+    for args in [&["check"][..], &["check", "--build"][..]] {
+        let mut args = args.to_vec();
+        args.push(bad.to_str().unwrap());
+        let out = kvtier(&args);
+        let t = text(&out);
+        assert!(!out.status.success(), "{t}");
+        assert!(
+            t.contains(&format!(
+                "{}:8: [[secondary]] #1 (type \"example\"): key `lru`",
+                bad.display()
+            )),
+            "{t}"
+        );
+    }
+}
+
+#[test]
+fn a_library_tiers_log_lines_reach_the_hosts_subscriber() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("lib.toml");
+    let lib = common::example_library();
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"64MiB\"\n\n[[secondary]]\ntype = \"example\"\nlibrary = \"{}\"\ncapacity = \"1MiB\"\n",
+            lib.display()
+        ),
+    )
+    .unwrap();
+    let run = |filter: &str| {
+        Command::new(env!("CARGO_BIN_EXE_kvtier"))
+            .args(["check", "--build", chain.to_str().unwrap()])
+            .env("RUST_LOG", filter)
+            .env("TMPDIR", dir.path())
+            .output()
+            .expect("run kvtier")
+    };
+    let out = run("info");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", text(&out));
+    // The line the library's `ExampleTier::new` logs, re-emitted by the host under its target.
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("example tier ready"))
+        .unwrap_or_else(|| panic!("the library's log line is missing:\n{stderr}"));
+    assert!(line.contains("INFO") && line.contains("kvtier::plugin"), "{line}");
+    assert!(line.contains("capacity_chunks="), "{line}");
+    // Not a terminal: no colour codes.
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    // The host's filter applies to library events too.
+    let quiet = run("warn");
     assert!(
-        t.contains(&format!(
-            "{}:8: [[secondary]] #1 (type \"example\"): key `lru`",
-            bad.display()
-        )),
-        "{t}"
+        !String::from_utf8_lossy(&quiet.stderr).contains("example tier ready"),
+        "{}",
+        text(&quiet)
     );
 }

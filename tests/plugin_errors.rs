@@ -97,7 +97,7 @@ fn a_library_with_another_abi_version_is_refused_before_any_call() {
             *e.kind,
             ChainErrorKind::Plugin(PluginError::AbiMismatch {
                 found: 999,
-                expected: 1,
+                expected: tiering_core::plugin::ffi::ABI_VERSION,
                 ..
             })
         ),

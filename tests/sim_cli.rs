@@ -118,3 +118,40 @@ fn bench_fetch_rtt_parses_a_single_mode_and_rejects_unknown_ones() {
         .to_string();
     assert!(err.contains("step-ms"), "{err}");
 }
+
+#[test]
+fn out_of_range_arguments_are_refused_before_anything_runs() {
+    let err = Run::try_parse_from(["run", "--requests", "100000000"])
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("more than the limit of 1000000"), "{err}");
+    assert!(Run::try_parse_from(["run", "--requests", "1000000"]).is_ok());
+    for args in [
+        ["bench", "tiers", "--mib", "0"],
+        ["bench", "tiers", "--chunk-bytes", "0"],
+        ["bench", "tiers", "--batch-chunks", "0"],
+    ] {
+        assert!(Bench::try_parse_from(args).is_err(), "{args:?}");
+    }
+}
+
+#[test]
+fn an_unwritable_json_path_fails_before_the_run_and_leaves_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-dir/report.json");
+    let err = run(&["--requests", "5", "--json", missing.to_str().unwrap()]).unwrap_err();
+    assert!(format!("{err:#}").contains("cannot write there"), "{err:#}");
+    // A run that fails after the check removes the empty file the check created.
+    let json = dir.path().join("report.json");
+    let err = run(&[
+        "--requests",
+        "5",
+        "--device-blocks",
+        "0",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(err.is_err());
+    assert!(!json.exists());
+}

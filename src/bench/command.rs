@@ -12,6 +12,15 @@ use super::{ControlPlaneMode, FetchRttConfig, Flow, TierBenchConfig, bench_tiers
 use crate::sim::BuiltTiers;
 use crate::sim::command::{load_chain, registry};
 
+/// A count that must be at least 1 (a zero would "measure" nothing and print a throughput).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `kvtier bench …` subcommands.
 #[derive(Clone, Debug, clap::Subcommand)]
 pub enum BenchCommand {
@@ -20,14 +29,14 @@ pub enum BenchCommand {
         /// The tier chain file; the embedded `config/default.toml` when omitted.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
-        /// Bytes per chunk.
-        #[arg(long, default_value_t = 256 * 1024)]
+        /// Bytes per chunk (at least 1).
+        #[arg(long, default_value_t = 256 * 1024, value_parser = positive)]
         chunk_bytes: usize,
-        /// Chunks per job.
-        #[arg(long, default_value_t = 32)]
+        /// Chunks per job (at least 1).
+        #[arg(long, default_value_t = 32, value_parser = positive)]
         batch_chunks: usize,
-        /// MiB moved per tier and direction.
-        #[arg(long, default_value_t = 256)]
+        /// MiB moved per tier and direction (1 to 65536).
+        #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=65536))]
         mib: u64,
         /// Also write the figures as JSON to this file.
         #[arg(long, value_name = "FILE")]

@@ -23,8 +23,9 @@ pub struct RunArgs {
     /// The generated workload (ignored with `--trace`).
     #[arg(long, default_value = "chat", value_parser = parse_kind)]
     pub workload: WorkloadKind,
-    /// Number of requests to generate.
-    #[arg(long, default_value_t = 2000)]
+    /// Number of requests to generate (at most 1,000,000: the workload is generated up front,
+    /// some tens of bytes per token of every prompt).
+    #[arg(long, default_value_t = 2000, value_parser = parse_requests)]
     pub requests: usize,
     /// Seed of the workload (the same seed gives the same requests).
     #[arg(long, default_value_t = 1)]
@@ -35,7 +36,7 @@ pub struct RunArgs {
     /// Replay a JSONL trace instead of generating a workload.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Also write the report as JSON to this file.
+    /// Also write the report as JSON to this file (checked writable before the run starts).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
     /// Serve Prometheus metrics (names prefixed `kvtier_`) over HTTP at this address while the
@@ -68,6 +69,33 @@ pub struct RunArgs {
 
 fn parse_kind(s: &str) -> Result<WorkloadKind, String> {
     s.parse()
+}
+
+/// The most requests `--requests` accepts.
+pub const MAX_REQUESTS: usize = 1_000_000;
+
+fn parse_requests(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n > MAX_REQUESTS {
+        return Err(format!(
+            "{n} requests is more than the limit of {MAX_REQUESTS} (the workload is held in memory); \
+             run several seeds instead"
+        ));
+    }
+    Ok(n)
+}
+
+/// Opens `path` for writing before the run, so an unwritable `--json` fails in a moment
+/// rather than after the whole run. Returns whether the file was created by this check (and is
+/// removed again if the run fails).
+fn check_writable(path: &Path) -> Result<bool> {
+    let existed = path.exists();
+    std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)
+        .with_context(|| format!("--json {}: cannot write there", path.display()))?;
+    Ok(!existed)
 }
 
 static REGISTRY: OnceLock<Registry> = OnceLock::new();
@@ -112,6 +140,22 @@ pub fn load_chain(path: Option<&Path>, default_name: &str, default_text: &str) -
 /// # Errors
 /// Bad arguments, an invalid chain or trace, a tier that cannot be built, or a failed run.
 pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
+    let created = match &args.json {
+        Some(path) => check_writable(path)?,
+        None => false,
+    };
+    let result = run_and_report(args, default_name, default_text);
+    if result.is_err()
+        && created
+        && let Some(path) = &args.json
+        && std::fs::metadata(path).is_ok_and(|m| m.len() == 0)
+    {
+        let _ = std::fs::remove_file(path);
+    }
+    result
+}
+
+fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
     let chain = load_chain(args.config.as_deref(), default_name, default_text)?;
     super::preflight::check_peers(&chain, super::preflight::PEER_CONNECT_TIMEOUT)?;
     if let Some(addr) = args.metrics_addr {

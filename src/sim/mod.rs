@@ -22,6 +22,7 @@ mod device;
 mod engine;
 mod error;
 mod hash;
+pub mod health;
 mod metrics;
 mod offload;
 pub mod preflight;

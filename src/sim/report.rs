@@ -503,6 +503,10 @@ impl fmt::Display for Report {
                 t.capacity_chunks
             )?;
         }
+        writeln!(f, "\nhealth")?;
+        for line in super::health::health_lines(&self.manager, self.store_alloc_failures, &self.tiers) {
+            writeln!(f, "{line}")?;
+        }
         writeln!(f, "\nconsistency")?;
         for i in &self.identities {
             writeln!(

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::os::unix::net::UnixDatagram;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -115,7 +116,21 @@ impl ExampleTier {
             .name(format!("{}-worker", options.name))
             .spawn(move || {
                 for (job, start) in rx {
-                    let result = run_job(&worker_shared, job, start);
+                    let id = job.id;
+                    // A panic in a job must not take the worker with it: every job is reported
+                    // exactly once, a panicked one as failed (the manager otherwise waits for
+                    // it forever). The state lock does not poison, so the tier stays usable.
+                    let result = catch_unwind(AssertUnwindSafe(|| run_job(&worker_shared, job, start)))
+                        .unwrap_or_else(|panic| {
+                            tracing::error!(
+                                tier = %worker_shared.name,
+                                job = %id,
+                                panic = panic_text(&*panic),
+                                "a job panicked on the worker thread; reported as failed"
+                            );
+                            worker_shared.state.lock().stats.failures += 1;
+                            JobResult::failed(id, start.elapsed())
+                        });
                     let mut st = worker_shared.state.lock();
                     st.finished.push(result);
                     st.in_flight -= 1;
@@ -126,6 +141,7 @@ impl ExampleTier {
                     worker_shared.wake();
                 }
             })?;
+        tracing::info!(tier = %options.name, capacity_chunks = chunks, "example tier ready");
         let inbox = match &options.inbox {
             Some(path) => Some(start_inbox(&shared, path)?),
             None => None,
@@ -269,7 +285,25 @@ fn start_inbox(shared: &Arc<Shared>, path: &std::path::Path) -> Result<Inbox, Ti
 }
 
 /// Runs one job on the worker thread.
+/// The text of a panic payload (a `&str` or `String` message, or a placeholder).
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not a string)")
+}
+
+/// Tests set this to make the worker's next job panic.
+#[cfg(test)]
+static PANIC_IN_NEXT_JOB: AtomicBool = AtomicBool::new(false);
+
 fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
+    #[cfg(test)]
+    assert!(
+        !PANIC_IN_NEXT_JOB.swap(false, Ordering::SeqCst),
+        "injected worker panic"
+    );
     match job.kind {
         JobKind::Store => {
             // Copy outside the lock; only the map update holds it.
@@ -438,4 +472,55 @@ impl Drop for ExampleTier {
 pub fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError> {
     let options: ExampleOptions = parse_options(options)?;
     Ok(Box::new(ExampleTier::new(&options, ctx)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use tiering_core::{ChunkArena, ChunkId, JobId, RowGrant};
+
+    use super::*;
+
+    fn store_job(arena: &Arc<ChunkArena>, id: u64, key: u64) -> TransferJob {
+        let chunk: ChunkId = u32::try_from(id).unwrap();
+        TransferJob {
+            id: JobId(id),
+            kind: JobKind::Store,
+            keys: vec![OffloadKey::from_u64(key)],
+            chunk_ids: vec![chunk],
+            req: ReqContext::local("worker-panic-test"),
+            rows: RowGrant::Read(vec![arena.read_row(chunk).unwrap()]),
+        }
+    }
+
+    fn wait_for_result(tier: &mut ExampleTier) -> JobResult {
+        tier.drain_jobs();
+        let mut out = Vec::new();
+        tier.poll_finished(&mut out);
+        assert_eq!(out.len(), 1, "{out:?}");
+        out.remove(0)
+    }
+
+    #[test]
+    fn a_worker_panic_ends_as_a_failed_job_and_the_worker_keeps_serving() {
+        let arena = ChunkArena::new(4, 4096).unwrap();
+        let ctx = SecondaryContext::new(Arc::clone(&arena), ControlWaker::new());
+        let options = ExampleOptions {
+            name: "example".into(),
+            capacity: ByteSize(1 << 20),
+            inbox: None,
+        };
+        let mut tier = ExampleTier::new(&options, &ctx).unwrap();
+        PANIC_IN_NEXT_JOB.store(true, Ordering::SeqCst);
+        tier.submit_store(store_job(&arena, 1, 10));
+        let failed = wait_for_result(&mut tier);
+        assert_eq!(failed.id, JobId(1));
+        assert!(failed.outcome == tiering_core::JobOutcome::Failed, "{failed:?}");
+        assert_eq!(tier.stats().failures, 1);
+        // The same worker thread runs the next job.
+        tier.submit_store(store_job(&arena, 2, 11));
+        let ok = wait_for_result(&mut tier);
+        assert_eq!(ok.id, JobId(2));
+        assert!(ok.outcome == tiering_core::JobOutcome::Ok, "{ok:?}");
+        tier.shutdown().unwrap();
+    }
 }

@@ -55,7 +55,7 @@ pub struct ResolvedChain<'a> {
     pub sources: Vec<TierSource>,
 }
 
-fn locate(config: &ChainConfig, spec: &TierSpec, kind: ChainErrorKind) -> ChainError {
+pub(crate) fn locate(config: &ChainConfig, spec: &TierSpec, kind: ChainErrorKind) -> ChainError {
     // Point at the key the message is about when it quotes one of the section's keys.
     let message = kind.to_string();
     let key = quoted_words(&message)
@@ -80,8 +80,23 @@ impl ChainConfig {
     /// library that cannot be loaded, is of another type, or (with `same_build`) was built
     /// differently.
     pub fn resolve(&self, registry: &Registry) -> Result<ResolvedChain<'_>, ChainError> {
-        let mut sources = Vec::new();
-        for spec in self.tiers() {
+        let sources = self
+            .tiers()
+            .map(|spec| self.resolve_tier(spec, registry))
+            .collect::<Result<_, _>>()?;
+        Ok(ResolvedChain {
+            config: self,
+            sources,
+        })
+    }
+
+    /// Resolves one tier's type (see [`ChainConfig::resolve`]).
+    pub(crate) fn resolve_tier(
+        &self,
+        spec: &TierSpec,
+        registry: &Registry,
+    ) -> Result<TierSource, ChainError> {
+        {
             let source = if let Some(path) = &spec.library {
                 let lib = load_library(path).map_err(|e| self.library_error(spec, e))?;
                 if lib.type_name() != spec.tier_type {
@@ -140,12 +155,8 @@ impl ChainConfig {
                     factory: reg.factory,
                 }
             };
-            sources.push(source);
+            Ok(source)
         }
-        Ok(ResolvedChain {
-            config: self,
-            sources,
-        })
     }
 
     fn library_error(&self, spec: &TierSpec, e: PluginError) -> ChainError {

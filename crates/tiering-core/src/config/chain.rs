@@ -6,6 +6,8 @@
 //!
 //! String values may use `${tmpdir}` (the system temporary directory) and `${pid}` (this
 //! process's id), so a chain can place scratch data without naming a machine-specific path.
+//! A relative `path` option in a chain file is relative to the file's directory (`path = ""`
+//! is that directory), not to the working directory.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -199,7 +201,27 @@ impl ChainConfig {
         let source = path.display().to_string();
         let text =
             std::fs::read_to_string(path).map_err(|e| ChainError::file(&source, ChainErrorKind::Io(e)))?;
-        Self::parse(&source, &text)
+        let mut config = Self::parse(&source, &text)?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        config.anchor_paths(base);
+        Ok(config)
+    }
+
+    /// Makes every tier's relative `path` option relative to `base` (the chain file's
+    /// directory); `path = ""` becomes `base` itself. Absolute paths are kept.
+    pub fn anchor_paths(&mut self, base: &Path) {
+        for spec in std::iter::once(&mut self.primary).chain(&mut self.secondaries) {
+            if let Some(toml::Value::String(p)) = spec.options.get_mut("path")
+                && Path::new(p.as_str()).is_relative()
+            {
+                *p = base.join(p.as_str()).to_string_lossy().into_owned();
+            }
+        }
     }
 
     /// Parses chain-file text; `source` names it in errors.

@@ -23,17 +23,21 @@
 //! [`ChainConfig::parse`] checks the chain's own structure; [`ChainConfig::resolve`] finds every
 //! type (loading libraries); [`ChainConfig::build`] constructs the tiers and the manager. Each
 //! tier checks its own options (with [`parse_options`]). A relative `library` path is relative to
-//! the working directory.
+//! the working directory. In a chain read from a file ([`ChainConfig::load`]), a tier's relative
+//! `path` is relative to the chain file's directory, and `path = ""` is that directory.
+//! [`ChainConfig::validate`] checks a chain without building it, reporting every error.
 
 mod builder;
 mod chain;
 mod error;
 mod units;
+mod validate;
 
 pub use builder::{BuiltChain, ResolvedChain, TierSource};
 pub use chain::{ChainConfig, ControlPlaneSpec, TierPosition, TierSpec};
 pub use error::{ChainError, ChainErrorKind};
 pub use units::{ByteSize, HumanDuration, UnitError};
+pub use validate::OptionsCheck;
 
 use serde::de::DeserializeOwned;
 
@@ -50,7 +54,29 @@ use crate::error::TierError;
 pub fn parse_options<T: DeserializeOwned>(options: &toml::Table) -> Result<T, TierError> {
     options.clone().try_into().map_err(|e: toml::de::Error| {
         let message = e.message().trim().to_owned();
-        TierError::Config(name_key_in_message(options, message))
+        let message = name_key_in_message(options, message);
+        let message = if quoted_words(&message).any(|w| options.contains_key(w)) {
+            message
+        } else {
+            match culprit_by_removal::<T>(options) {
+                Some(key) => format!("`{key}`: {message}"),
+                None => message,
+            }
+        };
+        TierError::Config(message)
+    })
+}
+
+/// The key whose removal makes `options` parse (or only miss that key): the one a message that
+/// names no key is about (serde's "invalid type: string \"two\", expected u16" does not).
+fn culprit_by_removal<T: DeserializeOwned>(options: &toml::Table) -> Option<&str> {
+    options.keys().map(String::as_str).find(|&key| {
+        let mut without = options.clone();
+        without.remove(key);
+        match without.try_into::<T>() {
+            Ok(_) => true,
+            Err(e) => e.message().contains(&format!("missing field `{key}`")),
+        }
     })
 }
 
@@ -95,6 +121,8 @@ mod tests {
         eviction: Option<String>,
         #[serde(default)]
         wait: Option<HumanDuration>,
+        #[serde(default)]
+        workers: Option<u16>,
     }
 
     fn table(s: &str) -> toml::Table {
@@ -114,6 +142,8 @@ mod tests {
         assert!(m.starts_with("`capacity`: invalid size `1 gigs`"), "{m}");
         let m = err("capacity = true");
         assert!(m.starts_with("`capacity`: invalid type"), "{m}");
+        let m = err("capacity = 1\nworkers = \"two\"");
+        assert!(m.starts_with("`workers`: invalid type"), "{m}");
         let m = err("capacity = 1\nwait = \"3\"");
         assert!(m.starts_with("`wait`: invalid duration `3`"), "{m}");
     }

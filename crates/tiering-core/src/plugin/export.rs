@@ -278,6 +278,7 @@ pub unsafe fn create(
         if arena.chunk_bytes() != ctx.chunk_bytes {
             return Err(fail("chunk size does not match the arena"));
         }
+        super::log::forward_to_host(ctx);
         let waker = ControlWaker::new();
         let forwarder = WakeForwarder::start(
             waker.clone(),

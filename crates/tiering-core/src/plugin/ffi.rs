@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use crate::arena::ArenaRawParts;
 
 /// The version of this ABI. A library built against another version is refused.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 
 /// Name of the exported `u32` static holding the library's [`ABI_VERSION`].
 pub const ABI_SYMBOL: &str = "kvtier_tier_abi_version";
@@ -297,6 +297,28 @@ pub struct FfiFactoryCtx {
     pub waker_ctx: *const c_void,
     /// Wakes the host's control plane.
     pub wake: unsafe extern "C" fn(ctx: *const c_void),
+    /// Context for `log`: identifies the host's copy of `tiering-core` (a library that finds its
+    /// own copy here is linked into the host and logs through the host's subscriber directly).
+    pub log_ctx: *const c_void,
+    /// Re-emits one of the library's `tracing` events through the host's subscriber; the
+    /// library installs a subscriber forwarding to it (`None`: the library's events are dropped).
+    /// May be called from any thread, at any time until the process exits.
+    pub log: Option<unsafe extern "C" fn(ctx: *const c_void, record: *const FfiLogRecord)>,
+    /// The most verbose level the host's subscriber may enable (0 off, 1 error, 2 warn, 3 info,
+    /// 4 debug, 5 trace), so the library skips the rest cheaply.
+    pub max_level: u8,
+}
+
+/// One `tracing` event of a library, as the host re-emits it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FfiLogRecord {
+    /// 1 error, 2 warn, 3 info, 4 debug, 5 trace.
+    pub level: u8,
+    /// The event's target (the module path in the library).
+    pub target: FfiStr,
+    /// The message, then the event's other fields as `key=value`.
+    pub message: FfiStr,
 }
 
 /// The manager, as a tier sees it while serving peers (valid only during

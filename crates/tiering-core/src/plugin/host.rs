@@ -105,6 +105,9 @@ impl PluginTier {
             chunk_bytes: ctx.arena.chunk_bytes(),
             waker_ctx: std::ptr::from_ref::<HostWaker>(&waker).cast::<c_void>(),
             wake: host_wake,
+            log_ctx: super::log::host_marker(),
+            log: Some(super::log::host_log),
+            max_level: super::log::host_max_level(),
         };
         let mut state: TierState = std::ptr::null_mut();
         let mut err = ErrorText::default();

@@ -22,6 +22,7 @@ pub mod export;
 pub mod ffi;
 mod host;
 mod loader;
+mod log;
 
 use std::path::PathBuf;
 

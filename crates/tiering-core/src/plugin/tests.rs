@@ -232,7 +232,7 @@ fn descriptors_are_checked_and_the_macro_exports_a_valid_one() {
             err,
             PluginError::AbiMismatch {
                 found: 999,
-                expected: 1,
+                expected: super::ffi::ABI_VERSION,
                 ..
             }
         ),

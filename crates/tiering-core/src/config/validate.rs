@@ -1,0 +1,161 @@
+//! Validating a chain without building it (`kvtier check`): every tier's type, every tier's
+//! options, capacities, names and paths — all errors, not just the first — without allocating,
+//! creating files or binding sockets.
+
+use std::collections::HashMap;
+use std::path::{Component, Path, PathBuf};
+
+use super::builder::locate;
+use super::chain::{ChainConfig, TierPosition, TierSpec};
+use super::error::{ChainError, ChainErrorKind};
+use super::units::ByteSize;
+use crate::error::TierError;
+use crate::registry::Registry;
+
+/// Checks one tier's options table by type name without building the tier (a tier crate's
+/// options type parsed with [`parse_options`](super::parse_options)); `None` when the type's
+/// options are not known to the caller.
+pub type OptionsCheck<'a> = dyn Fn(&str, &toml::Table) -> Option<Result<(), TierError>> + 'a;
+
+/// The largest capacity a tier without a backing device of its own (a network tier) may claim.
+const CAPACITY_BOUND: u64 = 1 << 50;
+
+impl ChainConfig {
+    /// Every error of the chain, in file order: an unknown or misplaced tier type, options that
+    /// `options` (by type) refuses, a `capacity` of zero or larger than the machine (physical
+    /// memory for the primary, the filesystem under `path` for a tier with a path, 1 PiB
+    /// otherwise), two tiers with one name, two tiers on one `path`. Nothing is built.
+    ///
+    /// A tier's name is its `name` option, or its type when it has none (the default of the
+    /// shipped tiers).
+    #[must_use]
+    pub fn validate(&self, registry: &Registry, options: &OptionsCheck<'_>) -> Vec<ChainError> {
+        let mut errors = Vec::new();
+        let mut names: HashMap<String, usize> = HashMap::new();
+        let mut paths: HashMap<PathBuf, usize> = HashMap::new();
+        for spec in self.tiers() {
+            if let Err(e) = self.resolve_tier(spec, registry) {
+                errors.push(e);
+            } else if spec.library.is_some() {
+                // A library's options are its own (checked by `--build`).
+            } else if let Some(Err(e)) = options(&spec.tier_type, &spec.options) {
+                errors.push(locate(self, spec, ChainErrorKind::Tier(e)));
+            }
+            if let Some(e) = self.check_capacity(spec) {
+                errors.push(e);
+            }
+            let name = match spec.options.get("name") {
+                Some(toml::Value::String(n)) => n.clone(),
+                _ => spec.tier_type.clone(),
+            };
+            if let Some(first) = names.insert(name.clone(), spec.line) {
+                errors.push(self.at_key(
+                    spec,
+                    "name",
+                    ChainErrorKind::Invalid(format!(
+                        "two tiers are named `{name}` (the other at line {first}); tier names must be unique \
+                         within a chain (set `name`)"
+                    )),
+                ));
+            }
+            if let Some(toml::Value::String(p)) = spec.options.get("path") {
+                let normal = normalise(Path::new(p));
+                if let Some(first) = paths.insert(normal, spec.line) {
+                    errors.push(self.at_key(
+                        spec,
+                        "path",
+                        ChainErrorKind::Invalid(format!(
+                            "`path` {p:?} is also used by the tier at line {first}; two tiers cannot share \
+                             a directory (each locks its own slab)"
+                        )),
+                    ));
+                }
+            }
+        }
+        errors.sort_by_key(|e| e.line);
+        errors
+    }
+
+    fn at_key(&self, spec: &TierSpec, key: &str, kind: ChainErrorKind) -> ChainError {
+        ChainError::file(&self.source, kind)
+            .at_line(Some(spec.key_line(key).unwrap_or(spec.line)))
+            .in_tier(&spec.describe())
+            .with_key(key)
+    }
+
+    fn check_capacity(&self, spec: &TierSpec) -> Option<ChainError> {
+        let bytes = match spec.options.get("capacity")? {
+            // A malformed size is the tier's options check to report.
+            toml::Value::String(s) => s.parse::<ByteSize>().ok()?.bytes(),
+            toml::Value::Integer(0) => 0,
+            // A count (of chunks, for the cpu tier) has no byte bound here.
+            _ => return None,
+        };
+        let invalid = |m: String| Some(self.at_key(spec, "capacity", ChainErrorKind::Invalid(m)));
+        if bytes == 0 {
+            return invalid("`capacity` is zero: a tier must hold at least one chunk".into());
+        }
+        let (bound, what) = if spec.position == TierPosition::Primary {
+            (physical_memory()?, "this machine's physical memory".to_owned())
+        } else if let Some(toml::Value::String(p)) = spec.options.get("path") {
+            let (size, fs) = filesystem_size(Path::new(p))?;
+            (size, format!("the filesystem at {} ", fs.display()))
+        } else {
+            (CAPACITY_BOUND, "1 PiB".to_owned())
+        };
+        (bytes > bound).then(|| {
+            self.at_key(
+                spec,
+                "capacity",
+                ChainErrorKind::Invalid(format!(
+                    "`capacity` {} is larger than {} ({})",
+                    ByteSize(bytes),
+                    what.trim_end(),
+                    ByteSize(bound)
+                )),
+            )
+        })
+    }
+}
+
+/// `path` with `.` and `..` folded (lexically: the directories need not exist).
+fn normalise(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+fn physical_memory() -> Option<u64> {
+    // SAFETY: `sysconf` only reads system configuration.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let pages = u64::try_from(pages).ok()?;
+    let page = u64::try_from(page).ok()?;
+    pages.checked_mul(page)
+}
+
+/// The total size of the filesystem that holds `path` (or would: its nearest existing
+/// ancestor), and that ancestor.
+fn filesystem_size(path: &Path) -> Option<(u64, PathBuf)> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path
+        .ancestors()
+        .find(|a| !a.as_os_str().is_empty() && a.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `statvfs` is plain data; all-zero is a valid value for it to overwrite.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path that outlives the call; `st` is a valid out-pointer.
+    if unsafe { libc::statvfs(c.as_ptr(), &raw mut st) } != 0 {
+        return None;
+    }
+    Some((st.f_blocks.checked_mul(st.f_frsize)?, existing.to_path_buf()))
+}
