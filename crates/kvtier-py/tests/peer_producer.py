@@ -16,6 +16,9 @@ capacity = 8
 type = "p2p"
 name = "p2p"
 bind = "127.0.0.1:{port}"
+hash_seed = "py-peer-test"
+layout_fingerprint = "py-peer-test"
+insecure = true
 
 [control_plane]
 thread = true

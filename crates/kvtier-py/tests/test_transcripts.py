@@ -135,7 +135,11 @@ class Replay:
             self.store_calls.append(("+" if args[1] == "1" else "-m", ks(2)))
             return "ok"
         if op == "finish":
-            s.on_request_finished(self.ctx(args[0]))
+            c = self.ctx(args[0])
+            s.on_request_finished(c)
+            # The manager forgets a finished request; vLLM lets it store again (the "late"
+            # transcripts do), so a later call re-announces it with the same context.
+            self.announced.pop(id(c), None)
             return "ok"
         if op == "events":
             parts = []
