@@ -58,7 +58,6 @@ mod index;
 pub mod meter;
 pub mod options;
 mod pool;
-mod ratelog;
 mod recover;
 mod registration;
 mod shared;

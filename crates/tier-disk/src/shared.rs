@@ -14,7 +14,7 @@ use crate::buf::AlignedBuf;
 use crate::index::Index;
 use crate::meter::DirectionCost;
 use crate::options::SyncPolicy;
-use crate::ratelog::RateLimitedLog;
+use tiering_core::ratelog::RateLimitedLog;
 use crate::slab::Slab;
 
 /// Cumulative counters, updated by the I/O threads without the index lock.

@@ -68,7 +68,6 @@ mod info;
 mod invalidate;
 pub mod options;
 mod presence;
-mod ratelog;
 mod registration;
 mod shared;
 mod tier;

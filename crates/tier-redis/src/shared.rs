@@ -15,7 +15,7 @@ use tiering_core::{
 use crate::conn::Endpoint;
 use crate::format::KeyScheme;
 use crate::presence::Presence;
-use crate::ratelog::RateLimitedLog;
+use tiering_core::ratelog::RateLimitedLog;
 
 /// Cumulative counters, updated without locks.
 #[derive(Default)]

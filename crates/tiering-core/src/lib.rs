@@ -28,6 +28,7 @@ pub mod key;
 pub mod manager;
 pub mod offloading;
 pub mod outcome;
+pub mod ratelog;
 pub mod request;
 pub mod stats;
 #[cfg(any(test, feature = "test-utils"))]

@@ -1,4 +1,5 @@
-//! Rate-limited warnings: a failing server must not flood the log with one line per chunk.
+//! Rate-limited warnings for tiers: a failing device or server must not flood the log with one
+//! line per chunk.
 
 use std::collections::HashMap;
 use std::fmt::Display;
@@ -7,14 +8,15 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 /// Logs at most one warning per kind per period, and counts what it suppressed in between.
-pub(crate) struct RateLimitedLog {
+pub struct RateLimitedLog {
     period: Duration,
     state: Mutex<HashMap<&'static str, (Instant, u64)>>,
 }
 
 impl RateLimitedLog {
     /// A limiter allowing one line per kind every `period`.
-    pub(crate) fn new(period: Duration) -> Self {
+    #[must_use]
+    pub fn new(period: Duration) -> Self {
         Self {
             period,
             state: Mutex::new(HashMap::new()),
@@ -23,7 +25,7 @@ impl RateLimitedLog {
 
     /// Warns about `what` (of category `kind`) unless a warning of that kind was logged within
     /// the period; returns whether it logged.
-    pub(crate) fn warn(&self, tier: &str, kind: &'static str, what: impl Display) -> bool {
+    pub fn warn(&self, tier: &str, kind: &'static str, what: impl Display) -> bool {
         let now = Instant::now();
         let suppressed = {
             let mut state = self.state.lock();
@@ -54,7 +56,7 @@ mod tests {
     #[test]
     fn repeats_within_the_period_are_suppressed_per_kind() {
         let log = RateLimitedLog::new(Duration::from_secs(3600));
-        assert!(log.warn("redis", "write", "first"));
+        assert!(log.warn("disk", "write", "first"));
         assert!(!log.warn("disk", "write", "second"));
         assert!(log.warn("disk", "read", "another kind"));
         let zero = RateLimitedLog::new(Duration::ZERO);
