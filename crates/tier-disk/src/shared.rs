@@ -14,8 +14,8 @@ use crate::buf::AlignedBuf;
 use crate::index::Index;
 use crate::meter::DirectionCost;
 use crate::options::SyncPolicy;
-use tiering_core::ratelog::RateLimitedLog;
 use crate::slab::Slab;
+use tiering_core::ratelog::RateLimitedLog;
 
 /// Cumulative counters, updated by the I/O threads without the index lock.
 #[derive(Default)]
