@@ -19,7 +19,7 @@ use tiering_core::{
 
 use super::BenchError;
 use super::tiers::{Bench, Meter, TierBenchRow, row};
-use crate::sim::{chunk_matches, fill_chunk};
+use crate::sim::fill_chunk;
 
 /// A Redis tier of the chain, with the options it was built from (the reference connects to
 /// the same server).
@@ -129,35 +129,8 @@ impl Bench<'_> {
             self.lookups(&mut prober, &keys, &mut latencies, &mut calls)?;
 
             primary.reset();
-            let out = primary
-                .prepare_write(&keys, &self.ctx)
-                .ok_or_else(|| Self::tier_err(&name, "the primary has no room to load a batch"))?;
             job_id += 1;
-            let job = TransferJob {
-                id: JobId(job_id),
-                kind: JobKind::Promotion,
-                keys: out.keys_to_store.clone(),
-                chunk_ids: out.chunk_ids.clone(),
-                req: self.ctx.clone(),
-                rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
-            };
-            let t = Instant::now();
-            tier.submit_load(job);
-            let r = self.wait(tier, JobId(job_id))?;
-            let load_time = t.elapsed();
-            let ok = r.outcome == JobOutcome::Ok;
-            primary.complete_write(&out.keys_to_store, &self.ctx, ok);
-            if !ok {
-                return Err(Self::tier_err(&name, format!("load job failed: {:?}", r.outcome)));
-            }
-            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
-                if !chunk_matches(k, &self.arena.read_row(*c)?) {
-                    return Err(Self::tier_err(
-                        &name,
-                        format!("chunk {k} came back with different bytes"),
-                    ));
-                }
-            }
+            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id)?;
             let read_time = raw.get_batch(&mut staging, cb)?;
             primary.reset();
             if round > 0 {

@@ -398,35 +398,8 @@ impl Bench<'_> {
             let write_time = reference.write_batch()?;
             // Drop the primary copies so the load really comes from the tier.
             primary.reset();
-            let out = primary
-                .prepare_write(&keys, &self.ctx)
-                .ok_or_else(|| Self::tier_err(&name, "the primary has no room to load a batch"))?;
             job_id += 1;
-            let job = TransferJob {
-                id: JobId(job_id),
-                kind: JobKind::Promotion,
-                keys: out.keys_to_store.clone(),
-                chunk_ids: out.chunk_ids.clone(),
-                req: self.ctx.clone(),
-                rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
-            };
-            let t = Instant::now();
-            tier.submit_load(job);
-            let r = self.wait(tier, JobId(job_id))?;
-            let load_time = t.elapsed();
-            let ok = r.outcome == JobOutcome::Ok;
-            primary.complete_write(&out.keys_to_store, &self.ctx, ok);
-            if !ok {
-                return Err(Self::tier_err(&name, format!("load job failed: {:?}", r.outcome)));
-            }
-            for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
-                if !chunk_matches(k, &self.arena.read_row(*c)?) {
-                    return Err(Self::tier_err(
-                        &name,
-                        format!("chunk {k} came back with different bytes"),
-                    ));
-                }
-            }
+            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id)?;
             let read_time = reference.read_batch()?;
             primary.reset();
             if round > 0 {
@@ -449,6 +422,47 @@ impl Bench<'_> {
             ),
             row(&name, "load", &load, &format!("{label} read, 1 call/job"), &raw_r),
         ])
+    }
+
+    /// Loads `keys` back from `tier` into freshly reserved primary rows (the primary forgot
+    /// them), as job `job_id`; checks every byte and returns the time of the load job alone.
+    pub(super) fn load_back_verified(
+        &self,
+        name: &str,
+        tier: &mut dyn SecondaryTier,
+        primary: &mut dyn PrimaryTier,
+        keys: &[OffloadKey],
+        job_id: u64,
+    ) -> Result<Duration, BenchError> {
+        let out = primary
+            .prepare_write(keys, &self.ctx)
+            .ok_or_else(|| Self::tier_err(name, "the primary has no room to load a batch"))?;
+        let job = TransferJob {
+            id: JobId(job_id),
+            kind: JobKind::Promotion,
+            keys: out.keys_to_store.clone(),
+            chunk_ids: out.chunk_ids.clone(),
+            req: self.ctx.clone(),
+            rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
+        };
+        let t = Instant::now();
+        tier.submit_load(job);
+        let r = self.wait(tier, JobId(job_id))?;
+        let load_time = t.elapsed();
+        let ok = r.outcome == JobOutcome::Ok;
+        primary.complete_write(&out.keys_to_store, &self.ctx, ok);
+        if !ok {
+            return Err(Self::tier_err(name, format!("load job failed: {:?}", r.outcome)));
+        }
+        for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+            if !chunk_matches(k, &self.arena.read_row(*c)?) {
+                return Err(Self::tier_err(
+                    name,
+                    format!("chunk {k} came back with different bytes"),
+                ));
+            }
+        }
+        Ok(load_time)
     }
 
     pub(super) fn wait(&self, tier: &mut dyn SecondaryTier, id: JobId) -> Result<JobResult, BenchError> {
