@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tier_redis::{KeyScheme, RedisTier, RedisTierOptions};
-use tiering_core::{
-    JobId, JobKind, JobOutcome, LookupResult, OffloadKey, PrimaryTier, ReqContext, RowGrant, SecondaryTier,
-    TransferJob,
-};
+use tiering_core::{LookupResult, OffloadKey, PrimaryTier, ReqContext, SecondaryTier};
 
 use super::BenchError;
 use super::tiers::{Bench, Meter, TierBenchRow, row};
@@ -103,27 +100,7 @@ impl Bench<'_> {
                 dst.copy_from_slice(&self.arena.read_row(*c)?);
             }
             job_id += 1;
-            let job = TransferJob {
-                id: JobId(job_id),
-                kind: JobKind::Store,
-                keys: keys.clone(),
-                chunk_ids: rows.clone(),
-                req: self.ctx.clone(),
-                rows: RowGrant::Read(self.arena.read_rows(&rows)?),
-            };
-            let t = Instant::now();
-            tier.submit_store(job);
-            let r = self.wait(tier, JobId(job_id))?;
-            let store_time = t.elapsed();
-            primary
-                .complete_read(&keys, &self.ctx)
-                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
-            if r.outcome != JobOutcome::Ok {
-                return Err(Self::tier_err(
-                    &name,
-                    format!("store job failed: {:?}", r.outcome),
-                ));
-            }
+            let store_time = self.store_pinned(&name, tier, primary, &keys, &rows, job_id)?;
             let write_time = raw.set_batch(&staging, cb)?;
 
             self.lookups(&mut prober, &keys, &mut latencies, &mut calls)?;

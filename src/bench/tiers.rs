@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tiering_core::{
-    ChunkArena, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey, PrimaryTier, ReqContext,
-    RowGrant, SecondaryTier, TransferJob,
+    ChunkArena, ChunkId, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey, PrimaryTier,
+    ReqContext, RowGrant, SecondaryTier, TransferJob,
 };
 
 use super::BenchError;
@@ -374,27 +374,7 @@ impl Bench<'_> {
                 .prepare_read(&keys, &self.ctx)
                 .map_err(|e| Self::tier_err(&name, e.to_string()))?;
             job_id += 1;
-            let job = TransferJob {
-                id: JobId(job_id),
-                kind: JobKind::Store,
-                keys: keys.clone(),
-                chunk_ids: rows.clone(),
-                req: self.ctx.clone(),
-                rows: RowGrant::Read(self.arena.read_rows(&rows)?),
-            };
-            let t = Instant::now();
-            tier.submit_store(job);
-            let r = self.wait(tier, JobId(job_id))?;
-            let store_time = t.elapsed();
-            primary
-                .complete_read(&keys, &self.ctx)
-                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
-            if r.outcome != JobOutcome::Ok {
-                return Err(Self::tier_err(
-                    &name,
-                    format!("store job failed: {:?}", r.outcome),
-                ));
-            }
+            let store_time = self.store_pinned(&name, tier, primary, &keys, &rows, job_id)?;
             let write_time = reference.write_batch()?;
             // Drop the primary copies so the load really comes from the tier.
             primary.reset();
@@ -422,6 +402,38 @@ impl Bench<'_> {
             ),
             row(&name, "load", &load, &format!("{label} read, 1 call/job"), &raw_r),
         ])
+    }
+
+    /// Stores the primary rows `rows` (pinned for reading, holding `keys`) into `tier` as job
+    /// `job_id`, then releases the pins; returns the time of the store job alone.
+    pub(super) fn store_pinned(
+        &self,
+        name: &str,
+        tier: &mut dyn SecondaryTier,
+        primary: &mut dyn PrimaryTier,
+        keys: &[OffloadKey],
+        rows: &[ChunkId],
+        job_id: u64,
+    ) -> Result<Duration, BenchError> {
+        let job = TransferJob {
+            id: JobId(job_id),
+            kind: JobKind::Store,
+            keys: keys.to_vec(),
+            chunk_ids: rows.to_vec(),
+            req: self.ctx.clone(),
+            rows: RowGrant::Read(self.arena.read_rows(rows)?),
+        };
+        let t = Instant::now();
+        tier.submit_store(job);
+        let r = self.wait(tier, JobId(job_id))?;
+        let store_time = t.elapsed();
+        primary
+            .complete_read(keys, &self.ctx)
+            .map_err(|e| Self::tier_err(name, e.to_string()))?;
+        if r.outcome != JobOutcome::Ok {
+            return Err(Self::tier_err(name, format!("store job failed: {:?}", r.outcome)));
+        }
+        Ok(store_time)
     }
 
     /// Loads `keys` back from `tier` into freshly reserved primary rows (the primary forgot
