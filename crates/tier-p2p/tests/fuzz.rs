@@ -2,10 +2,10 @@
 //! control-plane message decoder (`wire::Message::decode` + `validate`) and the data-plane
 //! frame decoder (`dataplane::frame`).
 //!
-//! Inputs are built with `arbitrary` from pseudo-random bytes (a fixed-seed generator, so a
-//! failure names the input number that reproduces it): well-formed messages or frame streams,
-//! then mutated (bytes flipped, inserted, removed, truncated, spliced) or replaced by raw
-//! bytes. Each input must decode or fail cleanly, never panic or allocate from an unchecked
+//! Inputs are built with `arbitrary` by the shared driver (`tiering_core::testing::fuzz`: a
+//! fixed-seed generator, so a failure names the input number that reproduces it): well-formed
+//! messages or frame streams, then mutated (bytes flipped, inserted, removed, truncated,
+//! spliced) or replaced by raw bytes. Each input must decode or fail cleanly, never panic or allocate from an unchecked
 //! length; what decodes must re-encode to an equivalent value.
 //!
 //! The normal suite runs a short budget; the `#[ignore]`d tests run 10^6 inputs per target
@@ -17,28 +17,7 @@ use tier_p2p::dataplane::frame::{self, Begin, ChunkHeader, ChunkStatus, Frame, H
 use tier_p2p::wire::{Bin, Connect, Message, decode_keys};
 use tiering_core::OffloadKey;
 use tiering_core::key::KEY_BYTES;
-
-/// A small deterministic generator (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn bytes(&mut self, buf: &mut Vec<u8>, max: usize) {
-        let n = (self.next() as usize) % (max + 1);
-        buf.clear();
-        while buf.len() < n {
-            buf.extend_from_slice(&self.next().to_le_bytes());
-        }
-        buf.truncate(n);
-    }
-}
+use tiering_core::testing::fuzz::{Mutation, drive, inputs, mutate};
 
 /// A key: mostly valid (36 bytes), sometimes any length.
 #[derive(Debug)]
@@ -147,62 +126,13 @@ impl From<AMessage> for Message {
     }
 }
 
-/// Mutations applied to an encoding.
-#[derive(Arbitrary, Debug)]
-enum Mutation {
-    None,
-    Flip(usize, u8),
-    Insert(usize, Vec<u8>),
-    Remove(usize, u8),
-    Truncate(usize),
-    /// Overwrite with a plausible length prefix (msgpack `bin32`/`array32`/`map32` or a
-    /// little-endian u32/u16), the shape of a length-based allocation attack.
-    Length(usize, u8, u32),
-    Raw(Vec<u8>),
-}
-
-fn mutate(mut bytes: Vec<u8>, m: Mutation) -> Vec<u8> {
-    let at = |i: usize, len: usize| if len == 0 { 0 } else { i % len };
-    match m {
-        Mutation::None => {}
-        Mutation::Flip(i, x) => {
-            if !bytes.is_empty() {
-                let i = at(i, bytes.len());
-                bytes[i] ^= x.max(1);
-            }
-        }
-        Mutation::Insert(i, more) => {
-            let i = at(i, bytes.len() + 1);
-            bytes.splice(i..i, more);
-        }
-        Mutation::Remove(i, n) => {
-            let i = at(i, bytes.len() + 1);
-            let end = (i + usize::from(n)).min(bytes.len());
-            bytes.drain(i..end);
-        }
-        Mutation::Truncate(n) => bytes.truncate(at(n, bytes.len() + 1)),
-        Mutation::Length(i, marker, len) => {
-            let i = at(i, bytes.len() + 1);
-            let mut patch = vec![[0xc6, 0xdd, 0xdf, 0xc5][usize::from(marker % 4)]];
-            patch.extend_from_slice(&len.to_be_bytes());
-            if marker >= 128 {
-                patch = len.to_le_bytes().to_vec();
-            }
-            let end = (i + patch.len()).min(bytes.len());
-            bytes.splice(i..end, patch);
-        }
-        Mutation::Raw(raw) => bytes = raw,
-    }
-    bytes
-}
-
 /// One control-plane input.
 fn wire_case(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
     let msg: Message = AMessage::arbitrary(u)?.into();
     let encoded = msg.encode();
     // The unmutated encoding decodes to the same message.
     assert_eq!(Message::decode(&encoded).as_ref().ok(), Some(&msg));
-    let input = mutate(encoded, Mutation::arbitrary(u)?);
+    let input = mutate(encoded, Mutation::arbitrary(u)?, &[]);
     if let Ok(m) = Message::decode(&input) {
         let _ = m.kind();
         if m.validate().is_ok()
@@ -301,8 +231,8 @@ fn frame_case(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
         }
     }
     let mutation = Mutation::arbitrary(u)?;
-    let unmutated = matches!(mutation, Mutation::None);
-    let input = mutate(buf, mutation);
+    let unmutated = mutation.is_none();
+    let input = mutate(buf, mutation, &[]);
     read_stream(&input, &dk, unmutated.then_some((&hello, frames.as_slice())));
     Ok(())
 }
@@ -391,36 +321,6 @@ fn read_stream(input: &[u8], dk: &DataKey, expect: Option<(&Hello, &[AFrame])>) 
             }
         }
     }
-}
-
-/// Runs `target` on `n` inputs from seed `seed`; returns how many built a structured input
-/// (the rest ran out of entropy early, which is a valid input too).
-fn drive(name: &str, n: u64, seed: u64, target: fn(&mut Unstructured<'_>) -> arbitrary::Result<()>) -> u64 {
-    let mut rng = Rng(seed);
-    let mut raw = Vec::with_capacity(8192);
-    let mut structured = 0;
-    for i in 0..n {
-        rng.bytes(&mut raw, 4096);
-        let mut u = Unstructured::new(&raw);
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| target(&mut u)));
-        match outcome {
-            Ok(Ok(())) => structured += 1,
-            Ok(Err(_)) => {}
-            Err(_) => panic!(
-                "{name}: input {i} of seed {seed:#x} crashed ({} raw bytes)",
-                raw.len()
-            ),
-        }
-    }
-    eprintln!("fuzz {name}: {n} inputs, {structured} fully structured, 0 crashes");
-    structured
-}
-
-fn inputs(default: u64) -> u64 {
-    std::env::var("KVTIER_FUZZ_INPUTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 #[test]
