@@ -281,15 +281,26 @@ impl<'a> Arbitrary<'a> for Chain {
     }
 }
 
+/// `k` as a TOML key: bare when it can be, else a one-line basic string (the `toml` crate
+/// renders a string with a newline as a multi-line string, which a key cannot be).
 fn toml_key(k: &str) -> String {
     if !k.is_empty()
         && k.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
     {
-        k.to_owned()
-    } else {
-        toml::Value::String(k.to_owned()).to_string()
+        return k.to_owned();
     }
+    let mut out = String::from("\"");
+    for c in k.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn render_tier(out: &mut String, header: &str, t: &Tier, comments: bool) {
