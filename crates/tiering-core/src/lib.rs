@@ -31,6 +31,10 @@ pub mod outcome;
 pub mod ratelog;
 pub mod request;
 pub mod stats;
+mod sync;
+// The model checks of the concurrency protocols (`docs/ARCHITECTURE.md`, "Concurrency checks").
+#[cfg(all(test, loom))]
+mod loom_models;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
 pub mod tier;

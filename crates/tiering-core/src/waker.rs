@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 
 #[derive(Default)]
 struct WakerInner {

@@ -3,14 +3,15 @@
 //! serving reserved — between scheduler steps, off the scheduler thread.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{ControlPlaneFailure, panic_message};
+use crate::sync;
 use crate::waker::ControlWaker;
 
 use super::config::{ManagerConfig, OnTierFailure};
@@ -22,7 +23,8 @@ use super::telemetry::Holder;
 /// What the engine-facing handle, its steps and the control thread share.
 pub(crate) struct Shared {
     pub(crate) state: Arc<Mutex<TieringState>>,
-    pub(crate) stop: AtomicBool,
+    /// Raised by shutdown; see [`ControlLoop`].
+    pub(crate) stop: sync::AtomicBool,
     /// A control-plane failure not yet returned to the engine (returned once).
     failure: Mutex<Option<Arc<ControlPlaneFailure>>>,
     pub(crate) waker: ControlWaker,
@@ -39,7 +41,7 @@ impl Shared {
         let opted_in = state.tiers.iter().any(|s| s.on_control_plane);
         Self {
             state: Arc::new(Mutex::new(state)),
-            stop: AtomicBool::new(false),
+            stop: sync::AtomicBool::new(false),
             failure: Mutex::new(None),
             waker,
             control: Mutex::new(None),
@@ -68,6 +70,26 @@ impl Shared {
         }
     }
 
+    /// The control loop's stop handshake over this manager's flag and waker.
+    fn control_loop(&self) -> ControlLoop<'_> {
+        ControlLoop::new(&self.stop, &self.waker)
+    }
+
+    /// Stops the control thread (if it runs) and waits up to `join_timeout` for it to exit.
+    pub(crate) fn stop_control_thread(&self) {
+        self.control_loop().request_stop();
+        let thread = self.control.lock().take();
+        if let Some(thread) = thread
+            && !thread.join(self.config.join_timeout)
+        {
+            tracing::error!(
+                "the control-plane thread did not stop within {:?}; shutting tiers down anyway \
+                 (it re-checks the stop flag before any further sweep)",
+                self.config.join_timeout
+            );
+        }
+    }
+
     /// Starts the control thread if it is enabled and not running yet. Called with the state
     /// locked by the caller's step (passed in), so the thread starts after that step.
     pub(crate) fn start_control_thread(self: &Arc<Self>, state: &mut TieringState) {
@@ -91,20 +113,133 @@ impl Shared {
     }
 }
 
+/// The control thread's loop and its stop handshake, apart from what a sweep does. This is the
+/// part the loom models check (`docs/ARCHITECTURE.md`, "Concurrency checks"); the production
+/// turn is [`Sweeps`].
+///
+/// The stop flag is raised before the wake, and the loop checks it before each wait, after it,
+/// and once more with the lock held (shutdown may begin while the thread waits for the lock),
+/// so a stopping loop never starts a sweep and never sleeps through the stop request.
+pub(crate) struct ControlLoop<'a> {
+    stop: &'a sync::AtomicBool,
+    waker: &'a ControlWaker,
+}
+
+/// One turn of the control loop once it is awake: take the lock, sweep under it.
+pub(crate) trait ControlTurn {
+    /// The held lock.
+    type Guard;
+    /// Tries to take the lock, waiting a bounded time.
+    fn try_lock(&mut self) -> Option<Self::Guard>;
+    /// The lock could not be taken (the loop retries at once, after a stop check).
+    fn busy(&mut self);
+    /// One sweep under `guard`, which it releases. Returns the next idle wait, or `None` when
+    /// the loop must end.
+    fn sweep(&mut self, guard: Self::Guard) -> Option<Duration>;
+}
+
+impl<'a> ControlLoop<'a> {
+    pub(crate) fn new(stop: &'a sync::AtomicBool, waker: &'a ControlWaker) -> Self {
+        Self { stop, waker }
+    }
+
+    /// Asks the loop to end: the flag first, then the wake, so the woken thread sees the flag.
+    pub(crate) fn request_stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Runs turns until stopped or until a sweep ends the loop; the first idle wait is
+    /// `first_wait`, later ones what the last sweep returned.
+    pub(crate) fn run<T: ControlTurn>(&self, turn: &mut T, first_wait: Duration) {
+        let mut wait = first_wait;
+        loop {
+            if self.stopping() {
+                return;
+            }
+            self.waker.wait(wait);
+            if self.stopping() {
+                return;
+            }
+            let Some(guard) = turn.try_lock() else {
+                turn.busy();
+                wait = Duration::ZERO;
+                continue;
+            };
+            // Shutdown may have begun while this thread waited for the lock.
+            if self.stopping() {
+                return;
+            }
+            match turn.sweep(guard) {
+                Some(next) => wait = next,
+                None => return,
+            }
+        }
+    }
+}
+
+/// Tells the joiner that the control thread has left its loop. Raised by [`ExitNotice`]'s drop,
+/// so also when the thread unwinds.
+#[derive(Default)]
+pub(crate) struct ExitSignal {
+    exited: sync::Mutex<bool>,
+    cond: sync::Condvar,
+}
+
+impl ExitSignal {
+    fn raise(&self) {
+        *self.exited.lock() = true;
+        self.cond.notify_all();
+    }
+
+    /// Waits up to `timeout` for the exit; returns whether it happened.
+    pub(crate) fn wait_for(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut exited = self.exited.lock();
+        while !*exited {
+            // An unrepresentable deadline is as good as none.
+            let left = deadline.map_or(timeout, |d| d.saturating_duration_since(Instant::now()));
+            if left.is_zero() || self.cond.wait_for(&mut exited, left).timed_out() {
+                break;
+            }
+        }
+        *exited
+    }
+
+    /// A guard that raises the signal when dropped.
+    pub(crate) fn notice(self: &Arc<Self>) -> ExitNotice {
+        ExitNotice(Arc::clone(self))
+    }
+}
+
+/// Raises its [`ExitSignal`] when dropped.
+pub(crate) struct ExitNotice(Arc<ExitSignal>);
+
+impl Drop for ExitNotice {
+    fn drop(&mut self) {
+        self.0.raise();
+    }
+}
+
 /// A running control-plane thread.
 pub(crate) struct ControlThread {
     handle: JoinHandle<()>,
-    exited: mpsc::Receiver<()>,
+    exited: Arc<ExitSignal>,
 }
 
 impl ControlThread {
     fn spawn(shared: Arc<Shared>) -> std::io::Result<Self> {
-        let (tx, exited) = mpsc::channel();
+        let exited = Arc::new(ExitSignal::default());
+        let notice = exited.notice();
         let handle = std::thread::Builder::new()
             .name("kvtier-control".into())
             .spawn(move || {
+                let _notice = notice;
                 run(&shared);
-                let _ = tx.send(());
             })?;
         tracing::info!("kvtier control-plane thread started");
         Ok(Self { handle, exited })
@@ -112,13 +247,11 @@ impl ControlThread {
 
     /// Waits up to `timeout` for the thread to exit; joins it if it did.
     pub(crate) fn join(self, timeout: Duration) -> bool {
-        match self.exited.recv_timeout(timeout) {
-            Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => {
-                let _ = self.handle.join();
-                true
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => false,
+        if !self.exited.wait_for(timeout) {
+            return false;
         }
+        let _ = self.handle.join();
+        true
     }
 
     /// Whether the thread has exited.
@@ -174,45 +307,47 @@ fn fall_back_to_step_driven(shared: &Shared, state: &mut TieringState) {
     tracing::error!("the control-plane thread stops; tiers are serviced at step end from now on");
 }
 
-fn run(shared: &Shared) {
-    let config = &shared.config;
-    let mut starved_since: Option<Instant> = None;
-    let mut wait = config.idle_wait;
-    loop {
-        if shared.stop.load(Ordering::Acquire) {
-            return;
-        }
-        shared.waker.wait(wait);
-        if shared.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let asked = Instant::now();
-        let Some(mut guard) = shared.state.try_lock_for(config.lock_timeout) else {
-            let now = Instant::now();
-            match starved_since {
-                None => starved_since = Some(now),
-                Some(since) if now.duration_since(since) >= config.starvation_warning => {
-                    tracing::warn!(
-                        "the scheduler has held the manager lock for over {:?}: a step guard was \
-                         kept across model execution, so peers are not being served",
-                        config.starvation_warning
-                    );
-                    starved_since = Some(now);
-                    if let Some(s) = shared.state.try_lock_for(Duration::ZERO) {
-                        s.telemetry.starved();
-                    }
+/// The production turn: a sweep of the manager state, with the lock metrics and the
+/// starvation warning.
+struct Sweeps<'a> {
+    shared: &'a Shared,
+    starved_since: Option<Instant>,
+    asked: Instant,
+}
+
+impl<'a> ControlTurn for Sweeps<'a> {
+    type Guard = MutexGuard<'a, TieringState>;
+
+    fn try_lock(&mut self) -> Option<Self::Guard> {
+        self.asked = Instant::now();
+        let guard = self.shared.state.try_lock_for(self.shared.config.lock_timeout)?;
+        self.starved_since = None;
+        Some(guard)
+    }
+
+    fn busy(&mut self) {
+        let config = &self.shared.config;
+        let now = Instant::now();
+        match self.starved_since {
+            None => self.starved_since = Some(now),
+            Some(since) if now.duration_since(since) >= config.starvation_warning => {
+                tracing::warn!(
+                    "the scheduler has held the manager lock for over {:?}: a step guard was \
+                     kept across model execution, so peers are not being served",
+                    config.starvation_warning
+                );
+                self.starved_since = Some(now);
+                if let Some(s) = self.shared.state.try_lock_for(Duration::ZERO) {
+                    s.telemetry.starved();
                 }
-                Some(_) => {}
             }
-            wait = Duration::ZERO;
-            continue;
-        };
-        starved_since = None;
-        let acquired = Instant::now();
-        // Shutdown may have begun while this thread waited for the lock.
-        if shared.stop.load(Ordering::Acquire) {
-            return;
+            Some(_) => {}
         }
+    }
+
+    fn sweep(&mut self, mut guard: Self::Guard) -> Option<Duration> {
+        let shared = self.shared;
+        let acquired = Instant::now();
         let stop = match catch_unwind(AssertUnwindSafe(|| guard.sweep())) {
             Ok(faults) => guard.settle_sweep_faults(faults, shared),
             Err(payload) => {
@@ -226,15 +361,26 @@ fn run(shared: &Shared) {
         if stop {
             fall_back_to_step_driven(shared, &mut guard);
             MutexGuard::unlock_fair(guard);
-            return;
+            return None;
         }
-        wait = guard.next_deadline().map_or(config.idle_wait, |d| {
-            d.saturating_duration_since(Instant::now()).min(config.idle_wait)
+        let idle_wait = shared.config.idle_wait;
+        let wait = guard.next_deadline().map_or(idle_wait, |d| {
+            d.saturating_duration_since(Instant::now()).min(idle_wait)
         });
         guard.publish_metrics();
         guard
             .telemetry
-            .lock(Holder::Control, acquired - asked, acquired.elapsed());
+            .lock(Holder::Control, acquired - self.asked, acquired.elapsed());
         MutexGuard::unlock_fair(guard);
+        Some(wait)
     }
+}
+
+fn run(shared: &Shared) {
+    let mut sweeps = Sweeps {
+        shared,
+        starved_since: None,
+        asked: Instant::now(),
+    };
+    shared.control_loop().run(&mut sweeps, shared.config.idle_wait);
 }

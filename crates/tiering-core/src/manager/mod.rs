@@ -13,9 +13,9 @@
 //! (serving peers), `control` (the control thread and its sweep), `faults` (failure policy,
 //! bounded tier calls), `teardown` (reset and shutdown), [`step`] (the step guard).
 
-mod completions;
+pub(crate) mod completions;
 mod config;
-mod control;
+pub(crate) mod control;
 mod faults;
 mod jobs;
 mod lookup;
@@ -269,18 +269,7 @@ impl TieringManager {
     }
 
     fn stop_control_thread(&mut self) {
-        self.shared.stop.store(true, Ordering::Release);
-        self.shared.waker.wake();
-        let thread = self.shared.control.lock().take();
-        if let Some(thread) = thread
-            && !thread.join(self.shared.config.join_timeout)
-        {
-            tracing::error!(
-                "the control-plane thread did not stop within {:?}; shutting tiers down anyway \
-                 (it re-checks the stop flag before any further sweep)",
-                self.shared.config.join_timeout
-            );
-        }
+        self.shared.stop_control_thread();
     }
 }
 

@@ -177,16 +177,19 @@ impl StoreLedger {
         if rec.ranks & all != all {
             return Verdict::Nothing;
         }
-        match rec.applied {
-            None => Verdict::Apply(rec.worker_ok),
-            Some(prev) => {
-                tally.absorbed += 1;
-                if prev != rec.worker_ok {
-                    tally.conflicts += 1;
-                }
-                Verdict::Nothing
-            }
+        let Some(prev) = rec.applied else {
+            return Verdict::Apply(rec.worker_ok);
+        };
+        tally.absorbed += 1;
+        if prev != rec.worker_ok {
+            tally.conflicts += 1;
         }
+        // Settled (so the engine reported too) and now every rank has: nothing more can come
+        // for this key, so forget it now rather than when its request finalizes.
+        if rec.settled {
+            self.records.remove(key);
+        }
+        Verdict::Nothing
     }
 
     /// Marks `key` applied with `success`; returns the batch whose last unsettled key this
@@ -334,6 +337,31 @@ mod tests {
         assert_eq!(l.worker_report(1, &k(1), true, &mut t), Verdict::Nothing);
         assert_eq!(t.absorbed, 1);
         assert_eq!(l.worker_report(0, &k(1), false, &mut t), Verdict::Apply(false));
+    }
+
+    #[test]
+    fn the_last_report_forgets_the_key_whichever_side_was_first() {
+        for engine_first in [true, false] {
+            let mut l = StoreLedger::new(true, 2, Duration::from_secs(1));
+            let ctx = ReqContext::local("r");
+            let b = l.open_batch(&ctx, &[k(1)]);
+            let mut t = ReportTally::default();
+            if engine_first {
+                assert_eq!(l.engine_report(&k(1), true, &mut t), Some(Verdict::Apply(true)));
+                assert_eq!(l.mark_applied(&k(1), true), Some(b));
+                assert_eq!(l.worker_report(0, &k(1), true, &mut t), Verdict::Nothing);
+                assert_eq!(l.tracked_keys(), 1, "rank 1 has not reported yet");
+                assert_eq!(l.worker_report(1, &k(1), true, &mut t), Verdict::Nothing);
+            } else {
+                assert_eq!(l.worker_report(0, &k(1), true, &mut t), Verdict::Nothing);
+                assert_eq!(l.worker_report(1, &k(1), true, &mut t), Verdict::Apply(true));
+                assert_eq!(l.mark_applied(&k(1), true), None, "the engine has not reported");
+                assert_eq!(l.engine_report(&k(1), true, &mut t), Some(Verdict::Nothing));
+                assert_eq!(l.settle_after_engine(&k(1)), Some(b));
+            }
+            assert_eq!(t.absorbed, 1, "engine first: {engine_first}");
+            assert_eq!(l.tracked_keys(), 0, "engine first: {engine_first}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod sender;
 
 use std::time::Instant;
 
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 
 use crate::error::ManagerError;
 use crate::key::OffloadKey;
