@@ -69,7 +69,7 @@ pub struct RunArgs {
     /// primary tier, over one chain whose shared tier (`type = "redis"`) they all use; the
     /// workload is dealt round-robin and the report shows, per node, the tokens served from
     /// chunks another node stored (cross-node hits).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_nodes)]
     pub nodes: usize,
     /// Fail at start when a configured p2p peer cannot be reached (refused, silent or
     /// unresolvable). Without it such a peer is a warning and the run proceeds with it down.
@@ -91,6 +91,14 @@ fn parse_requests(s: &str) -> Result<usize, String> {
             "{n} requests is more than the limit of {MAX_REQUESTS} (the workload is held in memory); \
              run several seeds instead"
         ));
+    }
+    Ok(n)
+}
+
+fn parse_nodes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if !(1..=super::nodes::MAX_NODES).contains(&n) {
+        return Err(format!("{n} is not between 1 and {}", super::nodes::MAX_NODES));
     }
     Ok(n)
 }

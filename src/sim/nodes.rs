@@ -247,6 +247,10 @@ impl fmt::Display for NodesReport {
             self.chain.join(" → ")
         )?;
         let tier_names: Vec<&str> = self.chain.iter().map(String::as_str).collect();
+        let baseline = self
+            .nodes
+            .iter()
+            .all(|n| n.report.tokens_not_recomputed.is_some());
         write!(
             f,
             "  {:>5} {:>9} {:>12} {:>10}",
@@ -255,12 +259,17 @@ impl fmt::Display for NodesReport {
         for t in &tier_names {
             write!(f, " {t:>10}")?;
         }
-        writeln!(
+        write!(
             f,
             " {:>10} {:>12} {:>9} {:>8}",
             "computed", "cross-node", "share", "foreign"
         )?;
+        if baseline {
+            write!(f, " {:>10}", "saved")?;
+        }
+        writeln!(f)?;
         let mut total = vec![0u64; tier_names.len() + 6];
+        let mut total_saved = 0i64;
         for n in &self.nodes {
             let r = &n.report;
             let mut row = vec![r.requests, r.prompt_tokens, r.source_tokens("device cache")];
@@ -269,14 +278,21 @@ impl fmt::Display for NodesReport {
             for (t, v) in total.iter_mut().zip(&row) {
                 *t += v;
             }
-            write_row(f, &format!("{}", n.node), &row)?;
+            let saved = r.tokens_not_recomputed.filter(|_| baseline);
+            total_saved += saved.unwrap_or(0);
+            write_row(f, &n.node.to_string(), &row, saved)?;
         }
-        write_row(f, "total", &total)?;
+        write_row(f, "total", &total, baseline.then_some(total_saved))?;
         writeln!(
             f,
             "  cross-node: prompt tokens a node loaded from a shared tier that only another node had \
              stored; share: of the node's prompt tokens; foreign: stored by no node of this run \
-             (an earlier run's chunks in the server)"
+             (an earlier run's chunks in the server){}",
+            if baseline {
+                "; saved: prompt tokens the node's share computes with offloading off and not with it"
+            } else {
+                ""
+            }
         )?;
         for n in &self.nodes {
             if !n.report.identities_hold() {
@@ -290,21 +306,26 @@ impl fmt::Display for NodesReport {
     }
 }
 
-/// `row` is requests, prompt tokens, device, one per tier, computed, cross-node, foreign.
-fn write_row(f: &mut fmt::Formatter<'_>, label: &str, row: &[u64]) -> fmt::Result {
+/// `row` is requests, prompt tokens, device, one per tier, computed, cross-node, foreign;
+/// `saved` the tokens not recomputed against the offloading-off baseline, when it ran.
+fn write_row(f: &mut fmt::Formatter<'_>, label: &str, row: &[u64], saved: Option<i64>) -> fmt::Result {
     let n = row.len();
     write!(f, "  {label:>5}")?;
     write!(f, " {:>9} {:>12}", row[0], row[1])?;
     for v in &row[2..n - 2] {
         write!(f, " {v:>10}")?;
     }
-    writeln!(
+    write!(
         f,
         " {:>12} {:>8.1}% {:>8}",
         row[n - 2],
         pct(row[n - 2], row[1]),
         row[n - 1]
-    )
+    )?;
+    match saved {
+        Some(s) => writeln!(f, " {s:>10}"),
+        None => writeln!(f),
+    }
 }
 
 #[cfg(test)]
