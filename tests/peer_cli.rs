@@ -305,3 +305,22 @@ fn peer_help_documents_the_exit_codes() {
         assert!(help.contains(&format!("  {code}  ")), "{help}");
     }
 }
+
+#[test]
+fn a_pull_that_outlives_its_timeout_exits_with_code_13() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let prod = chain(dir.path(), "prod.toml", &format!("127.0.0.1:{port}"));
+    let cons = chain(dir.path(), "cons.toml", "127.0.0.1:0");
+    // The producer stalls after 2 chunks and stays alive: the consumer's own deadline ends it.
+    let (producer, _out) = start_producer(&prod, "8", &["--hold-after-chunks", "2"], "");
+    let mut pull = kvtier();
+    pull.args(["peer", "--config"])
+        .arg(&cons)
+        .args(["--chunks", "8", "--chunk-bytes", "16384", "--timeout-secs", "2"])
+        .args(["--pull-from", &format!("127.0.0.1:{port}")]);
+    let (code, line) = failed(&pull.output().unwrap());
+    assert_eq!(code, 13, "{line}");
+    assert!(line.contains("deadline"), "{line}");
+    drop(producer);
+}

@@ -10,10 +10,12 @@ fn kvtier() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvtier"))
 }
 
+/// The peer's session gives up after a short handshake deadline: until then the tier has
+/// pending work, which the run's drain waits for.
 fn chain(dir: &std::path::Path, peer: SocketAddr) -> std::path::PathBuf {
     let path = dir.join("peers.toml");
     let text = format!(
-        "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n\n[[secondary]]\ntype = \"p2p\"\nbind = \"127.0.0.1:0\"\npeers = [\"{peer}\"]\nhash_seed = \"run-peers\"\nlayout_fingerprint = \"run-peers\"\ninsecure = true\n"
+        "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n\n[[secondary]]\ntype = \"p2p\"\nbind = \"127.0.0.1:0\"\npeers = [\"{peer}\"]\nhash_seed = \"run-peers\"\nlayout_fingerprint = \"run-peers\"\ninsecure = true\n\n[secondary.deadlines]\nhandshake_ms = 300\n"
     );
     std::fs::write(&path, text).unwrap();
     path
