@@ -21,7 +21,8 @@ use crate::sim::{BuiltTiers, Chain, chunk_matches, fill_chunk};
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of a consumer (`--pull-from`):
    0  every chunk pulled and verified
-   1  any other error (bad arguments or chain, a tier that cannot be built)
+   1  any other error (a bad chain or value, a tier that cannot be built)
+   2  a command-line usage error
   10  the producer is unreachable (name does not resolve, nothing accepts connections, or no
       handshake answer before the deadline)
   11  the producer refused the handshake; its reason is printed (version, chunk size, layout
