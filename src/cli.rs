@@ -73,6 +73,7 @@ enum Command {
     /// Run the engine simulator over a tier chain and report what offloading saved.
     Run(kvtier::sim::RunArgs),
     /// One node of a multi-process P2P setup: serve synthetic chunks, or pull them from a peer.
+    #[command(after_help = kvtier::peer::EXIT_CODES_HELP)]
     Peer(kvtier::peer::PeerArgs),
     /// Operator commands for a shared Redis tier (`invalidate` a namespace).
     Redis {
@@ -119,7 +120,9 @@ pub fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kvtier: {e:#}");
-            ExitCode::FAILURE
+            // `kvtier peer` failures have their own codes (`kvtier peer --help`).
+            e.downcast_ref::<kvtier::peer::PeerExit>()
+                .map_or(ExitCode::FAILURE, |p| ExitCode::from(p.code()))
         }
     }
 }
@@ -183,7 +186,10 @@ fn check(configs: &[PathBuf], build: bool, chunk_bytes: usize) -> Result<()> {
 
 fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) -> Result<String> {
     let chain = ChainConfig::load(path)?;
-    let errors = chain.validate(registry, &kvtier::check::linked_options);
+    let kvtier::check::ChainCheck { errors, unchecked } = kvtier::check::check_chain(&chain, registry);
+    for note in &unchecked {
+        eprintln!("note: {note}");
+    }
     if !errors.is_empty() {
         let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
         bail!(

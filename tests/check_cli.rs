@@ -63,6 +63,9 @@ type = \"p2p\"
 name = \"p2p\"
 bind = \"127.0.0.1:0\"
 peers = []
+hash_seed = \"s\"
+layout_fingerprint = \"f\"
+insecure = true
 "
     );
     let (out, stderr) = check(dir.path(), &chain);
@@ -99,6 +102,7 @@ fn check_accepts_the_shipped_chains() {
         "config/default.toml",
         "config/cpu-only.toml",
         "config/cpu-disk-p2p.toml",
+        "config/cpu-redis.toml",
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_kvtier"))
             .arg("check")
@@ -136,4 +140,59 @@ fn a_relative_disk_path_is_relative_to_the_chain_file() {
         p.components().collect::<Vec<_>>(),
         dir.path().components().collect::<Vec<_>>()
     );
+}
+
+#[test]
+fn check_runs_every_shipped_tier_types_validate_hook_and_names_an_unknown_type() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = "\
+[primary]
+type = \"cpu\"
+capacity = \"8MiB\"
+eviction = \"mru\"
+
+[[secondary]]
+type = \"disk\"
+path = \"${tmpdir}/kvtier-${pid}/d\"
+capacity = \"16MiB\"
+io_threads = 0
+
+[[secondary]]
+type = \"p2p\"
+bind = \"127.0.0.1\"
+hash_seed = \"\"
+layout_fingerprint = \"f\"
+insecure = true
+
+[[secondary]]
+type = \"redis\"
+url = \"http://not-redis\"
+layout_fingerprint = \"f\"
+workers = 0
+
+[[secondary]]
+type = \"example\"
+capacity = \"1MiB\"
+inbx = \"/tmp/x\"
+
+[[secondary]]
+type = \"vendor-nvme-tier\"
+capacity = \"1GiB\"
+";
+    let (out, stderr) = check(dir.path(), chain);
+    assert!(!out.status.success());
+    assert_reported(&stderr, 4, "eviction", "mru");
+    assert_reported(&stderr, 10, "io_threads", "between 1 and 256");
+    assert_reported(&stderr, 14, "bind", "not host:port");
+    assert_reported(&stderr, 15, "hash_seed", "empty");
+    assert_reported(&stderr, 21, "url", "invalid Redis URL");
+    assert_reported(&stderr, 23, "workers", "between 1 and 64");
+    assert_reported(&stderr, 28, "inbx", "unknown field");
+    assert_reported(&stderr, 31, "type", "unknown tier type `vendor-nvme-tier`");
+    assert!(stderr.contains("8 error(s)"), "{stderr}");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

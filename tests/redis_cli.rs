@@ -222,3 +222,85 @@ fn bench_tiers_measures_redis_against_a_raw_pipeline() {
         "{t}"
     );
 }
+
+#[test]
+fn run_with_two_nodes_serves_one_node_from_what_the_other_stored() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("nodes.toml");
+    std::fs::write(
+        &chain,
+        format!(
+            "[primary]\ntype = \"cpu\"\ncapacity = \"32MiB\"\n\n[[secondary]]\ntype = \"redis\"\nurl = \"{}\"\nnamespace = \"nodes-test\"\nlayout_fingerprint = \"nodes-test\"\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let json = dir.path().join("nodes.json");
+    let out = kvtier(&[
+        "run",
+        "--config",
+        chain.to_str().unwrap(),
+        "--nodes",
+        "2",
+        "--workload",
+        "shared-prefix",
+        "--requests",
+        "120",
+        "--device-blocks",
+        "512",
+        "--step-us",
+        "10",
+        "--prefill-ns-per-token",
+        "0",
+        "--no-baseline",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("cross-node") && t.contains("total"), "{t}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    let requests: u64 = nodes
+        .iter()
+        .map(|n| n["report"]["requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(requests, 120);
+    let cross: u64 = nodes
+        .iter()
+        .map(|n| n["cross_node_tokens"].as_u64().unwrap())
+        .sum();
+    assert!(cross > 0, "no cross-node hits:\n{t}");
+    // A fresh server holds nothing from an earlier run.
+    assert!(nodes.iter().all(|n| n["foreign_tokens"] == 0), "{t}");
+    // Cross-node tokens are a part of what the shared tier served each node.
+    for n in nodes {
+        let redis = n["report"]["sources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["source"] == "redis")
+            .unwrap()["tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(n["cross_node_tokens"].as_u64().unwrap() <= redis, "{t}");
+    }
+}
+
+#[test]
+fn run_with_nodes_needs_a_shared_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = dir.path().join("cpu.toml");
+    std::fs::write(&chain, "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n").unwrap();
+    let out = kvtier(&["run", "--config", chain.to_str().unwrap(), "--nodes", "2"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("needs a tier the nodes share"),
+        "{}",
+        text(&out)
+    );
+}

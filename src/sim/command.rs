@@ -65,6 +65,16 @@ pub struct RunArgs {
     /// Skip the offloading-off comparison run.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Run this many simulated engines at once in this process, each with its own manager and
+    /// primary tier, over one chain whose shared tier (`type = "redis"`) they all use; the
+    /// workload is dealt round-robin and the report shows, per node, the tokens served from
+    /// chunks another node stored (cross-node hits).
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_nodes)]
+    pub nodes: usize,
+    /// Fail at start when a configured p2p peer cannot be reached (refused, silent or
+    /// unresolvable). Without it such a peer is a warning and the run proceeds with it down.
+    #[arg(long)]
+    pub require_peers: bool,
 }
 
 fn parse_kind(s: &str) -> Result<WorkloadKind, String> {
@@ -81,6 +91,14 @@ fn parse_requests(s: &str) -> Result<usize, String> {
             "{n} requests is more than the limit of {MAX_REQUESTS} (the workload is held in memory); \
              run several seeds instead"
         ));
+    }
+    Ok(n)
+}
+
+fn parse_nodes(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if !(1..=super::nodes::MAX_NODES).contains(&n) {
+        return Err(format!("{n} is not between 1 and {}", super::nodes::MAX_NODES));
     }
     Ok(n)
 }
@@ -157,7 +175,11 @@ pub fn run_command(args: &RunArgs, default_name: &str, default_text: &str) -> Re
 
 fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Result<()> {
     let chain = load_chain(args.config.as_deref(), default_name, default_text)?;
-    super::preflight::check_peers(&chain, super::preflight::PEER_CONNECT_TIMEOUT)?;
+    let down =
+        super::preflight::check_peers(&chain, super::preflight::PEER_CONNECT_TIMEOUT, args.require_peers)?;
+    for peer in down {
+        eprintln!("kvtier: warning: {peer}");
+    }
     if let Some(addr) = args.metrics_addr {
         crate::metrics_endpoint::serve(addr)?;
     }
@@ -178,6 +200,9 @@ fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Res
         compare_baseline: !args.no_baseline,
         ..SimConfig::default()
     };
+    if args.nodes != 1 {
+        return run_nodes_and_report(args, chain, &cfg, &workload);
+    }
     let report = run_simulation(&config_chain(chain, registry()?), &cfg, &workload);
     if args.config.is_none() {
         remove_default_scratch();
@@ -191,6 +216,33 @@ fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Res
     if args.metrics_hold > 0 {
         eprintln!("serving the final metrics for {} s", args.metrics_hold);
         std::thread::sleep(Duration::from_secs(args.metrics_hold));
+    }
+    if !report.identities_hold() {
+        anyhow::bail!("the report's consistency identities do not hold (see above)");
+    }
+    Ok(())
+}
+
+/// `run --nodes N`: the nodes' report (and `--json`).
+fn run_nodes_and_report(
+    args: &RunArgs,
+    chain: ChainConfig,
+    cfg: &SimConfig,
+    workload: &Workload,
+) -> Result<()> {
+    if !chain.secondaries.iter().any(|s| s.tier_type == "redis") {
+        anyhow::bail!(
+            "{}: --nodes {} needs a tier the nodes share (type = \"redis\"); each node would only \
+             see its own chunks",
+            chain.source,
+            args.nodes
+        );
+    }
+    let report = super::run_nodes(&config_chain(chain, registry()?), cfg, workload, args.nodes)?;
+    println!("{report}");
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).context("serialising the report")?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
     }
     if !report.identities_hold() {
         anyhow::bail!("the report's consistency identities do not hold (see above)");

@@ -20,6 +20,14 @@ pub enum SimError {
         /// Why.
         reason: String,
     },
+    /// A `peers` entry of a chain is not a `host:port` string.
+    #[error("{location}: {peer} is not a \"host:port\" string")]
+    InvalidPeer {
+        /// File, line and tier of the `peers` entry.
+        location: String,
+        /// The entry as written.
+        peer: String,
+    },
     /// A simulator setting is out of range.
     #[error("invalid simulator setting `{name}`: {reason}")]
     InvalidSetting {

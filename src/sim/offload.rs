@@ -18,6 +18,7 @@ use tiering_core::{
 };
 
 use super::error::SimError;
+use super::nodes::{StoreLedger, Storer};
 
 /// Which tier served a chunk that the engine did not recompute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +82,14 @@ pub struct Offload {
     pub events: EventCounts,
     /// Primary lookups counted by the primary tier before the run (hits + misses).
     primary_lookups_at_start: u64,
+    /// In a multi-node run: this engine's node index and the run's record of who stored what.
+    node: Option<(usize, Arc<StoreLedger>)>,
+    /// Chunks this node promoted from a secondary tier that another node of the run stored
+    /// and this one never did (counted when they are loaded).
+    pub cross_node_chunks: u64,
+    /// Chunks this node promoted from a secondary tier that no node of the run stored (left
+    /// in a shared tier by an earlier run).
+    pub foreign_chunks: u64,
 }
 
 impl Offload {
@@ -104,7 +113,18 @@ impl Offload {
             lookups: LookupCounts::default(),
             events: EventCounts::default(),
             primary_lookups_at_start: stats.primary.hits + stats.primary.misses,
+            node: None,
+            cross_node_chunks: 0,
+            foreign_chunks: 0,
         })
+    }
+
+    /// Makes this the engine of node `index` of a multi-node run: its stores are recorded in
+    /// `ledger`, and its promotions are checked against it.
+    #[must_use]
+    pub fn on_node(mut self, index: usize, ledger: Arc<StoreLedger>) -> Self {
+        self.node = Some((index, ledger));
+        self
     }
 
     /// A sender for the copy worker when the manager runs in off-step mode (`off_step = true`
@@ -206,9 +226,18 @@ impl Offload {
 
     /// Where a key about to be loaded came from; forgets a promotion once it is consumed.
     pub fn take_source(&mut self, key: &OffloadKey) -> Source {
-        self.promoted_from
+        let source = self
+            .promoted_from
             .remove(key)
-            .map_or(Source::Primary, Source::Secondary)
+            .map_or(Source::Primary, Source::Secondary);
+        if let (Source::Secondary(_), Some((node, ledger))) = (source, &self.node) {
+            match ledger.storer(key, *node) {
+                Storer::OtherNode => self.cross_node_chunks += 1,
+                Storer::Nobody => self.foreign_chunks += 1,
+                Storer::ThisNode => {}
+            }
+        }
+        source
     }
 
     /// `touch`.
@@ -263,6 +292,9 @@ impl Offload {
         ctx: &ReqContext,
         ok: bool,
     ) -> Result<(), SimError> {
+        if ok && let Some((node, ledger)) = &self.node {
+            ledger.record(keys, *node);
+        }
         for k in keys {
             if let Some(n) = self.storing.get_mut(k) {
                 *n -= 1;

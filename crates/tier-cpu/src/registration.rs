@@ -21,7 +21,15 @@ fn build(options: &toml::Table, ctx: &PrimaryContext) -> Result<Box<dyn PrimaryT
     Ok(Box::new(CpuTier::from_options(&opts, ctx.chunk_bytes)?))
 }
 
-tiering_core::register_tier!(primary "cpu" => build);
+/// Checks a CPU tier's table without allocating its arena (`kvtier check`); the capacity's
+/// bound against physical memory is the chain checker's.
+fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    parse_options::<CpuTierOptions>(options)
+        .map(drop)
+        .map_err(|e| vec![e])
+}
+
+tiering_core::register_tier!(primary "cpu" => build, validate = validate);
 
 #[cfg(test)]
 mod tests {
@@ -52,6 +60,22 @@ mod tests {
         assert_eq!(tier.info().name, "cpu");
         let tier = factory()(&table("capacity = 8"), &PrimaryContext::new(64)).unwrap();
         assert_eq!(tier.arena().num_chunks(), 8);
+    }
+
+    #[test]
+    fn the_validate_hook_checks_the_table_without_building() {
+        let reg = Registry::global().unwrap().get("cpu").unwrap();
+        assert!(reg.validates());
+        reg.validate(&table("capacity = \"1TiB\"\neviction = \"arc\""))
+            .unwrap();
+        let errors = reg
+            .validate(&table("capacity = 4\neviction = \"mru\""))
+            .unwrap_err();
+        assert!(errors[0].to_string().contains("eviction"), "{}", errors[0]);
+        let errors = reg
+            .validate(&table("capacity = 4\nworkers = \"two\""))
+            .unwrap_err();
+        assert!(errors[0].to_string().contains("`workers`"), "{}", errors[0]);
     }
 
     #[test]

@@ -77,28 +77,38 @@ impl std::fmt::Debug for DiskTier {
     }
 }
 
-fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskError> {
+/// Every invalid option of `opts` that can be told without the engine's geometry or the
+/// filesystem (each message quotes its key).
+pub(crate) fn option_errors(opts: &DiskTierOptions) -> Vec<DiskError> {
+    let mut errors = Vec::new();
     if !(1..=256).contains(&opts.io_threads) {
-        return Err(DiskError::InvalidOptions(format!(
-            "io_threads must be between 1 and 256, not {}",
+        errors.push(DiskError::InvalidOptions(format!(
+            "`io_threads` must be between 1 and 256, not {}",
             opts.io_threads
         )));
+    }
+    if opts.path.as_os_str().is_empty() {
+        errors.push(DiskError::InvalidOptions(
+            "`path` must name a directory; it is empty".to_owned(),
+        ));
+    }
+    if opts.name.is_empty() {
+        errors.push(DiskError::InvalidOptions(
+            "`name`: the tier name must not be empty".to_owned(),
+        ));
+    }
+    errors
+}
+
+fn validate(opts: &DiskTierOptions, geometry: DiskGeometry) -> Result<(), DiskError> {
+    if let Some(first) = option_errors(opts).into_iter().next() {
+        return Err(first);
     }
     if geometry.chunk_bytes == 0 || geometry.row_stride < geometry.chunk_bytes {
         return Err(DiskError::InvalidOptions(format!(
             "invalid chunk geometry: chunk_bytes {} with row_stride {}",
             geometry.chunk_bytes, geometry.row_stride
         )));
-    }
-    if opts.path.as_os_str().is_empty() {
-        return Err(DiskError::InvalidOptions(
-            "path must name a directory; it is empty".to_owned(),
-        ));
-    }
-    if opts.name.is_empty() {
-        return Err(DiskError::InvalidOptions(
-            "the tier name must not be empty".to_owned(),
-        ));
     }
     Ok(())
 }

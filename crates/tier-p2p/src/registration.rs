@@ -15,7 +15,7 @@
 use tiering_core::config::parse_options;
 use tiering_core::{SecondaryContext, SecondaryTier, TierError};
 
-use crate::options::P2pTierOptions;
+use crate::options::{P2pTierOptions, split_host_port};
 use crate::tier::P2pTier;
 
 /// Builds a p2p tier from its chain-file table (every key but `type`).
@@ -26,7 +26,52 @@ fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn Second
     Ok(Box::new(tier))
 }
 
-tiering_core::register_tier!(secondary "p2p" => build);
+/// Checks a p2p tier's table without binding or dialling anything (`kvtier check`): the shared
+/// secret is configured and present, the handshake identity is set, and every address is
+/// `host:port` (names are not resolved here).
+fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    let opts: P2pTierOptions = parse_options(options).map_err(|e| vec![e])?;
+    let mut errors = Vec::new();
+    let mut bad = |m: String| errors.push(TierError::Config(m));
+    if opts.secret.is_none() {
+        match &opts.secret_env {
+            Some(var) if std::env::var_os(var).is_none_or(|v| v.is_empty()) => bad(format!(
+                "`secret_env`: environment variable {var:?} is unset or empty; every peer needs the same \
+                 shared secret in it"
+            )),
+            None if !opts.insecure => bad(
+                "`secret_env`: a p2p tier needs a shared secret: set secret_env = \"KVTIER_P2P_SECRET\" \
+                 (the name of an environment variable holding it), or insecure = true for a loopback demo"
+                    .into(),
+            ),
+            _ => {}
+        }
+    }
+    for (key, v) in [
+        ("hash_seed", &opts.hash_seed),
+        ("layout_fingerprint", &opts.layout_fingerprint),
+    ] {
+        if v.trim().is_empty() {
+            bad(format!(
+                "`{key}` is empty; set it to the same non-empty value on every peer"
+            ));
+        }
+    }
+    let addresses = std::iter::once(("bind", &opts.bind))
+        .chain(opts.data_bind.iter().map(|a| ("data_bind", a)))
+        .chain(opts.peers.iter().map(|a| ("peers", a)));
+    for (key, addr) in addresses {
+        if split_host_port(addr).is_none() {
+            bad(format!("`{key}`: {addr:?} is not host:port"));
+        }
+    }
+    if opts.advertise.as_deref().is_some_and(|a| a.trim().is_empty()) {
+        bad("`advertise` is empty; omit it to advertise the bind address".into());
+    }
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+tiering_core::register_tier!(secondary "p2p" => build, validate = validate);
 
 #[cfg(test)]
 mod tests {
@@ -86,6 +131,40 @@ mod tests {
             };
             assert!(e.to_string().contains(needle), "{chain:?}: {e}");
         }
+    }
+
+    #[test]
+    fn the_validate_hook_reports_every_error_without_binding() {
+        let reg = Registry::global().unwrap().get("p2p").unwrap();
+        let ok: toml::Table =
+            "bind = \"127.0.0.1:1\"\nhash_seed = \"s\"\nlayout_fingerprint = \"f\"\ninsecure = true\npeers = [\"localhost:7100\"]"
+                .parse()
+                .unwrap();
+        reg.validate(&ok).unwrap();
+        // Validating twice on one port proves nothing was bound.
+        reg.validate(&ok).unwrap();
+        let bad: toml::Table = "bind = \"nowhere\"\nhash_seed = \"\"\npeers = [\"a:1\", \"b\"]\nsecret_env = \"KVTIER_P2P_TEST_SURELY_UNSET\""
+            .parse()
+            .unwrap();
+        let text: Vec<String> = reg
+            .validate(&bad)
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        for needle in [
+            "`secret_env`",
+            "`hash_seed`",
+            "`layout_fingerprint`",
+            "`bind`",
+            "`peers`: \"b\"",
+        ] {
+            assert!(
+                text.iter().any(|t| t.contains(needle)),
+                "{needle} missing from {text:?}"
+            );
+        }
+        assert_eq!(text.len(), 5, "{text:?}");
     }
 
     #[test]

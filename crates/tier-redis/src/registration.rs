@@ -14,4 +14,19 @@ fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn Second
     Ok(Box::new(tier))
 }
 
-tiering_core::register_tier!(secondary "redis" => build);
+/// Checks a Redis tier's table without connecting (`kvtier check`): its values, every URL's
+/// syntax, and that `password_env` names a set variable.
+fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    let opts: RedisTierOptions = parse_options(options).map_err(|e| vec![e])?;
+    let mut errors = Vec::new();
+    if let Err(e) = opts.validate() {
+        errors.push(TierError::from(e));
+    }
+    // Parses the URLs and reads the password variable; opens no connection.
+    if let Err(e) = crate::conn::Endpoint::new(&opts) {
+        errors.push(TierError::from(e));
+    }
+    if errors.is_empty() { Ok(()) } else { Err(errors) }
+}
+
+tiering_core::register_tier!(secondary "redis" => build, validate = validate);

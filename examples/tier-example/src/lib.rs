@@ -17,11 +17,12 @@
 //! - [`peer`] — how a peer asks this node for chunks; the tier answers through the
 //!   `ParentManager`, so a question is answered from the whole node (the primary tier and the
 //!   other secondaries), not only from this tier.
-//! - [`tier::build`] — the factory, registered twice below:
+//! - [`tier::build`] — the factory, registered twice below ([`tier::validate`] checks a table
+//!   without building, for `kvtier check`):
 //!
 //! ```ignore
-//! tiering_core::register_tier!(secondary "example" => tier::build);  // linked in
-//! tiering_core::export_tier!("example" => tier::build);              // loaded from the .so
+//! tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate); // linked in
+//! tiering_core::export_tier!("example" => tier::build);                                         // loaded from the .so
 //! ```
 //!
 //! ## Using it
@@ -46,5 +47,5 @@ pub mod tier;
 
 pub use tier::{ExampleOptions, ExampleTier, build};
 
-tiering_core::register_tier!(secondary "example" => tier::build);
+tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate);
 tiering_core::export_tier!("example" => tier::build);

@@ -465,6 +465,18 @@ impl Drop for ExampleTier {
     }
 }
 
+/// Checks the example tier's table without building it (no store, no socket).
+///
+/// # Errors
+/// An unknown key or a bad value; an empty `name`.
+pub fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    let options: ExampleOptions = parse_options(options).map_err(|e| vec![e])?;
+    if options.name.is_empty() {
+        return Err(vec![TierError::Config("`name` must not be empty".into())]);
+    }
+    Ok(())
+}
+
 /// The factory registered as type `example` (statically and in the `cdylib`).
 ///
 /// # Errors

@@ -37,7 +37,6 @@ pub use builder::{BuiltChain, ResolvedChain, TierSource};
 pub use chain::{ChainConfig, ControlPlaneSpec, TierPosition, TierSpec};
 pub use error::{ChainError, ChainErrorKind};
 pub use units::{ByteSize, HumanDuration, UnitError};
-pub use validate::OptionsCheck;
 
 use serde::de::DeserializeOwned;
 

@@ -12,24 +12,20 @@ use super::units::ByteSize;
 use crate::error::TierError;
 use crate::registry::Registry;
 
-/// Checks one tier's options table by type name without building the tier (a tier crate's
-/// options type parsed with [`parse_options`](super::parse_options)); `None` when the type's
-/// options are not known to the caller.
-pub type OptionsCheck<'a> = dyn Fn(&str, &toml::Table) -> Option<Result<(), TierError>> + 'a;
-
 /// The largest capacity a tier without a backing device of its own (a network tier) may claim.
 const CAPACITY_BOUND: u64 = 1 << 50;
 
 impl ChainConfig {
-    /// Every error of the chain, in file order: an unknown or misplaced tier type, options that
-    /// `options` (by type) refuses, a `capacity` of zero or larger than the machine (physical
+    /// Every error of the chain, in file order: an unknown or misplaced tier type, every error
+    /// the type's validate-only hook ([`TierRegistration::validate`](crate::TierRegistration::validate))
+    /// finds in its options, a `capacity` of zero or larger than the machine (physical
     /// memory for the primary, the filesystem under `path` for a tier with a path, 1 PiB
     /// otherwise), two tiers with one name, two tiers on one `path`. Nothing is built.
     ///
     /// A tier's name is its `name` option, or its type when it has none (the default of the
     /// shipped tiers).
     #[must_use]
-    pub fn validate(&self, registry: &Registry, options: &OptionsCheck<'_>) -> Vec<ChainError> {
+    pub fn validate(&self, registry: &Registry) -> Vec<ChainError> {
         let mut errors = Vec::new();
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut paths: HashMap<PathBuf, usize> = HashMap::new();
@@ -38,8 +34,13 @@ impl ChainConfig {
                 errors.push(e);
             } else if spec.library.is_some() {
                 // A library's options are its own (checked by `--build`).
-            } else if let Some(Err(e)) = options(&spec.tier_type, &spec.options) {
-                errors.push(locate(self, spec, ChainErrorKind::Tier(e)));
+            } else if let Some(Err(found)) = registry.get(&spec.tier_type).map(|r| r.validate(&spec.options))
+            {
+                errors.extend(
+                    found
+                        .into_iter()
+                        .map(|e: TierError| locate(self, spec, ChainErrorKind::Tier(e))),
+                );
             }
             if let Some(e) = self.check_capacity(spec) {
                 errors.push(e);

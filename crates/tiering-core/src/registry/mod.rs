@@ -83,6 +83,12 @@ pub type PrimaryFactory = fn(&toml::Table, &PrimaryContext) -> Result<Box<dyn Pr
 /// Builds a secondary tier from its options table.
 pub type SecondaryFactory = fn(&toml::Table, &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError>;
 
+/// Checks a tier's options table without building the tier: parses it and checks its values,
+/// but allocates no storage, opens no files and binds or dials no sockets (what `kvtier check`
+/// runs). Returns every error found, each naming its key in backquotes so the chain's checker
+/// can point at the key's line.
+pub type OptionsValidator = fn(&toml::Table) -> Result<(), Vec<TierError>>;
+
 /// A registered factory: which role the tier type plays and how to build it.
 #[derive(Clone, Copy)]
 pub enum TierFactory {
@@ -118,6 +124,8 @@ pub struct TierRegistration {
     pub crate_name: &'static str,
     /// The factory.
     pub factory: TierFactory,
+    /// The validate-only hook, if the tier type has one (see [`TierRegistration::validate`]).
+    pub validator: Option<OptionsValidator>,
 }
 
 impl TierRegistration {
@@ -128,6 +136,7 @@ impl TierRegistration {
             name,
             crate_name,
             factory: TierFactory::Primary(factory),
+            validator: None,
         }
     }
 
@@ -138,7 +147,34 @@ impl TierRegistration {
             name,
             crate_name,
             factory: TierFactory::Secondary(factory),
+            validator: None,
         }
+    }
+
+    /// This registration with a validate-only hook.
+    #[must_use]
+    pub const fn with_validator(mut self, validator: OptionsValidator) -> Self {
+        self.validator = Some(validator);
+        self
+    }
+
+    /// Checks `options` with the type's validate-only hook, without building anything. A type
+    /// registered without a hook accepts any table here (its factory still checks it when the
+    /// chain is built); [`TierRegistration::validates`] tells the two apart.
+    ///
+    /// # Errors
+    /// Every error the hook found.
+    pub fn validate(&self, options: &toml::Table) -> Result<(), Vec<TierError>> {
+        match self.validator {
+            Some(check) => check(options),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the type has a validate-only hook (else only building it checks its options).
+    #[must_use]
+    pub fn validates(&self) -> bool {
+        self.validator.is_some()
     }
 }
 
@@ -149,6 +185,13 @@ inventory::collect!(TierRegistration);
 /// ```ignore
 /// tiering_core::register_tier!(primary "cpu" => build_cpu_tier);
 /// tiering_core::register_tier!(secondary "disk" => build_disk_tier);
+/// ```
+///
+/// A tier type that can check its options without being built (for `kvtier check`) names its
+/// [`OptionsValidator`] too:
+///
+/// ```ignore
+/// tiering_core::register_tier!(secondary "disk" => build_disk_tier, validate = validate_disk_options);
 /// ```
 ///
 /// The factory is a path or closure coercible to [`PrimaryFactory`] or [`SecondaryFactory`].
@@ -164,6 +207,18 @@ macro_rules! register_tier {
     (secondary $name:literal => $factory:expr $(,)?) => {
         $crate::registry::__inventory::submit! {
             $crate::registry::TierRegistration::secondary($name, ::core::env!("CARGO_PKG_NAME"), $factory)
+        }
+    };
+    (primary $name:literal => $factory:expr, validate = $validator:expr $(,)?) => {
+        $crate::registry::__inventory::submit! {
+            $crate::registry::TierRegistration::primary($name, ::core::env!("CARGO_PKG_NAME"), $factory)
+                .with_validator($validator)
+        }
+    };
+    (secondary $name:literal => $factory:expr, validate = $validator:expr $(,)?) => {
+        $crate::registry::__inventory::submit! {
+            $crate::registry::TierRegistration::secondary($name, ::core::env!("CARGO_PKG_NAME"), $factory)
+                .with_validator($validator)
         }
     };
 }
@@ -277,8 +332,16 @@ mod tests {
         Ok(Box::new(ScriptedTier::new("scripted").0))
     }
 
+    fn no_keys(options: &toml::Table) -> Result<(), Vec<TierError>> {
+        let errors: Vec<TierError> = options
+            .keys()
+            .map(|k| TierError::Config(format!("unknown key `{k}`")))
+            .collect();
+        if errors.is_empty() { Ok(()) } else { Err(errors) }
+    }
+
     crate::register_tier!(primary "registry-test-primary" => memory_primary);
-    crate::register_tier!(secondary "registry-test-secondary" => scripted);
+    crate::register_tier!(secondary "registry-test-secondary" => scripted, validate = no_keys);
 
     static DUP_A: TierRegistration = TierRegistration::secondary("dup", "crate-b", scripted);
     static DUP_B: TierRegistration = TierRegistration::secondary("dup", "crate-a", scripted);
@@ -313,6 +376,21 @@ mod tests {
         let ctx = SecondaryContext::new(Arc::clone(primary.arena()), ControlWaker::new());
         assert_eq!(ctx.chunk_bytes, 64);
         assert_eq!(f(&toml::Table::new(), &ctx).unwrap().info().name, "scripted");
+    }
+
+    #[test]
+    fn a_validator_reports_every_error_and_a_type_without_one_accepts() {
+        let reg = Registry::global().unwrap();
+        let checked = reg.get("registry-test-secondary").unwrap();
+        assert!(checked.validates());
+        assert!(checked.validate(&toml::Table::new()).is_ok());
+        let bad: toml::Table = "a = 1\nb = 2".parse().unwrap();
+        let errors = checked.validate(&bad).unwrap_err();
+        assert_eq!(errors.len(), 2);
+        assert!(errors[1].to_string().contains("`b`"), "{}", errors[1]);
+        let unchecked = reg.get("registry-test-primary").unwrap();
+        assert!(!unchecked.validates());
+        assert!(unchecked.validate(&bad).is_ok());
     }
 
     #[test]
