@@ -1,6 +1,6 @@
 //! Structure-aware fuzzing of the two text formats operators hand to `kvtier`, on the stable
 //! toolchain: the TOML chain resolver (`ChainConfig::parse`, then what `kvtier check` runs:
-//! `validate` against the real tier registry and the linked tiers' option types, and the
+//! `check_chain` against the real tier registry, each type's validate-only hook included, and the
 //! `[control_plane]` settings) and the JSONL trace parser (`parse_trace`).
 //!
 //! Each input is a generated document, sometimes mutated with the shared driver's mutations
@@ -426,8 +426,9 @@ fn chain_case(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
             }
             PARSED.fetch_add(1, Ordering::Relaxed);
             let _ = cfg.control_plane.manager_config();
-            for e in cfg.validate(registry(), &kvtier::check::linked_options) {
-                assert_located(&e, &text);
+            let check = kvtier::check::check_chain(&cfg, registry());
+            for e in &check.errors {
+                assert_located(e, &text);
             }
         }
     }
