@@ -2,6 +2,7 @@
 //! chunk that lands in the primary to each secondary tier (one pin per tier), including the
 //! request-level cascade of chunks a request found already present.
 
+use crate::admission::Access;
 use crate::arena::RowGrant;
 use crate::error::{ManagerError, TierError};
 use crate::job::{JobKind, TransferJob};
@@ -53,23 +54,65 @@ impl TieringState {
         })
     }
 
+    /// Cascades `keys` to tier `idx` through the tier's gates: the keys its admission policy
+    /// refuses are remembered (a later access may let them through), and the whole job is
+    /// dropped while the tier is under backpressure (except a periodic probe).
+    pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
+        if self.tiers[idx].tier.is_none() || keys.is_empty() {
+            return;
+        }
+        let verdict = self.gates.check(idx, keys, true);
+        self.submit_cascade(idx, &verdict.admitted, ctx, verdict.probe, false);
+    }
+
     /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
     /// is not cascaded (logged), never an engine-visible failure; a tier that panics while
     /// accepting the job is handled by the failure policy.
-    pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
-        if self.tiers[idx].tier.is_none() {
+    fn submit_cascade(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext, probe: bool, late: bool) {
+        if keys.is_empty() {
             return;
         }
         match self.create_store_job_unlocked(keys, ctx, idx) {
             Ok(job) => {
                 self.counters.cascade_jobs += 1;
+                let id = job.id;
+                let bytes = (keys.len() * self.arena.chunk_bytes()) as u64;
+                self.gates.submitted(idx, id, keys, bytes, probe, late);
                 if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
+                    self.gates.not_submitted(id);
                     tracing::error!(error = %e, "cascade submission failed");
                     self.deferred_failure.get_or_insert(e);
                 }
             }
             Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
         }
+    }
+
+    /// After an access of `keys`: cascades the ones a tier refused earlier and admits now, if
+    /// they are still ready in the primary (the copy comes from there).
+    fn cascade_readmitted(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        for idx in 0..self.tiers.len() {
+            if self.tiers[idx].tier.is_none() {
+                continue;
+            }
+            let again = self.gates.readmitted(idx, keys);
+            if again.is_empty() {
+                continue;
+            }
+            let ready: Vec<OffloadKey> = again
+                .into_iter()
+                .filter(|k| self.primary.lookup(k, ctx) == LookupResult::Hit)
+                .collect();
+            let verdict = self.gates.check(idx, &ready, false);
+            self.submit_cascade(idx, &verdict.admitted, ctx, verdict.probe, true);
+        }
+    }
+
+    /// A request loaded `keys` from the primary (after a successful `prepare_load`): a reuse,
+    /// which admission policies count and which may let earlier refusals through.
+    pub(crate) fn note_reuse(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        self.gates.on_access(keys, Access::Reused);
+        self.cascade_readmitted(keys, ctx);
     }
 
     pub(crate) fn prepare_store_unlocked(
@@ -83,7 +126,16 @@ impl TieringState {
         if !self.requests.contains_key(rid) {
             return Err(ManagerError::UnknownRequest(rid.clone()));
         }
-        let Some(out) = self.primary.prepare_store(keys, ctx) else {
+        self.gates.on_access(keys, Access::Offered);
+        let out = self.primary.prepare_store(keys, ctx);
+        // An offer of a chunk the primary already holds may be what a tier's policy waited for.
+        let new: KeySet = out
+            .as_ref()
+            .map(|o| o.keys_to_store.iter().copied().collect())
+            .unwrap_or_default();
+        let resident: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
+        self.cascade_readmitted(&resident, ctx);
+        let Some(out) = out else {
             return Ok(None);
         };
         if !out.keys_to_store.is_empty() {
@@ -95,12 +147,8 @@ impl TieringState {
         if !out.keys_to_store.is_empty() {
             state.pending_stores += 1;
         }
-        if !state.request_level.is_empty() {
-            let new: KeySet = out.keys_to_store.iter().copied().collect();
-            let existing: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
-            if !existing.is_empty() {
-                self.cascade_existing(rid, &existing);
-            }
+        if !state.request_level.is_empty() && !resident.is_empty() {
+            self.cascade_existing(rid, &resident);
         }
         Ok(Some(out))
     }
