@@ -222,12 +222,15 @@ impl Gates {
         if !ok || s.bytes == 0 {
             return;
         }
-        let elapsed = self.clock.now().saturating_duration_since(s.at).as_secs_f64();
+        let now = self.clock.now();
+        let elapsed = now.saturating_duration_since(s.at).as_secs_f64();
         #[allow(clippy::cast_precision_loss)]
         let per_mib = elapsed / (s.bytes as f64 / MIB);
         if let Some(on) = bp.detector.record(per_mib) {
             let ema = bp.detector.ema_seconds_per_mib().unwrap_or_default();
             if on {
+                // The first probe goes out one interval after pressure turned on.
+                bp.last_probe = Some(now);
                 gate.stats.backpressure_activations += 1;
                 tracing::warn!(tier = %gate.stats.tier, ema_seconds_per_mib = ema, "backpressure on: cascades to the tier are dropped");
             } else {
