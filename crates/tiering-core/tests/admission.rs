@@ -169,9 +169,11 @@ fn pressured_rig() -> (Rig, ManualClock) {
     (manual_rig(config), hand)
 }
 
-/// Completes every held job of the tier after `latency` and lets the manager see the results.
+/// Completes every held job of the tier after `latency` (as the tier reports it, and on the
+/// manager's clock) and lets the manager see the results.
 fn finish_after(r: &mut Rig, hand: &ManualClock, latency: Duration) {
     hand.advance(latency);
+    r.tiers[0].set_store_latency(Some(latency));
     r.tiers[0].complete_all();
     end_step(&mut r.m);
     r.m.stats().unwrap();
@@ -266,4 +268,46 @@ fn chunks_dropped_under_pressure_cascade_on_a_later_reuse() {
         "the dropped chunk goes out once it is used again"
     );
     assert_eq!(gate(&mut r).late_admissions, 1);
+}
+
+#[test]
+fn the_tiers_reported_latency_is_the_sample_and_promotions_feed_nothing() {
+    let (mut r, hand) = pressured_rig();
+    let a = new_req(&mut r, "a");
+    let primary = r.primary.clone();
+    // Slow promotions do not count: only cascades are store samples.
+    r.tiers[0].insert(key(99), bytes_for(&key(99)));
+    assert_eq!(r.m.lookup(&key(99), &a).unwrap(), LookupResult::HitPending);
+    end_step(&mut r.m);
+    r.tiers[0].complete_all();
+    end_step(&mut r.m);
+    end_step(&mut r.m);
+    assert_eq!(gate(&mut r).store_seconds_per_mib, None);
+    // The manager's clock stands still; the tier says the store took 1 ms (16 s per MiB).
+    r.tiers[0].set_store_latency(Some(Duration::from_millis(1)));
+    store(&mut r.m, &primary, &a, &[key(1)]);
+    r.tiers[0].complete_all();
+    end_step(&mut r.m);
+    end_step(&mut r.m);
+    let g = gate(&mut r);
+    assert!(g.backpressure_active, "{g:?}");
+    assert_eq!(g.backpressure_activations, 1);
+    // A failed probe is no sample either.
+    r.tiers[0].set_fail_stores(true);
+    store(&mut r.m, &primary, &a, &[key(7)]);
+    assert_eq!(
+        gate(&mut r).backpressure_dropped_jobs,
+        1,
+        "inside the probe interval: dropped"
+    );
+    hand.advance(Duration::from_millis(100));
+    store(&mut r.m, &primary, &a, &[key(8)]);
+    assert_eq!(r.tiers[0].count("submit_store"), 2, "the probe went out");
+    let before = gate(&mut r).store_seconds_per_mib;
+    r.tiers[0].complete_all();
+    end_step(&mut r.m);
+    end_step(&mut r.m);
+    let g = gate(&mut r);
+    assert_eq!((g.store_seconds_per_mib, g.backpressure_active), (before, true));
+    assert_eq!(r.primary.total_pins(), 0);
 }

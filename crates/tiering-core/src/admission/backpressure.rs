@@ -1,8 +1,10 @@
 //! Backpressure: a tier whose stores have become slow stops receiving cascades until it
 //! recovers; promotions are never dropped.
 //!
-//! The manager times every cascade job from submission to its result and feeds successful ones
-//! to the tier's [`BackpressureDetector`] as seconds per MiB moved. The detector keeps an
+//! Every successful cascade job is a sample of its tier's [`BackpressureDetector`], in seconds
+//! per MiB moved: the submission-to-completion time the tier reports with the result (queueing
+//! in the tier included), or the manager's own submission-to-result time when the tier reports
+//! none. The detector keeps an
 //! exponential moving average (`alpha`); after `warmup` samples, an average above
 //! `high_water_per_mib` turns pressure on and one below `low_water_per_mib` turns it off (the gap
 //! keeps it from flapping). While the tier is under pressure, one cascade is still let through

@@ -26,6 +26,7 @@ mod tinylfu;
 
 pub use backpressure::{BackpressureConfig, BackpressureDetector, Clock, ManualClock};
 pub use lru::LruMap;
+pub use registry::parse as parse_options;
 pub use registry::{
     AdmissionConfig, AdmissionError, AdmissionFactory, AdmissionRegistration, registered_policies,
 };

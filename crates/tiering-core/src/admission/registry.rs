@@ -41,7 +41,9 @@ inventory::collect!(AdmissionRegistration);
 /// Registers an admission policy factory under a name:
 ///
 /// ```ignore
-/// fn build(options: &toml::Table, ctx: &AdmissionContext) -> Result<Box<dyn AdmissionPolicy>, AdmissionError> { … }
+/// fn build(options: &toml::Table, ctx: &AdmissionContext) -> Result<Box<dyn AdmissionPolicy>, AdmissionError> {
+///     Ok(Box::new(MyPolicy::new(tiering_core::admission::parse_options(options)?)))
+/// }
 /// tiering_core::register_admission!("my-policy" => build);
 /// ```
 #[macro_export]

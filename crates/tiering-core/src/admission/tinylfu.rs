@@ -90,9 +90,9 @@ fn build(options: &toml::Table, ctx: &AdmissionContext) -> Result<Box<dyn Admiss
     };
     let capacity = capacity.map(|c| usize::try_from(c).unwrap_or(usize::MAX));
     let width = match o.width {
-        Some(w) if w == 0 || w > 1 << 26 => {
+        Some(w) if w == 0 || w > 1 << 24 => {
             return Err(AdmissionError::Options(
-                "`width` must be from 1 to 67108864 counters".into(),
+                "`width` must be from 1 to 16777216 counters".into(),
             ));
         }
         Some(w) => w,

@@ -3,7 +3,7 @@
 //! (`docs/ARCHITECTURE.md`, "Admission and backpressure").
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::admission::{
     Access, AdmissionConfig, AdmissionContext, AdmissionPolicy, BackpressureDetector, Clock, LruMap,
@@ -203,12 +203,16 @@ impl Gates {
 
     /// A submitted cascade failed before reaching the tier.
     pub(crate) fn not_submitted(&mut self, job: JobId) {
-        self.finished(job, false);
+        self.finished(job, false, Duration::ZERO);
     }
 
     /// A job finished (any job: only cascades are tracked). A successful cascade is a latency
-    /// sample of its tier.
-    pub(crate) fn finished(&mut self, job: JobId, ok: bool) {
+    /// sample of its tier: the submission-to-completion time the tier reported (`reported`,
+    /// which includes the job's queueing in the tier), or, when it reported none, the time from
+    /// submission to the manager seeing the result. The tier's figure comes first because the
+    /// manager's own includes its polling delay: a step-driven manager sees a result only at the
+    /// next step, which on an idle engine says nothing about the tier.
+    pub(crate) fn finished(&mut self, job: JobId, ok: bool, reported: Duration) {
         let Some(s) = self.submitted.remove(&job) else {
             return;
         };
@@ -223,7 +227,12 @@ impl Gates {
             return;
         }
         let now = self.clock.now();
-        let elapsed = now.saturating_duration_since(s.at).as_secs_f64();
+        let elapsed = if reported.is_zero() {
+            now.saturating_duration_since(s.at)
+        } else {
+            reported
+        }
+        .as_secs_f64();
         #[allow(clippy::cast_precision_loss)]
         let per_mib = elapsed / (s.bytes as f64 / MIB);
         if let Some(on) = bp.detector.record(per_mib) {

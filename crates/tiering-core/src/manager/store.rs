@@ -25,6 +25,18 @@ impl TieringState {
             .primary
             .prepare_read(keys, ctx)
             .map_err(ManagerError::primary)?;
+        self.store_job_from_pins(keys, chunk_ids, ctx, idx)
+    }
+
+    /// Registers a store job over chunks already pinned for reading (`chunk_ids` parallel to
+    /// `keys`); on failure the pins are released.
+    fn store_job_from_pins(
+        &mut self,
+        keys: &[OffloadKey],
+        chunk_ids: Vec<u32>,
+        ctx: &ReqContext,
+        idx: usize,
+    ) -> Result<TransferJob, ManagerError> {
         let rows = match self.arena.read_rows(&chunk_ids) {
             Ok(rows) => rows,
             Err(e) => {
@@ -66,30 +78,35 @@ impl TieringState {
     }
 
     /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
-    /// is not cascaded (logged), never an engine-visible failure; a tier that panics while
-    /// accepting the job is handled by the failure policy.
+    /// is not cascaded (logged), never an engine-visible failure.
     fn submit_cascade(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext, probe: bool, late: bool) {
         if keys.is_empty() {
             return;
         }
         match self.create_store_job_unlocked(keys, ctx, idx) {
-            Ok(job) => {
-                self.counters.cascade_jobs += 1;
-                let id = job.id;
-                let bytes = (keys.len() * self.arena.chunk_bytes()) as u64;
-                self.gates.submitted(idx, id, keys, bytes, probe, late);
-                if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
-                    self.gates.not_submitted(id);
-                    tracing::error!(error = %e, "cascade submission failed");
-                    self.deferred_failure.get_or_insert(e);
-                }
-            }
+            Ok(job) => self.submit_cascade_job(idx, job, probe, late),
             Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
         }
     }
 
+    /// Hands a registered cascade job to tier `idx`; a tier that panics while accepting it is
+    /// handled by the failure policy.
+    fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, probe: bool, late: bool) {
+        self.counters.cascade_jobs += 1;
+        let id = job.id;
+        let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
+        self.gates.submitted(idx, id, &job.keys, bytes, probe, late);
+        if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
+            self.gates.not_submitted(id);
+            tracing::error!(error = %e, "cascade submission failed");
+            self.deferred_failure.get_or_insert(e);
+        }
+    }
+
     /// After an access of `keys`: cascades the ones a tier refused earlier and admits now, if
-    /// they are still ready in the primary (the copy comes from there).
+    /// they are still ready in the primary (the copy comes from there). Each is pinned on its
+    /// own: a chunk that is not ready (evicted, or stored again and in flight) fails its pin
+    /// without side effects and is left out; one in flight is judged again when it lands.
     fn cascade_readmitted(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         for idx in 0..self.tiers.len() {
             if self.tiers[idx].tier.is_none() {
@@ -99,12 +116,24 @@ impl TieringState {
             if again.is_empty() {
                 continue;
             }
-            let ready: Vec<OffloadKey> = again
-                .into_iter()
-                .filter(|k| self.primary.lookup(k, ctx) == LookupResult::Hit)
-                .collect();
-            let verdict = self.gates.check(idx, &ready, false);
-            self.submit_cascade(idx, &verdict.admitted, ctx, verdict.probe, true);
+            let verdict = self.gates.check(idx, &again, false);
+            let mut pinned = Vec::with_capacity(verdict.admitted.len());
+            let mut chunk_ids = Vec::with_capacity(verdict.admitted.len());
+            for key in verdict.admitted {
+                if let Ok(ids) = self.primary.prepare_read(std::slice::from_ref(&key), ctx) {
+                    pinned.push(key);
+                    chunk_ids.extend(ids);
+                }
+            }
+            if pinned.is_empty() {
+                continue;
+            }
+            match self.store_job_from_pins(&pinned, chunk_ids, ctx, idx) {
+                Ok(job) => self.submit_cascade_job(idx, job, verdict.probe, true),
+                Err(e) => {
+                    tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "late cascade skipped");
+                }
+            }
         }
     }
 
