@@ -43,10 +43,11 @@ fn count(line: &str, label: &str) -> u64 {
 fn the_health_section_lists_injected_disk_corruption() {
     let dir = tempfile::tempdir().unwrap();
     let chain = dir.path().join("chain.toml");
-    // A relative path: the slab lives next to the chain file and survives the run.
+    // A relative path: the slab lives next to the chain file and survives the run. Every chunk
+    // goes to disk (no reuse gate), so the damage below hits slots the second run reads.
     std::fs::write(
         &chain,
-        "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"disk\"\npath = \"slabs\"\ncapacity = \"32MiB\"\n",
+        "[primary]\ntype = \"cpu\"\ncapacity = \"8MiB\"\n\n[[secondary]]\ntype = \"disk\"\npath = \"slabs\"\ncapacity = \"32MiB\"\nadmission = \"always\"\n",
     )
     .unwrap();
     let clean = run(&chain);

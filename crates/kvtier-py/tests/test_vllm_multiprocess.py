@@ -34,6 +34,8 @@ type = "disk"
 name = "disk"
 path = "{tmp_path}/disk"
 capacity = "1MiB"
+# The test follows every chunk to disk: no reuse gate (a disk tier defaults to after_first_reuse).
+admission = "always"
 
 [control_plane]
 thread = true

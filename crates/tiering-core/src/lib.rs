@@ -19,6 +19,7 @@
 //! - [`manager`]: the orchestrator and its control-plane thread;
 //! - `testing` (feature `test-utils`): an in-memory primary and a scriptable secondary.
 
+pub mod admission;
 pub mod arena;
 pub mod channel;
 pub mod error;
@@ -45,11 +46,13 @@ pub use error::{ControlPlaneFailure, ManagerError, TierError};
 pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
 pub use key::{KeyMap, KeySet, OffloadKey};
-pub use manager::{ManagerConfig, OnTierFailure, Step, StoreCompletionSender, TieringManager};
+pub use manager::{
+    ManagerConfig, OnTierFailure, Step, StoreCompletionSender, TierGateConfig, TieringManager,
+};
 pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
-pub use stats::{ManagerCounters, ManagerStats, TierStats};
+pub use stats::{ManagerCounters, ManagerStats, TierGateStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
 pub use waker::ControlWaker;
 pub mod config;

@@ -95,4 +95,32 @@ pub struct ManagerStats {
     pub secondaries: Vec<TierStats>,
     /// Primary↔secondary jobs in flight.
     pub jobs_in_flight: u64,
+    /// The cascade gates of each secondary tier, in chain order.
+    pub gates: Vec<TierGateStats>,
+}
+
+/// Admission and backpressure figures of one secondary tier (`docs/ARCHITECTURE.md`,
+/// "Admission and backpressure"). Counts are cumulative.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct TierGateStats {
+    /// The tier's name.
+    pub tier: String,
+    /// The admission policy and its options.
+    pub admission: String,
+    /// Chunks the admission policy refused when they would have been cascaded.
+    pub admission_rejections: u64,
+    /// Refused chunks cascaded later, after an access made the policy admit them.
+    pub late_admissions: u64,
+    /// Cascade jobs dropped because the tier was under backpressure.
+    pub backpressure_dropped_jobs: u64,
+    /// Chunks of those jobs.
+    pub backpressure_dropped_chunks: u64,
+    /// Cascades let through under backpressure to measure the tier again.
+    pub backpressure_probes: u64,
+    /// Times backpressure turned on.
+    pub backpressure_activations: u64,
+    /// Whether cascades to the tier are being dropped now.
+    pub backpressure_active: bool,
+    /// Average cascade time per MiB, in seconds (`None` before the first cascade finished).
+    pub store_seconds_per_mib: Option<f64>,
 }

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
 use super::quoted_words;
+use crate::admission::AdmissionConfig;
 use crate::error::{TierError, panic_message};
-use crate::manager::{ManagerConfig, TieringManager};
+use crate::manager::{ManagerConfig, TierGateConfig, TieringManager};
 use crate::plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 use crate::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
 use crate::tier::{PrimaryTier, SecondaryTier};
@@ -294,11 +295,24 @@ impl ResolvedChain<'_> {
                 }
             }
         }
+        let mut manager_config = config.control_plane.manager_config();
+        for (spec, tier) in specs[1..].iter().zip(&built) {
+            let info = tier.info();
+            let gate = TierGateConfig {
+                admission: Some(
+                    spec.admission
+                        .clone()
+                        .unwrap_or_else(|| AdmissionConfig::default_for(&info)),
+                ),
+                backpressure: spec.backpressure.clone().unwrap_or_default(),
+            };
+            manager_config.tier_gates.insert(info.name, gate);
+        }
         Ok(BuiltChain {
             primary,
             secondaries: built,
             waker,
-            manager_config: config.control_plane.manager_config(),
+            manager_config,
         })
     }
 }
@@ -310,6 +324,12 @@ impl fmt::Display for ResolvedChain<'_> {
             writeln!(f, "  {} type \"{}\" — {source}", spec.position, spec.tier_type)?;
             for (k, v) in &spec.options {
                 writeln!(f, "      {k} = {v}")?;
+            }
+            if let Some(a) = &spec.admission {
+                writeln!(f, "      admission = {a}")?;
+            }
+            if let Some(b) = &spec.backpressure {
+                writeln!(f, "      backpressure = {b:?}")?;
             }
         }
         let cp = &self.config.control_plane;

@@ -20,7 +20,10 @@ use toml::Spanned;
 use toml::de::{DeTable, DeValue, ValueDeserializer};
 
 use super::error::{ChainError, ChainErrorKind};
+use super::gates;
+use super::quoted_words;
 use super::units::HumanDuration;
+use crate::admission::{AdmissionConfig, BackpressureConfig};
 use crate::manager::{ManagerConfig, OnTierFailure};
 
 /// Where a tier sits in the chain.
@@ -54,6 +57,10 @@ pub struct TierSpec {
     pub same_build: bool,
     /// The tier's own options (every other key).
     pub options: toml::Table,
+    /// The `admission` key of a secondary tier (`None`: the default for the tier's medium).
+    pub admission: Option<AdmissionConfig>,
+    /// The `backpressure` key of a secondary tier (`None`: on, with the defaults).
+    pub backpressure: Option<BackpressureConfig>,
     /// Line of the section header (1-based).
     pub line: usize,
     key_lines: BTreeMap<String, usize>,
@@ -186,6 +193,19 @@ fn expand(value: &mut toml::Value) {
         toml::Value::Table(t) => t.iter_mut().for_each(|(_, v)| expand(v)),
         _ => {}
     }
+}
+
+/// The lines of the keys of a table value (an inline table or a `[secondary.x]` section).
+fn nested_key_lines(lines: &Lines<'_>, value: &Spanned<DeValue<'_>>) -> BTreeMap<String, usize> {
+    value
+        .get_ref()
+        .as_table()
+        .map(|t| {
+            t.iter()
+                .map(|(k, _)| (k.get_ref().to_string(), lines.of_span(&k.span())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn to_value(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
@@ -338,6 +358,8 @@ impl ChainConfig {
             library: None,
             same_build: false,
             options: toml::Table::new(),
+            admission: None,
+            backpressure: None,
             line: header_line,
             key_lines: BTreeMap::new(),
         };
@@ -382,6 +404,35 @@ impl ChainConfig {
                         )));
                     };
                     spec.same_build = b;
+                }
+                "admission" | "backpressure" => {
+                    if position == TierPosition::Primary {
+                        return Err(err(ChainErrorKind::Invalid(format!(
+                            "`{name}` gates cascades to a secondary tier; the primary tier has none"
+                        ))));
+                    }
+                    let nested = nested_key_lines(lines, value);
+                    let nested_err = |kind: ChainErrorKind| {
+                        let message = kind.to_string();
+                        let inner = quoted_words(&message)
+                            .find(|w| nested.contains_key(*w))
+                            .map(str::to_owned);
+                        let at = inner
+                            .as_deref()
+                            .and_then(|k| nested.get(k))
+                            .copied()
+                            .unwrap_or(line);
+                        let key = inner.map_or_else(|| name.clone(), |k| format!("{name}.{k}"));
+                        ChainError::file(source, kind)
+                            .at_line(Some(at))
+                            .in_tier(&spec.describe_partial())
+                            .with_key(&key)
+                    };
+                    if name == "admission" {
+                        spec.admission = Some(gates::admission(v).map_err(nested_err)?);
+                    } else {
+                        spec.backpressure = Some(gates::backpressure(v).map_err(nested_err)?);
+                    }
                 }
                 _ => {
                     spec.options.insert(name.clone(), v);

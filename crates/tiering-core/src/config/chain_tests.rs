@@ -344,3 +344,141 @@ fn bad_control_plane_values_name_the_key() {
         assert!(e.contains(key) && e.contains(":4"), "{e}");
     }
 }
+
+#[test]
+fn admission_and_backpressure_parse_in_every_form() {
+    let c = parse(
+        "[primary]\ntype = \"m\"\n\
+         [[secondary]]\ntype = \"a\"\nadmission = \"tinylfu\"\nbackpressure = false\n\
+         [[secondary]]\ntype = \"b\"\nadmission = { policy = \"store_threshold\", n = 3 }\n\
+         backpressure = { high_water_per_mib = \"200ms\", low_water_per_mib = \"100ms\", alpha = 0.5, warmup = 1, probe_interval = \"1s\" }\n\
+         [[secondary]]\ntype = \"c\"\n\
+         [secondary.admission]\npolicy = \"after_first_reuse\"\nmax_tracked = 10\n",
+    )
+    .unwrap();
+    let [a, b, c] = &c.secondaries[..] else {
+        panic!("three secondaries expected");
+    };
+    assert_eq!(a.admission.as_ref().unwrap().policy(), "tinylfu");
+    assert!(!a.backpressure.as_ref().unwrap().enabled);
+    assert!(
+        !a.options.contains_key("admission"),
+        "gate keys are not tier options"
+    );
+    let adm = b.admission.as_ref().unwrap();
+    assert_eq!(adm.to_string(), "store_threshold n=3");
+    let bp = b.backpressure.as_ref().unwrap();
+    assert_eq!(bp.high_water_per_mib, Duration::from_millis(200));
+    assert_eq!(bp.low_water_per_mib, Duration::from_millis(100));
+    assert!((bp.alpha - 0.5).abs() < f64::EPSILON);
+    assert_eq!((bp.warmup, bp.probe_interval), (1, Duration::from_secs(1)));
+    assert_eq!(
+        c.admission.as_ref().unwrap().to_string(),
+        "after_first_reuse max_tracked=10"
+    );
+    assert!(c.backpressure.is_none());
+}
+
+#[test]
+fn bad_gate_values_name_file_line_and_key() {
+    let cases = [
+        // (text, line, key, message fragment)
+        (
+            "[primary]\ntype = \"m\"\nadmission = \"always\"\n",
+            3,
+            "admission",
+            "the primary tier has none",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nadmission = \"lfu\"\n",
+            5,
+            "admission",
+            "registered policies: ",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nadmission = { policy = \"store_threshold\",\n  m = 2 }\n",
+            6,
+            "admission.m",
+            "unknown field `m`",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\n[secondary.admission]\npolicy = \"tinylfu\"\nwidth = 0\n",
+            7,
+            "admission.width",
+            "`width` must be",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nadmission = { n = 2 }\n",
+            5,
+            "admission",
+            "names its policy",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nadmission = 3\n",
+            5,
+            "admission",
+            "policy name",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nbackpressure = \"on\"\n",
+            5,
+            "backpressure",
+            "true, false or a table",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\n[secondary.backpressure]\nalpha = 0.3\nhigh_water = \"1s\"\n",
+            7,
+            "backpressure.high_water",
+            "unknown key `high_water`",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\n[secondary.backpressure]\nlow_water_per_mib = \"2s\"\n",
+            6,
+            "backpressure.low_water_per_mib",
+            "must not exceed",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nbackpressure = { probe_interval = \"soon\" }\n",
+            5,
+            "backpressure.probe_interval",
+            "invalid duration `soon`",
+        ),
+        (
+            "[primary]\ntype = \"m\"\n[[secondary]]\ntype = \"s\"\nbackpressure = { alpha = 1.5 }\n",
+            5,
+            "backpressure.alpha",
+            "(0, 1]",
+        ),
+    ];
+    for (text, line, key, fragment) in cases {
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.file, "chain.toml");
+        assert_eq!(e.line, Some(line), "{e}");
+        assert_eq!(e.key.as_deref(), Some(key), "{e}");
+        assert!(e.to_string().contains(fragment), "{e}");
+    }
+}
+
+#[test]
+fn a_built_chain_gates_local_storage_after_first_reuse_unless_told_otherwise() {
+    let mut m = build(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\
+         [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"gate-default\"\n\
+         [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"gate-always\"\nadmission = \"always\"\nbackpressure = false\n\
+         [control_plane]\nthread = false\n",
+    )
+    .unwrap();
+    let gates = m.stats().unwrap().gates;
+    let policies: Vec<(&str, &str)> = gates
+        .iter()
+        .map(|g| (g.tier.as_str(), g.admission.as_str()))
+        .collect();
+    assert_eq!(
+        policies,
+        [("gate-default", "after_first_reuse"), ("gate-always", "always")]
+    );
+    let config = m.config().tier_gates.clone();
+    assert!(config["gate-default"].backpressure.enabled);
+    assert!(!config["gate-always"].backpressure.enabled);
+    m.shutdown().unwrap();
+}

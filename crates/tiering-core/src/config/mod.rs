@@ -10,6 +10,8 @@
 //! type = "disk"
 //! path = "${tmpdir}/kvtier-${pid}"
 //! capacity = "64GiB"
+//! admission = "after_first_reuse"           # the default for local storage
+//! backpressure = { high_water_per_mib = "1s", low_water_per_mib = "500ms" }
 //!
 //! [[secondary]]
 //! type = "my-tier"
@@ -30,6 +32,7 @@
 mod builder;
 mod chain;
 mod error;
+mod gates;
 mod units;
 mod validate;
 

@@ -1,6 +1,9 @@
 //! Construction options of a [`TieringManager`](super::TieringManager).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
+
+use crate::admission::{AdmissionConfig, BackpressureConfig, Clock};
 
 /// What the manager does with a secondary tier whose control-plane work failed (an error, an
 /// invalid job report, or a panic).
@@ -26,7 +29,7 @@ pub enum OnTierFailure {
 /// [completion channel](crate::channel)), the control thread completes and cascades it at once,
 /// and the engine's own `complete_store` of the same keys is absorbed. With tensor parallelism,
 /// [`ManagerConfig::reporters`] is the number of ranks that must all report a key.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ManagerConfig {
     /// Run the control plane on a dedicated thread (started when the first step ends, if at
     /// least one secondary tier opts in). `false` keeps everything step-driven.
@@ -57,6 +60,23 @@ pub struct ManagerConfig {
     pub worker_deadline: Duration,
     /// What happens to a tier whose control-plane work fails.
     pub on_tier_failure: OnTierFailure,
+    /// Admission and backpressure per secondary tier, by tier name (a chain's `admission` and
+    /// `backpressure` keys). A tier not named gets [`TierGateConfig::default`]: `always`, with
+    /// backpressure on. A chain names every tier, with the defaults for its medium.
+    pub tier_gates: BTreeMap<String, TierGateConfig>,
+    /// The clock backpressure times cascades with (a manual one in tests).
+    pub gate_clock: Clock,
+}
+
+/// The gates on cascades to one secondary tier (`docs/ARCHITECTURE.md`, "Admission and
+/// backpressure").
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TierGateConfig {
+    /// The admission policy; `None` is `always`. A chain fills in
+    /// [`AdmissionConfig::default_for`] the tier (`after_first_reuse` for local storage).
+    pub admission: Option<AdmissionConfig>,
+    /// Backpressure (on by default, vLLM's settings).
+    pub backpressure: BackpressureConfig,
 }
 
 impl Default for ManagerConfig {
@@ -73,6 +93,8 @@ impl Default for ManagerConfig {
             reporters: 1,
             worker_deadline: Duration::from_secs(5),
             on_tier_failure: OnTierFailure::Quarantine,
+            tier_gates: BTreeMap::new(),
+            gate_clock: Clock::system(),
         }
     }
 }

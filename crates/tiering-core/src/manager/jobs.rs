@@ -99,6 +99,8 @@ impl TieringState {
         };
         self.counters.results_processed += 1;
         self.telemetry.job(idx, meta.kind, meta.keys.len(), r);
+        self.gates
+            .finished(r.id, matches!(r.outcome, JobOutcome::Ok), r.elapsed);
         match meta.kind {
             JobKind::Promotion => self.complete_promotion(idx, &meta, r),
             JobKind::Store => self.release_store_job(&meta),
@@ -158,6 +160,7 @@ impl TieringState {
             .map(|(id, _)| *id)
             .collect();
         for id in &ids {
+            self.gates.finished(*id, false, std::time::Duration::ZERO);
             if let Some(meta) = self.jobs.remove(id) {
                 match meta.kind {
                     JobKind::Promotion => {

@@ -17,6 +17,7 @@ pub(crate) mod completions;
 mod config;
 pub(crate) mod control;
 mod faults;
+mod gates;
 mod jobs;
 mod lookup;
 mod observe;
@@ -44,7 +45,7 @@ use crate::waker::ControlWaker;
 
 pub use completions::StoreCompletionSender;
 pub(crate) use completions::{CompletionQueue, WorkerEvent};
-pub use config::{ManagerConfig, OnTierFailure};
+pub use config::{ManagerConfig, OnTierFailure, TierGateConfig};
 use control::Shared;
 pub use state::TieringState;
 pub use step::Step;

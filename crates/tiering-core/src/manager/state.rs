@@ -90,6 +90,8 @@ pub struct TieringState {
     pub(crate) deferred_failure: Option<crate::error::ManagerError>,
     pub(crate) tier_timeout: std::time::Duration,
     pub(crate) telemetry: super::telemetry::Telemetry,
+    /// Admission and backpressure in front of each secondary tier.
+    pub(crate) gates: super::gates::Gates,
 }
 
 impl TieringState {
@@ -102,8 +104,14 @@ impl TieringState {
         let n = secondaries.len();
         let names: Vec<String> = secondaries.iter().map(|t| t.info().name).collect();
         let telemetry = super::telemetry::Telemetry::new(&primary.info().name, &names);
+        let described: Vec<(TierInfo, u64)> = secondaries
+            .iter()
+            .map(|t| (t.info(), t.stats().capacity_chunks))
+            .collect();
+        let gates = super::gates::Gates::new(&described, config);
         Self {
             telemetry,
+            gates,
             primary,
             arena,
             tiers: secondaries

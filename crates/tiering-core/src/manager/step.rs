@@ -161,10 +161,13 @@ impl OffloadingManager for Step<'_> {
     }
 
     fn prepare_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, ManagerError> {
-        self.state()?
+        let state = self.state()?;
+        let chunks = state
             .primary
             .prepare_load(keys, ctx)
-            .map_err(ManagerError::primary)
+            .map_err(ManagerError::primary)?;
+        state.note_reuse(keys, ctx);
+        Ok(chunks)
     }
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), ManagerError> {

@@ -2,6 +2,7 @@
 //! chunk that lands in the primary to each secondary tier (one pin per tier), including the
 //! request-level cascade of chunks a request found already present.
 
+use crate::admission::Access;
 use crate::arena::RowGrant;
 use crate::error::{ManagerError, TierError};
 use crate::job::{JobKind, TransferJob};
@@ -24,6 +25,18 @@ impl TieringState {
             .primary
             .prepare_read(keys, ctx)
             .map_err(ManagerError::primary)?;
+        self.store_job_from_pins(keys, chunk_ids, ctx, idx)
+    }
+
+    /// Registers a store job over chunks already pinned for reading (`chunk_ids` parallel to
+    /// `keys`); on failure the pins are released.
+    fn store_job_from_pins(
+        &mut self,
+        keys: &[OffloadKey],
+        chunk_ids: Vec<u32>,
+        ctx: &ReqContext,
+        idx: usize,
+    ) -> Result<TransferJob, ManagerError> {
         let rows = match self.arena.read_rows(&chunk_ids) {
             Ok(rows) => rows,
             Err(e) => {
@@ -53,23 +66,82 @@ impl TieringState {
         })
     }
 
-    /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
-    /// is not cascaded (logged), never an engine-visible failure; a tier that panics while
-    /// accepting the job is handled by the failure policy.
+    /// Cascades `keys` to tier `idx` through the tier's gates: the keys its admission policy
+    /// refuses are remembered (a later access may let them through), and the whole job is
+    /// dropped while the tier is under backpressure (except a periodic probe).
     pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
-        if self.tiers[idx].tier.is_none() {
+        if self.tiers[idx].tier.is_none() || keys.is_empty() {
+            return;
+        }
+        let verdict = self.gates.check(idx, keys, true);
+        self.submit_cascade(idx, &verdict.admitted, ctx, verdict.probe, false);
+    }
+
+    /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
+    /// is not cascaded (logged), never an engine-visible failure.
+    fn submit_cascade(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext, probe: bool, late: bool) {
+        if keys.is_empty() {
             return;
         }
         match self.create_store_job_unlocked(keys, ctx, idx) {
-            Ok(job) => {
-                self.counters.cascade_jobs += 1;
-                if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
-                    tracing::error!(error = %e, "cascade submission failed");
-                    self.deferred_failure.get_or_insert(e);
-                }
-            }
+            Ok(job) => self.submit_cascade_job(idx, job, probe, late),
             Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
         }
+    }
+
+    /// Hands a registered cascade job to tier `idx`; a tier that panics while accepting it is
+    /// handled by the failure policy.
+    fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, probe: bool, late: bool) {
+        self.counters.cascade_jobs += 1;
+        let id = job.id;
+        let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
+        self.gates.submitted(idx, id, &job.keys, bytes, probe, late);
+        if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
+            self.gates.not_submitted(id);
+            tracing::error!(error = %e, "cascade submission failed");
+            self.deferred_failure.get_or_insert(e);
+        }
+    }
+
+    /// After an access of `keys`: cascades the ones a tier refused earlier and admits now, if
+    /// they are still ready in the primary (the copy comes from there). Each is pinned on its
+    /// own: a chunk that is not ready (evicted, or stored again and in flight) fails its pin
+    /// without side effects and is left out; one in flight is judged again when it lands.
+    fn cascade_readmitted(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        for idx in 0..self.tiers.len() {
+            if self.tiers[idx].tier.is_none() {
+                continue;
+            }
+            let again = self.gates.readmitted(idx, keys);
+            if again.is_empty() {
+                continue;
+            }
+            let verdict = self.gates.check(idx, &again, false);
+            let mut pinned = Vec::with_capacity(verdict.admitted.len());
+            let mut chunk_ids = Vec::with_capacity(verdict.admitted.len());
+            for key in verdict.admitted {
+                if let Ok(ids) = self.primary.prepare_read(std::slice::from_ref(&key), ctx) {
+                    pinned.push(key);
+                    chunk_ids.extend(ids);
+                }
+            }
+            if pinned.is_empty() {
+                continue;
+            }
+            match self.store_job_from_pins(&pinned, chunk_ids, ctx, idx) {
+                Ok(job) => self.submit_cascade_job(idx, job, verdict.probe, true),
+                Err(e) => {
+                    tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "late cascade skipped");
+                }
+            }
+        }
+    }
+
+    /// A request loaded `keys` from the primary (after a successful `prepare_load`): a reuse,
+    /// which admission policies count and which may let earlier refusals through.
+    pub(crate) fn note_reuse(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
+        self.gates.on_access(keys, Access::Reused);
+        self.cascade_readmitted(keys, ctx);
     }
 
     pub(crate) fn prepare_store_unlocked(
@@ -83,7 +155,16 @@ impl TieringState {
         if !self.requests.contains_key(rid) {
             return Err(ManagerError::UnknownRequest(rid.clone()));
         }
-        let Some(out) = self.primary.prepare_store(keys, ctx) else {
+        self.gates.on_access(keys, Access::Offered);
+        let out = self.primary.prepare_store(keys, ctx);
+        // An offer of a chunk the primary already holds may be what a tier's policy waited for.
+        let new: KeySet = out
+            .as_ref()
+            .map(|o| o.keys_to_store.iter().copied().collect())
+            .unwrap_or_default();
+        let resident: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
+        self.cascade_readmitted(&resident, ctx);
+        let Some(out) = out else {
             return Ok(None);
         };
         if !out.keys_to_store.is_empty() {
@@ -95,12 +176,8 @@ impl TieringState {
         if !out.keys_to_store.is_empty() {
             state.pending_stores += 1;
         }
-        if !state.request_level.is_empty() {
-            let new: KeySet = out.keys_to_store.iter().copied().collect();
-            let existing: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
-            if !existing.is_empty() {
-                self.cascade_existing(rid, &existing);
-            }
+        if !state.request_level.is_empty() && !resident.is_empty() {
+            self.cascade_existing(rid, &resident);
         }
         Ok(Some(out))
     }

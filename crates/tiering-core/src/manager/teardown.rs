@@ -39,6 +39,7 @@ impl TieringState {
             }
         }
         self.primary.reset();
+        self.gates.reset();
         self.polled_this_step = false;
         drained.and(processed)
     }

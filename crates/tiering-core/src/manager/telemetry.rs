@@ -201,4 +201,28 @@ pub(crate) fn publish(stats: &ManagerStats) {
         counter!(format!("kvtier_{name}_total")).absolute(v);
     }
     gauge!("kvtier_jobs_in_flight").set(stats.jobs_in_flight as f64);
+    publish_gates(&stats.gates);
+}
+
+/// Admission and backpressure figures per secondary tier.
+fn publish_gates(gates: &[crate::stats::TierGateStats]) {
+    for g in gates {
+        let tier = g.tier.clone();
+        counter!("kvtier_admission_rejections_total", "tier" => tier.clone())
+            .absolute(g.admission_rejections);
+        counter!("kvtier_admission_late_admissions_total", "tier" => tier.clone())
+            .absolute(g.late_admissions);
+        counter!("kvtier_backpressure_dropped_jobs_total", "tier" => tier.clone())
+            .absolute(g.backpressure_dropped_jobs);
+        counter!("kvtier_backpressure_dropped_chunks_total", "tier" => tier.clone())
+            .absolute(g.backpressure_dropped_chunks);
+        counter!("kvtier_backpressure_probes_total", "tier" => tier.clone()).absolute(g.backpressure_probes);
+        counter!("kvtier_backpressure_activations_total", "tier" => tier.clone())
+            .absolute(g.backpressure_activations);
+        gauge!("kvtier_backpressure_active", "tier" => tier.clone())
+            .set(f64::from(u8::from(g.backpressure_active)));
+        if let Some(ema) = g.store_seconds_per_mib {
+            gauge!("kvtier_cascade_store_seconds_per_mib", "tier" => tier).set(ema);
+        }
+    }
 }

@@ -103,6 +103,8 @@ struct Inner {
     panic_next: Vec<&'static str>,
     /// `drain_jobs` blocks while this is set.
     drain_blocked: bool,
+    /// The duration store jobs report instead of the time the copy took (`None`: the real one).
+    store_latency: Option<Duration>,
 }
 
 type SharedInner = Arc<(Mutex<Inner>, Condvar)>;
@@ -161,6 +163,7 @@ impl ScriptedTier {
             waker: None,
             panic_next: Vec::new(),
             drain_blocked: false,
+            store_latency: None,
         };
         let shared = Arc::new((Mutex::new(inner), Condvar::new()));
         (
@@ -202,7 +205,11 @@ fn run_job(inner: &mut Inner, mut job: TransferJob) -> JobResult {
                 }
             }
             inner.stats.stores += job.keys.len() as u64;
-            JobResult::ok(job.id, bytes, start.elapsed())
+            JobResult::ok(
+                job.id,
+                bytes,
+                inner.store_latency.unwrap_or_else(|| start.elapsed()),
+            )
         }
         JobKind::Promotion => {
             let mut ok = Vec::with_capacity(job.keys.len());
@@ -509,6 +516,12 @@ impl ScriptedTierHandle {
     /// Makes the next serve panic.
     pub fn panic_next_serve(&self) {
         self.lock().serve_panic = true;
+    }
+
+    /// Makes store jobs report `latency` as their submission-to-completion time (`None`: the
+    /// time the copy really took): a slow device, for backpressure.
+    pub fn set_store_latency(&self, latency: Option<Duration>) {
+        self.lock().store_latency = latency;
     }
 
     /// Makes every serve block for `delay` (a wedged transport).
