@@ -41,11 +41,13 @@ pub use error::{ControlPlaneFailure, ManagerError, TierError};
 pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
 pub use key::{KeyMap, KeySet, OffloadKey};
-pub use manager::{ManagerConfig, OnTierFailure, Step, StoreCompletionSender, TieringManager};
+pub use manager::{
+    CostConfig, ManagerConfig, OnTierFailure, RecomputeCost, Step, StoreCompletionSender, TieringManager,
+};
 pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
-pub use stats::{ManagerCounters, ManagerStats, TierStats};
+pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
 pub use waker::ControlWaker;
 pub mod config;

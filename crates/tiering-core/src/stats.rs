@@ -95,4 +95,28 @@ pub struct ManagerStats {
     pub secondaries: Vec<TierStats>,
     /// Primary↔secondary jobs in flight.
     pub jobs_in_flight: u64,
+    /// Load-versus-recompute decisions per secondary tier, in chain order.
+    pub decisions: Vec<PromotionDecisions>,
+}
+
+/// Load-versus-recompute decisions of one secondary tier and its measured load cost
+/// (`docs/ARCHITECTURE.md`, "Cost model").
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PromotionDecisions {
+    /// The tier's name.
+    pub name: String,
+    /// Chunks whose promotion was started (a secondary hit answered `HitPending`).
+    pub started: u64,
+    /// Chunks promoted successfully.
+    pub promoted: u64,
+    /// Secondary hits answered `Miss` because recomputing was expected to be faster.
+    pub declined_by_cost: u64,
+    /// Promotions the engine stopped waiting for at their deadline (the chunk still lands).
+    pub abandoned_by_deadline: u64,
+    /// Finished promotions the model was fitted on.
+    pub samples: u64,
+    /// Fitted fixed latency of one promotion, in seconds.
+    pub load_fixed_secs: Option<f64>,
+    /// Fitted load cost per MiB of promotion backlog, in seconds.
+    pub load_secs_per_mib: Option<f64>,
 }

@@ -185,7 +185,7 @@ pub struct BuiltChain {
     pub secondaries: Vec<Box<dyn SecondaryTier>>,
     /// The waker every secondary was built with.
     pub waker: ControlWaker,
-    /// The manager settings of `[control_plane]`.
+    /// The manager settings of `[control_plane]` and `[cost]`.
     pub manager_config: ManagerConfig,
 }
 
@@ -298,7 +298,7 @@ impl ResolvedChain<'_> {
             primary,
             secondaries: built,
             waker,
-            manager_config: config.control_plane.manager_config(),
+            manager_config: config.manager_config(),
         })
     }
 }

@@ -18,6 +18,10 @@
 //! [control_plane]
 //! thread = true
 //! idle_wait = "1ms"
+//!
+//! [cost]                          # optional: load-versus-recompute decisions
+//! recompute_per_token = "250ns"
+//! tokens_per_chunk = 16
 //! ```
 //!
 //! [`ChainConfig::parse`] checks the chain's own structure; [`ChainConfig::resolve`] finds every
@@ -29,6 +33,7 @@
 
 mod builder;
 mod chain;
+mod cost;
 mod error;
 mod units;
 mod validate;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use super::cost::CostConfig;
+
 /// What the manager does with a secondary tier whose control-plane work failed (an error, an
 /// invalid job report, or a panic).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -57,6 +59,10 @@ pub struct ManagerConfig {
     pub worker_deadline: Duration,
     /// What happens to a tier whose control-plane work fails.
     pub on_tier_failure: OnTierFailure,
+    // ----- cost model (load versus recompute) -----
+    /// When a secondary hit is worth promoting and how long the engine waits for it (`[cost]`
+    /// in a chain file). The default has no recompute cost: every hit is promoted.
+    pub cost: CostConfig,
 }
 
 impl Default for ManagerConfig {
@@ -73,6 +79,7 @@ impl Default for ManagerConfig {
             reporters: 1,
             worker_deadline: Duration::from_secs(5),
             on_tier_failure: OnTierFailure::Quarantine,
+            cost: CostConfig::default(),
         }
     }
 }

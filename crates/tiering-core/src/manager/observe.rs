@@ -50,6 +50,7 @@ impl TieringState {
                 })
                 .collect(),
             jobs_in_flight: self.jobs.len() as u64,
+            decisions: self.cost.stats(self.tiers.iter().map(|s| s.info.name.clone())),
         }
     }
 }

@@ -90,6 +90,8 @@ pub struct TieringState {
     pub(crate) deferred_failure: Option<crate::error::ManagerError>,
     pub(crate) tier_timeout: std::time::Duration,
     pub(crate) telemetry: super::telemetry::Telemetry,
+    /// Load-versus-recompute decisions and the per-tier load model.
+    pub(crate) cost: super::cost::CostModel,
 }
 
 impl TieringState {
@@ -104,6 +106,7 @@ impl TieringState {
         let telemetry = super::telemetry::Telemetry::new(&primary.info().name, &names);
         Self {
             telemetry,
+            cost: super::cost::CostModel::new(config.cost, n),
             primary,
             arena,
             tiers: secondaries
