@@ -113,6 +113,9 @@ pub struct PromotionDecisions {
     pub declined_by_cost: u64,
     /// Promotions the engine stopped waiting for at their deadline (the chunk still lands).
     pub abandoned_by_deadline: u64,
+    /// Hits promoted although the model said decline, to re-measure a tier that had gone
+    /// unmeasured for the probe interval (included in `started`).
+    pub probes: u64,
     /// Finished promotions the model was fitted on.
     pub samples: u64,
     /// Fitted fixed latency of one promotion, in seconds.

@@ -17,6 +17,8 @@ fn cheap_recompute() -> ManagerConfig {
         cost: CostConfig {
             recompute: Some(RecomputeCost::new(Duration::from_micros(1), 16)),
             deadline_floor: Duration::from_millis(1),
+            // No probes: a declined tier stays declined, whatever the machine's pace.
+            probe_interval: Duration::ZERO,
             ..CostConfig::default()
         },
         ..ManagerConfig::step_driven()

@@ -8,6 +8,7 @@
 //! deadline_slack = 2.0            # a promotion's deadline: expected completion × this
 //! deadline_floor = "1ms"          # … but never sooner than this
 //! ema_weight = 0.2                # weight of a new sample in each tier's measured cost
+//! probe_interval = "1s"           # re-measure a tier whose hits are all declined ("0s": never)
 //! ```
 //!
 //! Without `recompute_per_token` every secondary hit is promoted and waited for, as if the
@@ -22,7 +23,8 @@ use super::error::{ChainError, ChainErrorKind};
 use super::units::HumanDuration;
 use crate::manager::{CostConfig, RecomputeCost};
 
-const KEYS: &str = "recompute_per_token, tokens_per_chunk, deadline_slack, deadline_floor, ema_weight";
+const KEYS: &str =
+    "recompute_per_token, tokens_per_chunk, deadline_slack, deadline_floor, ema_weight, probe_interval";
 
 /// Parses the `[cost]` table; `line_of` maps a key's span to its line.
 pub(super) fn parse(
@@ -83,6 +85,7 @@ pub(super) fn parse(
             "deadline_slack" => cfg.deadline_slack = number(&v)?,
             "deadline_floor" => cfg.deadline_floor = duration(&v)?,
             "ema_weight" => cfg.ema_weight = number(&v)?,
+            "probe_interval" => cfg.probe_interval = duration(&v)?,
             other => {
                 return Err(ChainError::file(
                     source,
@@ -127,13 +130,14 @@ mod tests {
     fn the_cost_section_sets_the_managers_recompute_cost() {
         let c = parse(
             "[primary]\ntype = \"a\"\n[cost]\nrecompute_per_token = \"250ns\"\ntokens_per_chunk = 16\n\
-             deadline_slack = 3\ndeadline_floor = \"2ms\"\n",
+             deadline_slack = 3\ndeadline_floor = \"2ms\"\nprobe_interval = \"0s\"\n",
         )
         .unwrap();
         let r = c.cost.recompute.unwrap();
         assert_eq!(r.per_chunk(), std::time::Duration::from_micros(4));
         assert!((c.cost.deadline_slack - 3.0).abs() < f64::EPSILON);
         assert_eq!(c.cost.deadline_floor, std::time::Duration::from_millis(2));
+        assert!(c.cost.probe_interval.is_zero());
         assert_eq!(c.manager_config().cost, c.cost);
     }
 

@@ -72,6 +72,11 @@ pub struct CostConfig {
     pub deadline_floor: Duration,
     /// Weight of a new sample in the tier's moving fit (0 < w ≤ 1).
     pub ema_weight: f64,
+    /// A tier whose hits are all declined is no longer measured, so it could never be found
+    /// to have recovered: once this long has passed since its last sample (or probe), one
+    /// declined hit is promoted anyway as a probe, with the recompute estimate's deadline.
+    /// Zero never probes.
+    pub probe_interval: Duration,
 }
 
 impl Default for CostConfig {
@@ -81,6 +86,7 @@ impl Default for CostConfig {
             deadline_slack: 2.0,
             deadline_floor: Duration::from_millis(1),
             ema_weight: 0.2,
+            probe_interval: Duration::from_secs(1),
         }
     }
 }
@@ -92,6 +98,7 @@ impl PartialEq for CostConfig {
             && self.deadline_slack.to_bits() == other.deadline_slack.to_bits()
             && self.deadline_floor == other.deadline_floor
             && self.ema_weight.to_bits() == other.ema_weight.to_bits()
+            && self.probe_interval == other.probe_interval
     }
 }
 
@@ -199,6 +206,9 @@ struct Counts {
     promoted: u64,
     declined_by_cost: u64,
     abandoned_by_deadline: u64,
+    probes: u64,
+    /// The last finished sample or started probe.
+    last_measure: Option<Instant>,
 }
 
 /// What the lookup should do with a secondary hit.
@@ -251,12 +261,23 @@ impl CostModel {
         };
         let chunks = u32::try_from(reserved.saturating_add(1)).unwrap_or(u32::MAX);
         let budget = recompute.per_chunk().saturating_mul(chunks);
-        let expected = self.fits.get(idx).and_then(|f| f.predict(backlog));
+        let mut expected = self.fits.get(idx).and_then(|f| f.predict(backlog));
         if expected.is_some_and(|e| e > budget) {
-            if let Some(c) = self.counts.get_mut(idx) {
+            let probe_interval = self.config.probe_interval;
+            let Some(c) = self.counts.get_mut(idx) else {
+                return Verdict::Decline;
+            };
+            let stale = !probe_interval.is_zero()
+                && c.last_measure
+                    .is_none_or(|t| now.saturating_duration_since(t) >= probe_interval);
+            if !stale {
                 c.declined_by_cost += 1;
+                return Verdict::Decline;
             }
-            return Verdict::Decline;
+            // A probe: promoted to re-measure the tier, waited for no longer than recomputing.
+            c.probes += 1;
+            c.last_measure = Some(now);
+            expected = None;
         }
         // Nothing measured yet: allow the promotion, bounded by what recomputing would cost.
         let wait = expected
@@ -328,6 +349,9 @@ impl CostModel {
         {
             let secs = now.saturating_duration_since(t.submitted).as_secs_f64();
             fit.record(t.backlog as f64, secs, self.config.ema_weight);
+            if let Some(c) = self.counts.get_mut(t.tier) {
+                c.last_measure = Some(now);
+            }
         }
     }
 
@@ -364,6 +388,7 @@ impl CostModel {
                     promoted: c.promoted,
                     declined_by_cost: c.declined_by_cost,
                     abandoned_by_deadline: c.abandoned_by_deadline,
+                    probes: c.probes,
                     samples: f.samples,
                     load_fixed_secs: coef.map(|(fixed, _)| fixed),
                     load_secs_per_mib: coef.map(|(_, per_byte)| per_byte * f64::from(1u32 << 20)),
@@ -383,6 +408,7 @@ mod tests {
         CostModel::new(
             CostConfig {
                 recompute: Some(RecomputeCost::new(Duration::from_micros(per_token_us), 16)),
+                probe_interval: Duration::ZERO,
                 ..CostConfig::default()
             },
             1,
@@ -429,6 +455,31 @@ mod tests {
             fast.decide(0, 100 * CHUNK, 99, now),
             Verdict::Promote(Some(_))
         ));
+    }
+
+    #[test]
+    fn a_tier_declined_for_a_while_is_probed_once_per_interval() {
+        let mut m = model(1);
+        m.config.probe_interval = Duration::from_secs(1);
+        let now = Instant::now();
+        m.submitted(JobId(1), 0, CHUNK, now);
+        m.finished(JobId(1), &[], 1, now + Duration::from_millis(2));
+        let soon = now + Duration::from_millis(500);
+        assert_eq!(m.decide(0, CHUNK, 0, soon), Verdict::Decline);
+        // A second after the last sample: one probe, deadline from the recompute estimate
+        // (2 × 16 µs, so the 1 ms floor).
+        let later = now + Duration::from_millis(1002);
+        assert_eq!(
+            m.decide(0, CHUNK, 0, later),
+            Verdict::Promote(Some(later + Duration::from_millis(1)))
+        );
+        assert_eq!(
+            m.decide(0, CHUNK, 0, later),
+            Verdict::Decline,
+            "one probe per interval"
+        );
+        let s = m.stats(std::iter::once("t".to_owned()));
+        assert_eq!((s[0].probes, s[0].declined_by_cost), (1, 2));
     }
 
     #[test]

@@ -214,6 +214,7 @@ fn publish_decisions(decisions: &[crate::stats::PromotionDecisions]) {
             .absolute(d.declined_by_cost);
         counter!("kvtier_promotions_abandoned_by_deadline_total", "tier" => tier.clone())
             .absolute(d.abandoned_by_deadline);
+        counter!("kvtier_promotion_probes_total", "tier" => tier.clone()).absolute(d.probes);
         if let Some(v) = d.load_fixed_secs {
             gauge!("kvtier_promotion_load_fixed_seconds", "tier" => tier.clone()).set(v);
         }
