@@ -26,6 +26,7 @@ pub mod health;
 mod metrics;
 mod offload;
 pub mod preflight;
+pub mod profile;
 mod report;
 mod rng;
 mod trace;
@@ -156,6 +157,9 @@ pub fn run_simulation(
                 cfg.chunk_bytes
             ),
         });
+    }
+    if let Some(cost) = cfg.manager_recompute_cost() {
+        chain.manager.set_recompute_cost(Some(cost));
     }
     let n = workload.requests.len() as u64;
     let pb = progress_bar(cfg, n);
