@@ -108,3 +108,59 @@ fn model_profiles_derive_the_prefill_cost_and_turn_the_cost_model_on() {
     assert_eq!(r.tokens_per_chunk() as usize, cfg.tokens_per_chunk);
     assert_eq!(r.per_token(), cfg.prefill_per_token);
 }
+
+mod cli {
+    use clap::Parser;
+    use kvtier::sim::RunArgs;
+
+    #[derive(Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+
+    const CPU_ONLY: &str = "[primary]\ntype = \"cpu\"\ncapacity = \"16MiB\"\n";
+
+    fn run(args: &[&str]) -> anyhow::Result<()> {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        let parsed = Run::try_parse_from(argv)?;
+        kvtier::sim::run_command(&parsed.args, "inline-default.toml", CPU_ONLY)
+    }
+
+    #[test]
+    fn model_writes_the_profile_and_the_recompute_cost_into_the_report() {
+        let dir = tempfile::tempdir().unwrap();
+        let json = dir.path().join("report.json");
+        let path = json.to_string_lossy().into_owned();
+        run(&[
+            "--requests",
+            "30",
+            "--device-blocks",
+            "256",
+            "--step-us",
+            "10",
+            "--model",
+            "llama-3.1-70b",
+            "--json",
+            &path,
+        ])
+        .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        assert_eq!(v["config"]["model"]["name"], "llama-3.1-70b");
+        assert_eq!(v["config"]["recompute_cost"], true);
+        // 892 ns per simulated token of 1 KiB (see the profile's derivation).
+        let per_token_us = v["config"]["prefill_per_token"].as_f64().unwrap();
+        assert!((per_token_us - 0.892).abs() < 0.001, "{per_token_us}");
+    }
+
+    #[test]
+    fn an_unknown_model_or_a_model_with_an_explicit_prefill_cost_is_refused() {
+        let e = run(&["--model", "gpt-9"]).unwrap_err().to_string();
+        assert!(e.contains("gpt-9") && e.contains("llama-3.1-8b"), "{e}");
+        let e = run(&["--model", "llama-3.1-8b", "--prefill-ns-per-token", "5"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--prefill-ns-per-token"), "{e}");
+    }
+}
