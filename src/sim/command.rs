@@ -75,6 +75,15 @@ pub struct RunArgs {
     /// unresolvable). Without it such a peer is a warning and the run proceeds with it down.
     #[arg(long)]
     pub require_peers: bool,
+    /// A model profile (`llama-3.1-8b`, `llama-3.1-70b`, on an H100): derives the model time
+    /// per prefill token so that recompute time per KV byte matches the real model, and gives
+    /// the manager that recompute cost (see the README, "Cost model and model profiles").
+    #[arg(long, value_name = "PROFILE", conflicts_with = "prefill_ns_per_token")]
+    pub model: Option<String>,
+    /// Give the manager the engine's recompute cost (from `--prefill-ns-per-token`) without a
+    /// model profile, so it declines promotions slower than recomputing.
+    #[arg(long)]
+    pub cost_model: bool,
 }
 
 fn parse_kind(s: &str) -> Result<WorkloadKind, String> {
@@ -191,15 +200,21 @@ fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Res
             Workload::generate(&spec)
         }
     };
-    let cfg = SimConfig {
+    let mut cfg = SimConfig {
         chunk_bytes: args.chunk_bytes,
         tokens_per_chunk: args.tokens_per_chunk,
         device_blocks: args.device_blocks,
         step_base: Duration::from_micros(args.step_us),
         prefill_per_token: Duration::from_nanos(args.prefill_ns_per_token),
         compare_baseline: !args.no_baseline,
+        recompute_cost: args.cost_model,
         ..SimConfig::default()
     };
+    if let Some(name) = &args.model {
+        let profile =
+            super::profile::ModelProfile::named(name).map_err(|e| anyhow::anyhow!("--model: {e}"))?;
+        cfg = cfg.with_model(profile);
+    }
     if args.nodes != 1 {
         return run_nodes_and_report(args, chain, &cfg, &workload);
     }

@@ -43,6 +43,11 @@ pub struct SimConfig {
     /// How long to wait, once every request is done, for the tiers to finish their jobs.
     #[serde(serialize_with = "ser_duration_us")]
     pub drain_timeout: Duration,
+    /// The model profile `prefill_per_token` was derived from (`--model`), if any.
+    pub model: Option<super::profile::ModelProfile>,
+    /// Give the manager the engine's recompute cost (`prefill_per_token` × `tokens_per_chunk`
+    /// per chunk), so it promotes only what loads faster than it recomputes.
+    pub recompute_cost: bool,
 }
 
 impl Default for SimConfig {
@@ -60,6 +65,8 @@ impl Default for SimConfig {
             verify_loads: true,
             progress: true,
             drain_timeout: Duration::from_secs(30),
+            model: None,
+            recompute_cost: false,
         }
     }
 }
@@ -102,6 +109,25 @@ impl SimConfig {
             });
         }
         Ok(())
+    }
+
+    /// Derives `prefill_per_token` from `profile` (so recompute time per KV byte matches the
+    /// real model and GPU) and gives the manager that recompute cost.
+    #[must_use]
+    pub fn with_model(mut self, profile: super::profile::ModelProfile) -> Self {
+        let per_token = self.chunk_bytes as f64 / self.tokens_per_chunk.max(1) as f64;
+        self.prefill_per_token = profile.sim_prefill_per_token(per_token);
+        self.model = Some(profile);
+        self.recompute_cost = true;
+        self
+    }
+
+    /// The recompute cost the manager is given, when `recompute_cost` is set.
+    #[must_use]
+    pub fn manager_recompute_cost(&self) -> Option<tiering_core::RecomputeCost> {
+        let tokens = u32::try_from(self.tokens_per_chunk).ok()?;
+        self.recompute_cost
+            .then(|| tiering_core::RecomputeCost::new(self.prefill_per_token, tokens))
     }
 
     /// The model time of one step.

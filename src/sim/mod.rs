@@ -27,6 +27,7 @@ mod metrics;
 pub mod nodes;
 mod offload;
 pub mod preflight;
+pub mod profile;
 mod report;
 mod rng;
 mod trace;
@@ -158,6 +159,9 @@ pub fn run_simulation(
                 cfg.chunk_bytes
             ),
         });
+    }
+    if let Some(cost) = cfg.manager_recompute_cost() {
+        chain.manager.set_recompute_cost(Some(cost));
     }
     let n = workload.requests.len() as u64;
     let pb = progress_bar(cfg, n);

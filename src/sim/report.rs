@@ -4,7 +4,7 @@
 use std::fmt;
 
 use serde::Serialize;
-use tiering_core::{ManagerCounters, ManagerStats, TierStats};
+use tiering_core::{ManagerCounters, ManagerStats, PromotionDecisions, TierStats};
 
 use super::config::SimConfig;
 use super::metrics::{RunMetrics, quantile};
@@ -60,6 +60,9 @@ pub struct Report {
     pub timing: Timing,
     /// The engine settings.
     pub config: SimConfig,
+    /// Load-versus-recompute decisions per secondary tier (promotions started, landed, declined
+    /// by cost, abandoned at their deadline) and each tier's fitted load cost.
+    pub decisions: Vec<PromotionDecisions>,
 }
 
 /// One source of prompt tokens.
@@ -177,6 +180,61 @@ pub struct Timing {
 }
 
 impl Report {
+    /// The load-versus-recompute section: the recompute cost the manager was given and, per
+    /// secondary tier, what it decided.
+    fn fmt_decisions(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.decisions.is_empty() {
+            return Ok(());
+        }
+        let c = &self.config;
+        writeln!(f, "\npromotions versus recompute")?;
+        match (&c.model, c.manager_recompute_cost()) {
+            (Some(m), Some(r)) => writeln!(
+                f,
+                "  model {} on {}: {:.0} prefill tokens/s, {} KiB KV per token → {:.1} ns per simulated token, {:.2} µs per chunk",
+                m.name,
+                m.gpu,
+                m.prefill_tokens_per_sec(),
+                m.kv_bytes_per_token() >> 10,
+                r.per_token().as_secs_f64() * 1e9,
+                r.per_chunk().as_secs_f64() * 1e6
+            )?,
+            (None, Some(r)) => writeln!(
+                f,
+                "  recompute cost {:.1} ns per token, {:.2} µs per chunk",
+                r.per_token().as_secs_f64() * 1e9,
+                r.per_chunk().as_secs_f64() * 1e6
+            )?,
+            _ => writeln!(
+                f,
+                "  no recompute cost given: every secondary hit is promoted and waited for"
+            )?,
+        }
+        writeln!(
+            f,
+            "  {:<22} {:>10} {:>10} {:>10} {:>10}  fitted load cost",
+            "tier", "started", "promoted", "declined", "abandoned"
+        )?;
+        for d in &self.decisions {
+            let fitted = match (d.load_fixed_secs, d.load_secs_per_mib) {
+                (Some(fixed), Some(per_mib)) => format!(
+                    "{:.1} µs + {:.1} µs/MiB of backlog ({} samples, {} probes)",
+                    fixed * 1e6,
+                    per_mib * 1e6,
+                    d.samples,
+                    d.probes
+                ),
+                _ => "not measured".to_owned(),
+            };
+            writeln!(
+                f,
+                "  {:<22} {:>10} {:>10} {:>10} {:>10}  {fitted}",
+                d.name, d.started, d.promoted, d.declined_by_cost, d.abandoned_by_deadline
+            )?;
+        }
+        Ok(())
+    }
+
     /// Whether every identity holds.
     #[must_use]
     pub fn identities_hold(&self) -> bool {
@@ -359,6 +417,7 @@ impl Report {
                 model_s: m.model_time.as_secs_f64(),
             },
             config: cfg.clone(),
+            decisions: stats.decisions.clone(),
         }
     }
 }
@@ -429,6 +488,7 @@ impl fmt::Display for Report {
                 self.ttft_ms.p50, self.ttft_ms.p99
             )?;
         }
+        self.fmt_decisions(f)?;
         writeln!(f, "\nbytes per path")?;
         for p in &self.paths {
             writeln!(

@@ -47,12 +47,13 @@ pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
 pub use key::{KeyMap, KeySet, OffloadKey};
 pub use manager::{
-    ManagerConfig, OnTierFailure, Step, StoreCompletionSender, TierGateConfig, TieringManager,
+    CostConfig, ManagerConfig, OnTierFailure, RecomputeCost, Step, StoreCompletionSender, TierGateConfig,
+    TieringManager,
 };
 pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
-pub use stats::{ManagerCounters, ManagerStats, TierGateStats, TierStats};
+pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
 pub use waker::ControlWaker;
 pub mod config;

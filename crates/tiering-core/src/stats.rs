@@ -97,6 +97,8 @@ pub struct ManagerStats {
     pub jobs_in_flight: u64,
     /// The cascade gates of each secondary tier, in chain order.
     pub gates: Vec<TierGateStats>,
+    /// Load-versus-recompute decisions per secondary tier, in chain order.
+    pub decisions: Vec<PromotionDecisions>,
 }
 
 /// Admission and backpressure figures of one secondary tier (`docs/ARCHITECTURE.md`,
@@ -123,4 +125,29 @@ pub struct TierGateStats {
     pub backpressure_active: bool,
     /// Average cascade time per MiB, in seconds (`None` before the first cascade finished).
     pub store_seconds_per_mib: Option<f64>,
+}
+
+/// Load-versus-recompute decisions of one secondary tier and its measured load cost
+/// (`docs/ARCHITECTURE.md`, "Cost model").
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct PromotionDecisions {
+    /// The tier's name.
+    pub name: String,
+    /// Chunks whose promotion was started (a secondary hit answered `HitPending`).
+    pub started: u64,
+    /// Chunks promoted successfully.
+    pub promoted: u64,
+    /// Secondary hits answered `Miss` because recomputing was expected to be faster.
+    pub declined_by_cost: u64,
+    /// Promotions the engine stopped waiting for at their deadline (the chunk still lands).
+    pub abandoned_by_deadline: u64,
+    /// Hits promoted although the model said decline, to re-measure a tier that had gone
+    /// unmeasured for the probe interval (included in `started`).
+    pub probes: u64,
+    /// Finished promotions the model was fitted on.
+    pub samples: u64,
+    /// Fitted fixed latency of one promotion, in seconds.
+    pub load_fixed_secs: Option<f64>,
+    /// Fitted load cost per MiB of promotion backlog, in seconds.
+    pub load_secs_per_mib: Option<f64>,
 }

@@ -186,7 +186,7 @@ pub struct BuiltChain {
     pub secondaries: Vec<Box<dyn SecondaryTier>>,
     /// The waker every secondary was built with.
     pub waker: ControlWaker,
-    /// The manager settings of `[control_plane]`.
+    /// The manager settings of `[control_plane]` and `[cost]`.
     pub manager_config: ManagerConfig,
 }
 
@@ -295,7 +295,7 @@ impl ResolvedChain<'_> {
                 }
             }
         }
-        let mut manager_config = config.control_plane.manager_config();
+        let mut manager_config = config.manager_config();
         for (spec, tier) in specs[1..].iter().zip(&built) {
             let info = tier.info();
             let gate = TierGateConfig {

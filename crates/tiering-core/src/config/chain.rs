@@ -156,6 +156,8 @@ pub struct ChainConfig {
     pub secondaries: Vec<TierSpec>,
     /// The control plane.
     pub control_plane: ControlPlaneSpec,
+    /// The `[cost]` section: load-versus-recompute decisions (default: none).
+    pub cost: crate::manager::CostConfig,
 }
 
 /// Byte offset → 1-based line number.
@@ -206,6 +208,11 @@ fn nested_key_lines(lines: &Lines<'_>, value: &Spanned<DeValue<'_>>) -> BTreeMap
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// A TOML value out of the spanned parse tree (for the `[cost]` parser).
+pub(super) fn value_of(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
+    to_value(v)
 }
 
 fn to_value(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
@@ -269,6 +276,7 @@ impl ChainConfig {
         let mut primary = None;
         let mut secondaries = Vec::new();
         let mut control_plane = ControlPlaneSpec::default();
+        let mut cost = crate::manager::CostConfig::default();
         for (key, value) in &doc {
             let line = lines.of_span(&key.span());
             let err = |kind| {
@@ -323,10 +331,16 @@ impl ChainConfig {
                     };
                     control_plane = Self::control_plane(source, &lines, t)?;
                 }
+                "cost" => {
+                    let Some(t) = value.get_ref().as_table() else {
+                        return Err(err(ChainErrorKind::Invalid("`cost` must be a table".into())));
+                    };
+                    cost = super::cost::parse(source, &|span| lines.of_span(span), line, t)?;
+                }
                 other => {
                     return Err(err(ChainErrorKind::UnknownKey {
                         key: other.to_owned(),
-                        expected: "primary, secondary, control_plane",
+                        expected: "primary, secondary, control_plane, cost",
                     }));
                 }
             }
@@ -342,6 +356,7 @@ impl ChainConfig {
             primary,
             secondaries,
             control_plane,
+            cost,
         })
     }
 
@@ -527,6 +542,15 @@ impl ChainConfig {
             }
         }
         Ok(spec)
+    }
+
+    /// The manager configuration of `[control_plane]` and `[cost]`.
+    #[must_use]
+    pub fn manager_config(&self) -> ManagerConfig {
+        ManagerConfig {
+            cost: self.cost,
+            ..self.control_plane.manager_config()
+        }
     }
 
     /// Every tier, primary first, in chain order.

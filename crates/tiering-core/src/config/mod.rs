@@ -20,6 +20,10 @@
 //! [control_plane]
 //! thread = true
 //! idle_wait = "1ms"
+//!
+//! [cost]                          # optional: load-versus-recompute decisions
+//! recompute_per_token = "250ns"
+//! tokens_per_chunk = 16
 //! ```
 //!
 //! [`ChainConfig::parse`] checks the chain's own structure; [`ChainConfig::resolve`] finds every
@@ -31,6 +35,7 @@
 
 mod builder;
 mod chain;
+mod cost;
 mod error;
 mod gates;
 mod units;

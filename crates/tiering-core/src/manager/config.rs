@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::cost::CostConfig;
 use crate::admission::{AdmissionConfig, BackpressureConfig, Clock};
 
 /// What the manager does with a secondary tier whose control-plane work failed (an error, an
@@ -60,6 +61,9 @@ pub struct ManagerConfig {
     pub worker_deadline: Duration,
     /// What happens to a tier whose control-plane work fails.
     pub on_tier_failure: OnTierFailure,
+    /// When a secondary hit is worth promoting and how long the engine waits for it (`[cost]`
+    /// in a chain file). The default has no recompute cost: every hit is promoted.
+    pub cost: CostConfig,
     /// Admission and backpressure per secondary tier, by tier name (a chain's `admission` and
     /// `backpressure` keys). A tier not named gets [`TierGateConfig::default`]: `always`, with
     /// backpressure on. A chain names every tier, with the defaults for its medium.
@@ -95,6 +99,7 @@ impl Default for ManagerConfig {
             on_tier_failure: OnTierFailure::Quarantine,
             tier_gates: BTreeMap::new(),
             gate_clock: Clock::system(),
+            cost: CostConfig::default(),
         }
     }
 }

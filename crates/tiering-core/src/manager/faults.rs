@@ -144,6 +144,7 @@ impl TieringState {
                 let pending = std::mem::take(&mut self.pending_promotions[idx]);
                 for (_, p) in pending {
                     self.primary.complete_write(&p.keys, &p.ctx, false);
+                    self.cost.forget(&p.keys);
                 }
             }
         }

@@ -135,6 +135,8 @@ impl TieringState {
         };
         self.counters.promoted_keys += ok.len() as u64;
         self.counters.failed_promotion_keys += failed.len() as u64;
+        self.cost
+            .finished(r.id, &meta.keys, ok.len(), std::time::Instant::now());
         if !ok.is_empty() {
             self.primary.complete_write(&ok, &meta.ctx, true);
         }
@@ -164,6 +166,7 @@ impl TieringState {
             if let Some(meta) = self.jobs.remove(id) {
                 match meta.kind {
                     JobKind::Promotion => {
+                        self.cost.dropped(*id, &meta.keys);
                         self.counters.failed_promotion_keys += meta.keys.len() as u64;
                         self.primary.complete_write(&meta.keys, &meta.ctx, false);
                     }
@@ -177,6 +180,7 @@ impl TieringState {
         let pending = std::mem::take(&mut self.pending_promotions[idx]);
         for (_, p) in pending {
             self.primary.complete_write(&p.keys, &p.ctx, false);
+            self.cost.forget(&p.keys);
         }
         ids.len()
     }

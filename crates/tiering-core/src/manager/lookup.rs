@@ -1,6 +1,13 @@
 //! Lookup and promotions: the primary first, then the secondary tiers in chain order; a
 //! secondary hit reserves a primary row at once (`HitPending`) and queues a promotion that is
 //! submitted, batched per (tier, request), at the end of the step (or of the sweep).
+//!
+//! With a recompute cost set (`super::cost`), a secondary hit is promoted only if it is
+//! expected to land sooner than recomputing, and a promotion still in flight past its deadline
+//! is answered `Miss` so the engine recomputes instead of waiting (the promotion completes and
+//! its chunk becomes readable all the same).
+
+use std::time::Instant;
 
 use crate::arena::RowGrant;
 use crate::error::{ManagerError, TierError};
@@ -9,6 +16,7 @@ use crate::key::OffloadKey;
 use crate::outcome::LookupResult;
 use crate::request::ReqContext;
 
+use super::cost::Verdict;
 use super::state::{JobMeta, PendingPromotion, TieringState};
 
 impl TieringState {
@@ -34,6 +42,10 @@ impl TieringState {
     /// The walk itself; returns the verdict and the index (0 = primary) of the tier that gave it.
     fn walk_tiers(&mut self, key: &OffloadKey, ctx: &ReqContext) -> (LookupResult, Option<usize>) {
         match self.primary.lookup(key, ctx) {
+            LookupResult::HitPending if self.cost.past_deadline(key, Instant::now()) => {
+                // A promotion the engine should no longer wait for: it recomputes the chunk.
+                return (LookupResult::Miss, None);
+            }
             r @ (LookupResult::Hit | LookupResult::HitPending) => return (r, Some(0)),
             LookupResult::Retry | LookupResult::Miss => {}
         }
@@ -66,6 +78,19 @@ impl TieringState {
     /// batched submission. `Miss` when the primary cannot make room (never `Retry`: that would
     /// livelock the scheduler).
     fn initiate_promotion(&mut self, idx: usize, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
+        let deadline = if self.cost.recompute().is_some() {
+            let chunk = self.arena.chunk_bytes() as u64;
+            let backlog = (self.promotion_backlog(idx) as u64 + 1) * chunk;
+            let reserved = self.pending_promotions[idx]
+                .get(ctx.id())
+                .map_or(0, |p| p.keys.len());
+            match self.cost.decide(idx, backlog, reserved, Instant::now()) {
+                Verdict::Promote(deadline) => deadline,
+                Verdict::Decline => return LookupResult::Miss,
+            }
+        } else {
+            None
+        };
         let Some(out) = self.primary.prepare_write(std::slice::from_ref(key), ctx) else {
             self.counters.promotion_alloc_failures += 1;
             return LookupResult::Miss;
@@ -86,7 +111,23 @@ impl TieringState {
             });
         entry.keys.extend_from_slice(&out.keys_to_store);
         entry.chunk_ids.extend_from_slice(&out.chunk_ids);
+        for k in &out.keys_to_store {
+            self.cost.started(idx, *k, deadline);
+        }
         LookupResult::HitPending
+    }
+
+    /// Chunks of tier `idx`'s promotions in flight or reserved and not yet submitted: the
+    /// queue a new promotion waits behind.
+    fn promotion_backlog(&self, idx: usize) -> usize {
+        let in_flight: usize = self
+            .jobs
+            .values()
+            .filter(|m| m.tier == idx && m.kind == JobKind::Promotion)
+            .map(|m| m.keys.len())
+            .sum();
+        let reserved: usize = self.pending_promotions[idx].values().map(|p| p.keys.len()).sum();
+        in_flight + reserved
     }
 
     /// Whether any promotion is reserved and not yet submitted.
@@ -112,11 +153,15 @@ impl TieringState {
                         // A row reserved at −1 is held by someone else: an invariant broke.
                         // Free the reservations rather than write into a row in use.
                         self.primary.complete_write(&p.keys, &p.ctx, false);
+                        self.cost.forget(&p.keys);
                         first_err.get_or_insert(ManagerError::primary(TierError::Arena(e)));
                         continue;
                     }
                 };
                 let id = self.next_job_id();
+                let chunk = self.arena.chunk_bytes() as u64;
+                let backlog = (self.promotion_backlog(idx) + p.keys.len()) as u64 * chunk;
+                self.cost.submitted(id, idx, backlog, Instant::now());
                 self.jobs.insert(
                     id,
                     JobMeta {

@@ -16,6 +16,7 @@
 pub(crate) mod completions;
 mod config;
 pub(crate) mod control;
+mod cost;
 mod faults;
 mod gates;
 mod jobs;
@@ -47,6 +48,7 @@ pub use completions::StoreCompletionSender;
 pub(crate) use completions::{CompletionQueue, WorkerEvent};
 pub use config::{ManagerConfig, OnTierFailure, TierGateConfig};
 use control::Shared;
+pub use cost::{CostConfig, RecomputeCost};
 pub use state::TieringState;
 pub use step::Step;
 
@@ -153,6 +155,25 @@ impl TieringManager {
         .map_err(|e| ManagerError::Channel(format!("cannot bind {}: {e}", path.display())))?;
         self.channel = Some(server);
         Ok(())
+    }
+
+    /// Sets (or, with `None`, clears) the engine's recompute cost: from now on a secondary hit
+    /// is promoted only if it is expected to land sooner than recomputing the chunk, and a
+    /// promotion the engine waits on past its deadline is answered `Miss` (see
+    /// [`ManagerConfig::cost`]).
+    pub fn set_recompute_cost(&self, recompute: Option<RecomputeCost>) {
+        let mut guard = self.shared.state.lock();
+        guard.cost.set_recompute(recompute);
+        MutexGuard::unlock_fair(guard);
+    }
+
+    /// The engine's recompute cost, if set.
+    #[must_use]
+    pub fn recompute_cost(&self) -> Option<RecomputeCost> {
+        let guard = self.shared.state.lock();
+        let r = guard.cost.recompute();
+        MutexGuard::unlock_fair(guard);
+        r
     }
 
     /// Whether the control-plane thread is running.

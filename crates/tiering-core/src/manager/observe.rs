@@ -51,6 +51,7 @@ impl TieringState {
                 .collect(),
             jobs_in_flight: self.jobs.len() as u64,
             gates: self.gates.stats(),
+            decisions: self.cost.stats(self.tiers.iter().map(|s| s.info.name.clone())),
         }
     }
 }

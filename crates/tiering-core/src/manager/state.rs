@@ -92,6 +92,8 @@ pub struct TieringState {
     pub(crate) telemetry: super::telemetry::Telemetry,
     /// Admission and backpressure in front of each secondary tier.
     pub(crate) gates: super::gates::Gates,
+    /// Load-versus-recompute decisions and the per-tier load model.
+    pub(crate) cost: super::cost::CostModel,
 }
 
 impl TieringState {
@@ -112,6 +114,7 @@ impl TieringState {
         Self {
             telemetry,
             gates,
+            cost: super::cost::CostModel::new(config.cost, n),
             primary,
             arena,
             tiers: secondaries

@@ -23,6 +23,7 @@ impl TieringState {
         for map in &mut self.pending_promotions {
             map.clear();
         }
+        self.cost.clear_watches();
         let finished: Vec<RequestId> = self
             .requests
             .iter_mut()

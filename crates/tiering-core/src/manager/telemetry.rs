@@ -202,6 +202,7 @@ pub(crate) fn publish(stats: &ManagerStats) {
     }
     gauge!("kvtier_jobs_in_flight").set(stats.jobs_in_flight as f64);
     publish_gates(&stats.gates);
+    publish_decisions(&stats.decisions);
 }
 
 /// Admission and backpressure figures per secondary tier.
@@ -223,6 +224,26 @@ fn publish_gates(gates: &[crate::stats::TierGateStats]) {
             .set(f64::from(u8::from(g.backpressure_active)));
         if let Some(ema) = g.store_seconds_per_mib {
             gauge!("kvtier_cascade_store_seconds_per_mib", "tier" => tier).set(ema);
+        }
+    }
+}
+
+/// Load-versus-recompute decisions per secondary tier (see `super::cost`).
+fn publish_decisions(decisions: &[crate::stats::PromotionDecisions]) {
+    for d in decisions {
+        let tier = d.name.clone();
+        counter!("kvtier_promotions_started_total", "tier" => tier.clone()).absolute(d.started);
+        counter!("kvtier_promotions_landed_total", "tier" => tier.clone()).absolute(d.promoted);
+        counter!("kvtier_promotions_declined_by_cost_total", "tier" => tier.clone())
+            .absolute(d.declined_by_cost);
+        counter!("kvtier_promotions_abandoned_by_deadline_total", "tier" => tier.clone())
+            .absolute(d.abandoned_by_deadline);
+        counter!("kvtier_promotion_probes_total", "tier" => tier.clone()).absolute(d.probes);
+        if let Some(v) = d.load_fixed_secs {
+            gauge!("kvtier_promotion_load_fixed_seconds", "tier" => tier.clone()).set(v);
+        }
+        if let Some(v) = d.load_secs_per_mib {
+            gauge!("kvtier_promotion_load_seconds_per_mib", "tier" => tier).set(v);
         }
     }
 }

@@ -105,6 +105,8 @@ struct Inner {
     drain_blocked: bool,
     /// The duration store jobs report instead of the time the copy took (`None`: the real one).
     store_latency: Option<Duration>,
+    /// How long each promotion takes (an injected load latency).
+    load_delay: Duration,
 }
 
 type SharedInner = Arc<(Mutex<Inner>, Condvar)>;
@@ -164,6 +166,7 @@ impl ScriptedTier {
             panic_next: Vec::new(),
             drain_blocked: false,
             store_latency: None,
+            load_delay: Duration::ZERO,
         };
         let shared = Arc::new((Mutex::new(inner), Condvar::new()));
         (
@@ -280,6 +283,11 @@ impl SecondaryTier for ScriptedTier {
     }
 
     fn submit_load(&mut self, job: TransferJob) {
+        let delay = self.shared.0.lock().load_delay;
+        if !delay.is_zero() {
+            // A slow medium: the load finishes this much later (the test's stand-in for I/O).
+            std::thread::sleep(delay);
+        }
         let mut inner = self.shared.0.lock();
         self.record(&mut inner, "submit_load", Some(job.req.id()));
         if inner.completion == Completion::Manual {
@@ -453,6 +461,11 @@ impl ScriptedTierHandle {
     /// …, as recorded in [`Call::op`]) panic.
     pub fn panic_next(&self, op: &'static str) {
         self.lock().panic_next.push(op);
+    }
+
+    /// Makes every promotion take `delay` before it finishes (an injected load latency).
+    pub fn set_load_delay(&self, delay: Duration) {
+        self.lock().load_delay = delay;
     }
 
     /// Makes `drain_jobs` block until [`ScriptedTierHandle::release_drain`].
