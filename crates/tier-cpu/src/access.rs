@@ -28,24 +28,26 @@ fn word_of(key: &OffloadKey) -> u64 {
 
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
-/// Keys and their flags sit in two parallel vectors in the order the request first flagged them
-/// (observed keys are flagged when first observed, so filtering by `SEEN` gives first-observed
-/// order). A typical request flags a few dozen keys: scanning them costs less than hashing each
-/// one, and the record is two allocations. Past [`SMALL_RECORD`] keys a key→index map takes
+/// Keys with their flags, and the keys' first hash words, sit in two parallel vectors in the
+/// order the request first flagged them (observed keys are flagged when first observed, so
+/// filtering by `SEEN` gives first-observed order). A typical request flags a few dozen keys:
+/// scanning their words costs less than hashing each one, and the record is a few allocations. Past [`SMALL_RECORD`] keys a key→index map takes
 /// over, so long requests stay O(1) per key.
 #[derive(Default)]
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
     entries: Vec<Flagged>,
+    /// Each entry's first hash word, in a vector of their own: a scan for a key reads a few
+    /// contiguous words instead of one entry (and cache line) per key.
+    words: Vec<u64>,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
 }
 
-/// A key the request flagged, with its first hash word (scanned before comparing whole keys).
+/// A key the request flagged.
 #[derive(Clone, Copy)]
 struct Flagged {
-    word: u64,
     key: OffloadKey,
     flags: u8,
 }
@@ -97,7 +99,15 @@ impl RequestAccess {
             Some(index) => index.get(key).map(|&i| i as usize),
             None => {
                 let w = word_of(key);
-                self.entries.iter().position(|e| e.word == w && e.key == *key)
+                let mut from = 0;
+                while let Some(off) = self.words[from..].iter().position(|&x| x == w) {
+                    let i = from + off;
+                    if self.entries[i].key == *key {
+                        return Some(i);
+                    }
+                    from = i + 1;
+                }
+                None
             }
         }
     }
@@ -108,11 +118,8 @@ impl RequestAccess {
             return i;
         }
         let i = self.entries.len();
-        self.entries.push(Flagged {
-            word: word_of(key),
-            key: *key,
-            flags: 0,
-        });
+        self.words.push(word_of(key));
+        self.entries.push(Flagged { key: *key, flags: 0 });
         match self.index.as_mut() {
             Some(index) => {
                 index.insert(*key, i as u32);
@@ -195,6 +202,7 @@ impl RequestAccess {
         absent_entries: &mut Vec<u32>,
     ) {
         self.entries.reserve(observed.len());
+        self.words.reserve(observed.len());
         for (j, r) in observed.iter().enumerate() {
             let (k, ready) = (&r.key, r.chunk.is_some());
             let i = self.slot(k);
@@ -219,6 +227,7 @@ impl RequestAccess {
     /// observations to `new`.
     pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<usize>) {
         self.entries.reserve(keys.len());
+        self.words.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
             if self.see(i) {

@@ -183,7 +183,7 @@ impl ChunkTable {
     /// The policies' view of the rows.
     #[inline]
     pub(crate) fn view(&self) -> SlotView<'_> {
-        SlotView::new(&self.rows)
+        SlotView::new(&self.rows, &self.index)
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped

@@ -61,13 +61,17 @@ impl<const N: usize> Ghosts<N> {
     }
 
     /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
-    /// victims about to become ghosts).
+    /// victims about to become ghosts), and the tier's index slots of the same keys (about to
+    /// be cleared).
     pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
-        if picked.len() < 2 || self.index.len() == 0 {
+        if picked.len() < 2 {
             return;
         }
         for &(chunk, _) in picked.iter().take(32) {
-            self.index.prefetch(digest_of(&slots.key(chunk)));
+            let digest = slots.prefetch_index_of(chunk);
+            if self.index.len() != 0 {
+                self.index.prefetch(digest);
+            }
         }
     }
 
