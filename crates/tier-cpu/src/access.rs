@@ -28,19 +28,20 @@ fn word_of(key: &OffloadKey) -> u64 {
 
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
-/// Keys with their flags, and the keys' first hash words, sit in two parallel vectors in the
-/// order the request first flagged them (observed keys are flagged when first observed, so
+/// Keys with their flags sit in one vector in the order the request first flagged them (observed keys are flagged when first observed, so
 /// filtering by `SEEN` gives first-observed order). A typical request flags a few dozen keys:
-/// scanning their words costs less than hashing each one, and the record is a few allocations. Past [`SMALL_RECORD`] keys a key→index map takes
+/// scanning their first hash words (kept inline) costs less than hashing each one, and the
+/// record is two allocations. Past [`SMALL_RECORD`] keys a key→index map takes
 /// over, so long requests stay O(1) per key.
 #[derive(Default)]
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
     entries: Vec<Flagged>,
-    /// Each entry's first hash word, in a vector of their own: a scan for a key reads a few
-    /// contiguous words instead of one entry (and cache line) per key.
-    words: Vec<u64>,
+    /// The first hash word of each entry while the record is small enough to be scanned, side
+    /// by side and inline (no allocation): a scan reads a few contiguous words instead of one
+    /// entry (and cache line) per key.
+    words: [u64; SMALL_RECORD],
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
 }
@@ -100,7 +101,8 @@ impl RequestAccess {
             None => {
                 let w = word_of(key);
                 let mut from = 0;
-                while let Some(off) = self.words[from..].iter().position(|&x| x == w) {
+                let words = &self.words[..self.entries.len().min(SMALL_RECORD)];
+                while let Some(off) = words[from..].iter().position(|&x| x == w) {
                     let i = from + off;
                     if self.entries[i].key == *key {
                         return Some(i);
@@ -118,7 +120,9 @@ impl RequestAccess {
             return i;
         }
         let i = self.entries.len();
-        self.words.push(word_of(key));
+        if let Some(w) = self.words.get_mut(i) {
+            *w = word_of(key);
+        }
         self.entries.push(Flagged { key: *key, flags: 0 });
         match self.index.as_mut() {
             Some(index) => {
@@ -202,7 +206,6 @@ impl RequestAccess {
         absent_entries: &mut Vec<u32>,
     ) {
         self.entries.reserve(observed.len());
-        self.words.reserve(observed.len());
         for (j, r) in observed.iter().enumerate() {
             let (k, ready) = (&r.key, r.chunk.is_some());
             let i = self.slot(k);
@@ -227,7 +230,6 @@ impl RequestAccess {
     /// observations to `new`.
     pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<usize>) {
         self.entries.reserve(keys.len());
-        self.words.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
             if self.see(i) {
