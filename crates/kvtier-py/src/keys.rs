@@ -3,7 +3,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyTuple};
 use tiering_core::OffloadKey;
 use tiering_core::key::{KEY_BYTES, KEY_HASH_BYTES};
 
@@ -24,6 +24,14 @@ fn key_from_slice(b: &[u8]) -> PyResult<OffloadKey> {
         hash.copy_from_slice(b);
         return Ok(OffloadKey::new(hash, 0));
     }
+    // The packed form, parsed here so it inlines (one call per key into tiering-core showed
+    // in profiles): the hash, then the group as 4 big-endian bytes, as `OffloadKey::to_bytes`.
+    if let Some((hash, group)) = b
+        .split_first_chunk::<KEY_HASH_BYTES>()
+        .and_then(|(hash, rest)| Some((hash, <[u8; 4]>::try_from(rest).ok()?)))
+    {
+        return Ok(OffloadKey::new(*hash, u32::from_be_bytes(group)));
+    }
     OffloadKey::from_bytes(b).ok_or_else(|| {
         PyValueError::new_err(format!(
             "a key must be {KEY_BYTES} bytes (hash + group) or {KEY_HASH_BYTES} bytes (hash, group 0), got {}",
@@ -38,6 +46,22 @@ pub(crate) fn keys_from_py(ob: &Bound<'_, PyAny>) -> PyResult<Vec<OffloadKey>> {
         return Err(PyTypeError::new_err(
             "expected a sequence of keys, got a single bytes object",
         ));
+    }
+    // Lists and tuples (what the connector passes) are read by index, skipping the generic
+    // iterator object and its per-item protocol calls.
+    if let Ok(list) = ob.cast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for item in list.iter() {
+            out.push(key_from_py(&item)?);
+        }
+        return Ok(out);
+    }
+    if let Ok(tuple) = ob.cast::<PyTuple>() {
+        let mut out = Vec::with_capacity(tuple.len());
+        for item in tuple.iter() {
+            out.push(key_from_py(&item)?);
+        }
+        return Ok(out);
     }
     let mut out = Vec::with_capacity(ob.len().unwrap_or(0));
     for item in ob.try_iter()? {

@@ -28,24 +28,27 @@ fn word_of(key: &OffloadKey) -> u64 {
 
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
-/// Keys and their flags sit in two parallel vectors in the order the request first flagged them
-/// (observed keys are flagged when first observed, so filtering by `SEEN` gives first-observed
-/// order). A typical request flags a few dozen keys: scanning them costs less than hashing each
-/// one, and the record is two allocations. Past [`SMALL_RECORD`] keys a key→index map takes
+/// Keys with their flags sit in one vector in the order the request first flagged them (observed keys are flagged when first observed, so
+/// filtering by `SEEN` gives first-observed order). A typical request flags a few dozen keys:
+/// scanning their first hash words (kept inline) costs less than hashing each one, and the
+/// record is two allocations. Past [`SMALL_RECORD`] keys a key→index map takes
 /// over, so long requests stay O(1) per key.
 #[derive(Default)]
 pub(crate) struct RequestAccess {
     owner: u64,
     generation: u64,
     entries: Vec<Flagged>,
+    /// The first hash word of each entry while the record is small enough to be scanned, side
+    /// by side and inline (no allocation): a scan reads a few contiguous words instead of one
+    /// entry (and cache line) per key.
+    words: [u64; SMALL_RECORD],
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
 }
 
-/// A key the request flagged, with its first hash word (scanned before comparing whole keys).
+/// A key the request flagged.
 #[derive(Clone, Copy)]
 struct Flagged {
-    word: u64,
     key: OffloadKey,
     flags: u8,
 }
@@ -97,7 +100,16 @@ impl RequestAccess {
             Some(index) => index.get(key).map(|&i| i as usize),
             None => {
                 let w = word_of(key);
-                self.entries.iter().position(|e| e.word == w && e.key == *key)
+                let mut from = 0;
+                let words = &self.words[..self.entries.len().min(SMALL_RECORD)];
+                while let Some(off) = words[from..].iter().position(|&x| x == w) {
+                    let i = from + off;
+                    if self.entries[i].key == *key {
+                        return Some(i);
+                    }
+                    from = i + 1;
+                }
+                None
             }
         }
     }
@@ -108,11 +120,10 @@ impl RequestAccess {
             return i;
         }
         let i = self.entries.len();
-        self.entries.push(Flagged {
-            word: word_of(key),
-            key: *key,
-            flags: 0,
-        });
+        if let Some(w) = self.words.get_mut(i) {
+            *w = word_of(key);
+        }
+        self.entries.push(Flagged { key: *key, flags: 0 });
         match self.index.as_mut() {
             Some(index) => {
                 index.insert(*key, i as u32);

@@ -33,14 +33,16 @@ impl CpuTier {
     }
 
     /// Resolves keys to their resident rows into `out`.
-    fn resolve_into(&self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
-        self.table.prefetch(keys);
+    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_batch(keys, &mut digests);
         out.clear();
-        out.extend(keys.iter().map(|k| KeyRef {
+        out.extend(keys.iter().zip(&digests).map(|(k, &d)| KeyRef {
             key: *k,
-            chunk: self.table.get(k).map(|e| e.chunk),
+            chunk: self.table.get_digested(k, d).map(|e| e.chunk),
             position: None,
         }));
+        self.buf_digests = digests;
     }
 
     /// Tells the policy about keys a request observed for the first time; `refs` are already
@@ -71,12 +73,13 @@ impl CpuTier {
         ctx: &ReqContext,
         record: bool,
     ) -> Result<Vec<ChunkId>, TierError> {
-        self.table.prefetch(keys);
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_batch(keys, &mut digests);
         let mut rows = Vec::with_capacity(keys.len());
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
-        for k in keys {
-            match self.table.pin(k) {
+        for (k, &d) in keys.iter().zip(&digests) {
+            match self.table.pin(k, d) {
                 Ok((chunk, edge)) => {
                     rows.push(chunk);
                     if edge {
@@ -84,15 +87,17 @@ impl CpuTier {
                     }
                 }
                 Err(e) => {
-                    for done in &keys[..rows.len()] {
+                    for (done, &d) in keys[..rows.len()].iter().zip(&digests) {
                         // Pinned by this loop a moment ago, so the release cannot fail.
-                        let _ = self.table.unpin(done);
+                        let _ = self.table.unpin(done, d);
                     }
                     self.buf_chunks = edges;
+                    self.buf_digests = digests;
                     return Err(e);
                 }
             }
         }
+        self.buf_digests = digests;
         for &chunk in &edges {
             self.policy.mark_non_evictable(chunk);
         }
@@ -125,11 +130,12 @@ impl CpuTier {
     /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
     /// already released are taken again.
     fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
-        self.table.prefetch(keys);
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_batch(keys, &mut digests);
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
-        for (i, k) in keys.iter().enumerate() {
-            match self.table.unpin(k) {
+        for (i, (k, &d)) in keys.iter().zip(&digests).enumerate() {
+            match self.table.unpin(k, d) {
                 Ok((chunk, edge)) => {
                     if edge {
                         edges.push(chunk);
@@ -140,10 +146,12 @@ impl CpuTier {
                         self.table.repin(done);
                     }
                     self.buf_chunks = edges;
+                    self.buf_digests = digests;
                     return Err(e);
                 }
             }
         }
+        self.buf_digests = digests;
         for &chunk in &edges {
             self.policy.mark_evictable(chunk);
         }
@@ -155,18 +163,19 @@ impl CpuTier {
     /// observes (all but keys another write has in flight; `true` when ready, a reuse), and the
     /// rows of the ready ones (protected from this offer's eviction).
     fn partition_offer(
-        &self,
+        &mut self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
         observed: &mut Vec<KeyRef>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
-        self.table.prefetch(keys);
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_batch(keys, &mut digests);
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
-        for k in keys {
-            match self.table.get(k) {
+        for (k, &d) in keys.iter().zip(&digests) {
+            match self.table.get_digested(k, d) {
                 None => {
                     // Deviation: a key repeated in one offer is stored once.
                     let repeat = match offered.as_mut() {
@@ -204,6 +213,7 @@ impl CpuTier {
                 Some(_) => {}
             }
         }
+        self.buf_digests = digests;
     }
 
     /// Marks the evictable rows among `rows` as protected; returns how many there were.
@@ -393,15 +403,16 @@ impl PrimaryTier for CpuTier {
     }
 
     fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
-        self.table.prefetch(keys);
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_batch(keys, &mut digests);
         let mut done = Vec::with_capacity(keys.len());
-        for k in keys {
+        for (k, &d) in keys.iter().zip(&digests) {
             if success {
-                if let Some(chunk) = self.table.mark_written(k) {
+                if let Some(chunk) = self.table.mark_written(k, d) {
                     self.policy.mark_evictable(chunk);
                     done.push(*k);
                 }
-            } else if let Some(e) = self.table.get(k)
+            } else if let Some(e) = self.table.get_digested(k, d)
                 && e.ref_cnt == WRITING
             {
                 self.policy.remove(e.chunk, self.table.view());
@@ -409,6 +420,7 @@ impl PrimaryTier for CpuTier {
                 done.push(*k);
             }
         }
+        self.buf_digests = digests;
         if done.is_empty() {
             return;
         }

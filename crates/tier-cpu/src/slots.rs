@@ -11,7 +11,7 @@
 
 use tiering_core::{ChunkId, OffloadKey, TierError};
 
-use crate::index::KeyIndex;
+use crate::index::{KeyIndex, digest_of};
 use crate::policy::SlotView;
 
 /// Ref count of a row whose write is in flight.
@@ -88,21 +88,22 @@ impl ChunkTable {
         }
     }
 
-    /// Starts loading, for every key of a batch, its index slot and then the row it probably
-    /// names, so the batch's cache misses overlap instead of queueing one key at a time. Pure
-    /// hint: the results of later probes do not depend on it.
-    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
+    /// Computes the digest of every key of a batch into `digests` (the probes of the batch take
+    /// them from there instead of hashing each key again) and starts loading, for the first keys,
+    /// their index slots and then the rows they probably name, so the batch's cache misses
+    /// overlap instead of queueing one key at a time. The prefetches are hints only.
+    pub(crate) fn digest_batch(&self, keys: &[OffloadKey], digests: &mut Vec<u64>) {
+        digests.clear();
+        digests.extend(keys.iter().map(digest_of));
         if keys.len() < 2 {
             return;
         }
         // More lines than the core can have in flight would only evict each other.
-        let keys = &keys[..keys.len().min(PREFETCH_WINDOW)];
-        let mut digests = [0u64; PREFETCH_WINDOW];
-        for (k, d) in keys.iter().zip(&mut digests) {
-            *d = k.digest();
-            self.index.prefetch(*d);
+        let window = &digests[..keys.len().min(PREFETCH_WINDOW)];
+        for &d in window {
+            self.index.prefetch(d);
         }
-        for &d in &digests[..keys.len()] {
+        for &d in window {
             if let Some(row) = self.index.likely(d) {
                 crate::memory::prefetch(&self.rows[row as usize]);
             }
@@ -115,15 +116,15 @@ impl ChunkTable {
             return;
         }
         for &row in rows.iter().take(PREFETCH_WINDOW) {
-            self.index.prefetch(self.rows[row as usize].key.digest());
+            self.index.prefetch(digest_of(&self.rows[row as usize].key));
         }
     }
 
-    /// The row holding `key`.
+    /// The row holding `key`, whose digest is `digest`.
     #[inline]
-    fn find(&self, key: &OffloadKey) -> Option<ChunkId> {
+    fn find(&self, key: &OffloadKey, digest: u64) -> Option<ChunkId> {
         self.index
-            .find(key.digest(), |row| same_key(&self.rows[row as usize].key, key))
+            .find(digest, |row| same_key(&self.rows[row as usize].key, key))
     }
 
     /// Rows in the tier.
@@ -149,7 +150,13 @@ impl ChunkTable {
     /// The resident entry of `key`.
     #[inline]
     pub(crate) fn get(&self, key: &OffloadKey) -> Option<Entry> {
-        self.find(key).map(|chunk| Entry {
+        self.get_digested(key, digest_of(key))
+    }
+
+    /// The resident entry of `key`, whose digest is `digest`.
+    #[inline]
+    pub(crate) fn get_digested(&self, key: &OffloadKey, digest: u64) -> Option<Entry> {
+        self.find(key, digest).map(|chunk| Entry {
             chunk,
             ref_cnt: self.rows[chunk as usize].ref_cnt,
         })
@@ -176,15 +183,15 @@ impl ChunkTable {
     /// The policies' view of the rows.
     #[inline]
     pub(crate) fn view(&self) -> SlotView<'_> {
-        SlotView::new(&self.rows)
+        SlotView::new(&self.rows, &self.index)
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
     /// being evictable (0 → 1); an absent key, a write in flight or a reader count at its limit
     /// is an error and changes nothing.
     #[inline]
-    pub(crate) fn pin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
-        let Some(chunk) = self.find(key) else {
+    pub(crate) fn pin(&mut self, key: &OffloadKey, digest: u64) -> Result<(ChunkId, bool), TierError> {
+        let Some(chunk) = self.find(key, digest) else {
             return Err(TierError::NotFound(*key));
         };
         let r = &mut self.rows[chunk as usize].ref_cnt;
@@ -205,8 +212,8 @@ impl ChunkTable {
     /// Removes one reader from pinned `key`. Returns its row and whether it just became
     /// evictable (1 → 0); an absent or unpinned key is an error and changes nothing.
     #[inline]
-    pub(crate) fn unpin(&mut self, key: &OffloadKey) -> Result<(ChunkId, bool), TierError> {
-        let Some(chunk) = self.find(key) else {
+    pub(crate) fn unpin(&mut self, key: &OffloadKey, digest: u64) -> Result<(ChunkId, bool), TierError> {
+        let Some(chunk) = self.find(key, digest) else {
             return Err(TierError::NotFound(*key));
         };
         let r = &mut self.rows[chunk as usize].ref_cnt;
@@ -223,7 +230,7 @@ impl ChunkTable {
 
     /// Undoes one successful [`ChunkTable::unpin`] of `key` (rolling back a batch).
     pub(crate) fn repin(&mut self, key: &OffloadKey) {
-        if let Some(chunk) = self.find(key) {
+        if let Some(chunk) = self.find(key, digest_of(key)) {
             let r = &mut self.rows[chunk as usize].ref_cnt;
             if *r == 0 {
                 self.num_evictable -= 1;
@@ -234,8 +241,8 @@ impl ChunkTable {
 
     /// Completes the write of `key` if it is in flight. Returns its row then.
     #[inline]
-    pub(crate) fn mark_written(&mut self, key: &OffloadKey) -> Option<ChunkId> {
-        let chunk = self.find(key)?;
+    pub(crate) fn mark_written(&mut self, key: &OffloadKey, digest: u64) -> Option<ChunkId> {
+        let chunk = self.find(key, digest)?;
         let r = &mut self.rows[chunk as usize].ref_cnt;
         if *r != WRITING {
             return None;
@@ -267,7 +274,7 @@ impl ChunkTable {
 
     /// Makes `key` resident in `chunk` with a write in flight.
     pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.index.insert(key.digest(), chunk);
+        self.index.insert(digest_of(&key), chunk);
         self.rows[chunk as usize] = Row {
             key,
             ref_cnt: WRITING,
@@ -285,7 +292,7 @@ impl ChunkTable {
             _ => {}
         }
         row.ref_cnt = FREE;
-        self.index.remove(key.digest(), chunk);
+        self.index.remove(digest_of(&key), chunk);
         self.free.push(chunk);
         key
     }
@@ -314,7 +321,7 @@ impl ChunkTable {
             if c >= self.num_allocated as usize {
                 return Err(format!("{key} holds row {c}, never allocated"));
             }
-            if self.find(&key) != Some(c as ChunkId) {
+            if self.find(&key, digest_of(&key)) != Some(c as ChunkId) {
                 return Err(format!("the index does not lead {key} to its row {c}"));
             }
             owner[c] = true;

@@ -44,6 +44,8 @@ pub struct CpuTier {
     pub(crate) counters: Counters,
     // Reused buffers of the hot paths.
     pub(crate) buf_keys: Vec<OffloadKey>,
+    /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
+    pub(crate) buf_digests: Vec<u64>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
@@ -143,6 +145,7 @@ impl CpuTier {
             events: events.then(Vec::new),
             counters: Counters::default(),
             buf_keys: Vec::new(),
+            buf_digests: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),

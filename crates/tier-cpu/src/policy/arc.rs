@@ -15,6 +15,7 @@ use tiering_core::{ChunkId, OffloadKey, ReqContext};
 use super::ghost::Ghosts;
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+use crate::index::digest_of;
 
 const B1: usize = 0;
 const B2: usize = 1;
@@ -137,7 +138,7 @@ impl EvictionPolicy for ArcPolicy {
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
             if !self.adapt_to_ghost_hit(key) {
-                self.not_ghosts.push((key.digest(), *key));
+                self.not_ghosts.push((digest_of(key), *key));
             }
         }
     }
@@ -152,7 +153,7 @@ impl EvictionPolicy for ArcPolicy {
     ) {
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
-        let digest = key.digest();
+        let digest = digest_of(key);
         if let Some(i) = self.not_ghosts.iter().position(|(d, k)| *d == digest && k == key) {
             self.not_ghosts.swap_remove(i);
         } else {

@@ -9,7 +9,7 @@ use tiering_core::{ChunkId, OffloadKey};
 use super::SlotView;
 
 use super::list::{Links, List, NIL};
-use crate::index::KeyIndex;
+use crate::index::{KeyIndex, digest_of};
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
@@ -47,7 +47,7 @@ impl<const N: usize> Ghosts<N> {
 
     #[inline]
     fn find(&self, key: &OffloadKey) -> Option<u32> {
-        self.index.find(key.digest(), |n| self.keys[n as usize] == *key)
+        self.index.find(digest_of(key), |n| self.keys[n as usize] == *key)
     }
 
     /// Starts loading the index slots of `keys` (about to be probed).
@@ -56,18 +56,22 @@ impl<const N: usize> Ghosts<N> {
             return;
         }
         for k in keys.iter().take(32) {
-            self.index.prefetch(k.digest());
+            self.index.prefetch(digest_of(k));
         }
     }
 
     /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
-    /// victims about to become ghosts).
+    /// victims about to become ghosts), and the tier's index slots of the same keys (about to
+    /// be cleared).
     pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
-        if picked.len() < 2 || self.index.len() == 0 {
+        if picked.len() < 2 {
             return;
         }
         for &(chunk, _) in picked.iter().take(32) {
-            self.index.prefetch(slots.key(chunk).digest());
+            let digest = slots.prefetch_index_of(chunk);
+            if self.index.len() != 0 {
+                self.index.prefetch(digest);
+            }
         }
     }
 
@@ -93,7 +97,7 @@ impl<const N: usize> Ghosts<N> {
         let keys = &self.keys;
         match self
             .index
-            .find_or_insert(key.digest(), |n| keys[n as usize] == key, || candidate)
+            .find_or_insert(digest_of(&key), |n| keys[n as usize] == key, || candidate)
         {
             Ok(n) => {
                 let from = usize::from(self.owner[n as usize]);
@@ -127,7 +131,7 @@ impl<const N: usize> Ghosts<N> {
     pub(crate) fn remove(&mut self, key: &OffloadKey) -> bool {
         match self.find(key) {
             Some(n) => {
-                self.index.remove(key.digest(), n);
+                self.index.remove(digest_of(key), n);
                 let l = usize::from(self.owner[n as usize]);
                 self.lists[l].remove(&mut self.links, n);
                 self.free.push(n);
@@ -145,7 +149,7 @@ impl<const N: usize> Ghosts<N> {
         }
         let key = self.keys[n as usize];
         self.lists[l].remove(&mut self.links, n);
-        self.index.remove(key.digest(), n);
+        self.index.remove(digest_of(&key), n);
         self.free.push(n);
         Some(key)
     }

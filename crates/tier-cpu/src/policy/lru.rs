@@ -337,6 +337,12 @@ impl EvictionPolicy for LruPolicy {
 
     fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
         self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
+        // Each move reads the chunk's rank (is it grouped?) and writes a new one.
+        for chunk in keys.iter().filter_map(|k| k.chunk).take(32) {
+            if let Some(rank) = self.ranks.get(chunk as usize) {
+                crate::memory::prefetch(rank);
+            }
+        }
         for k in keys.iter().rev() {
             if let Some(chunk) = k.chunk {
                 self.rerank_global(chunk);
@@ -382,6 +388,11 @@ impl EvictionPolicy for LruPolicy {
         if out.len() - start < n {
             out.truncate(start);
             return false;
+        }
+        if n > 1 {
+            for &chunk in out[start..].iter().take(32) {
+                slots.prefetch_index_of(chunk);
+            }
         }
         for &chunk in &out[start..] {
             self.detach(chunk);

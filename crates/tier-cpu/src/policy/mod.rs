@@ -23,6 +23,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
+use crate::index::{KeyIndex, digest_of};
 use crate::slots::Row;
 
 pub use arc::ArcPolicy;
@@ -33,12 +34,24 @@ pub use s3fifo::S3FifoPolicy;
 #[derive(Clone, Copy)]
 pub struct SlotView<'a> {
     rows: &'a [Row],
+    index: &'a KeyIndex,
 }
 
 impl<'a> SlotView<'a> {
-    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight).
-    pub(crate) fn new(rows: &'a [Row]) -> Self {
-        Self { rows }
+    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight) and the
+    /// key index leading to them.
+    pub(crate) fn new(rows: &'a [Row], index: &'a KeyIndex) -> Self {
+        Self { rows, index }
+    }
+
+    /// The digest of the key in (resident) `chunk`, after starting to load the tier's index
+    /// slot for it: an eviction victim's slot is about to be cleared, and its ghost entry (if
+    /// the policy keeps one) is indexed by the same digest. A hint only.
+    #[inline]
+    pub(crate) fn prefetch_index_of(&self, chunk: ChunkId) -> u64 {
+        let digest = digest_of(&self.rows[chunk as usize].key);
+        self.index.prefetch(digest);
+        digest
     }
 
     /// Whether the (resident) chunk is readable: its write has completed.
