@@ -425,7 +425,7 @@ fn chain_case(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
                 MODEL_CHECKED.fetch_add(1, Ordering::Relaxed);
             }
             PARSED.fetch_add(1, Ordering::Relaxed);
-            let _ = cfg.control_plane.manager_config();
+            let _ = cfg.manager_config();
             let check = kvtier::check::check_chain(&cfg, registry());
             for e in &check.errors {
                 assert_located(e, &text);
