@@ -291,6 +291,21 @@ def test_keys_are_validated():
         s.on_new_request(a)
         store(s, a, [1])
         assert s.lookup(key(1)[:32], a) is LookupResult.HIT
+        # Lists, tuples and iterators are batches alike; one bad key fails the whole call and
+        # pins nothing.
+        s.on_new_request(b := kvtier.ReqContext("b"))
+        store(s, b, [2, 3])
+        for batch in ([key(2), key(3)], (key(2), key(3)), iter([key(2), key(3)])):
+            s.prepare_load(batch, b)
+            s.complete_load([key(2), key(3)], b)
+        with pytest.raises(ValueError, match="36 bytes"):
+            s.prepare_load((key(2), b"short"), b)
+        with pytest.raises(TypeError, match="bytes"):
+            s.prepare_load([key(2), 7], b)
+        with pytest.raises(kvtier.KvtierError, match="not pinned"):
+            s.complete_load([key(2)], b)
+    # The group is read big-endian.
+    assert kvtier.split_offload_key(key(7, 0x01020304))[1] == 0x01020304
     h, g = kvtier.split_offload_key(key(7, 3))
     assert g == 3 and kvtier.make_offload_key(h, 3) == key(7, 3)
     with pytest.raises(ValueError):
