@@ -105,12 +105,15 @@ fn ask(m: &mut TieringManager, client: &PeerClient, inbox: &Path, query: &PeerQu
     }
 }
 
-/// The scenario both variants run.
-fn scenario(library: Option<&Path>) {
+/// The scenario both variants run. `meanwhile` runs right after the chain is built: the other
+/// tests of this binary build their own `itest-memory` chains concurrently, so the scenario must
+/// find its own primary whatever was built in between.
+fn scenario(library: Option<&Path>, meanwhile: impl FnOnce()) {
     let dir = tempfile::tempdir().unwrap();
     let inbox = dir.path().join("ex-a.sock");
     let mut m = build(&chain_text(library, &inbox, false));
-    let primary = common::last_primary();
+    meanwhile();
+    let primary = common::primary_of(&m);
     let arena = primary.arena().clone();
 
     // Stores cascade to both tiers; ex-a (2 chunks) evicts its least recently used.
@@ -161,6 +164,12 @@ fn scenario(library: Option<&Path>) {
 
     // Promotion: the primary forgets everything; ex-b still has key 1.
     m.reset_cache().unwrap();
+    // Poison every row, so the checks below see the chunk bytes only if a promotion copied them
+    // (the rows would otherwise still hold the bytes stored above).
+    for row in 0..arena.num_chunks() {
+        let row = u32::try_from(row).unwrap();
+        arena.write_row(row).unwrap().fill(0xEE);
+    }
     let r2 = ReqContext::local("r2");
     {
         let mut s = m.step();
@@ -231,12 +240,32 @@ fn scenario(library: Option<&Path>) {
 
 #[test]
 fn example_tier_linked_in() {
-    scenario(None);
+    scenario(None, || {});
 }
 
 #[test]
 fn example_tier_loaded_from_its_shared_library() {
-    scenario(Some(&common::example_library()));
+    scenario(Some(&common::example_library()), || {});
+}
+
+/// What happens when another test builds its chain between this one's `build` and its look-up
+/// of the primary (the tests of a binary run in parallel and share the registered primaries):
+/// the scenario must still write, and check, the rows of its own arena.
+#[test]
+fn a_chain_built_meanwhile_does_not_stand_in_for_the_scenarios_primary() {
+    let mut other = None;
+    scenario(Some(&common::example_library()), || {
+        other = Some(build("[primary]\ntype = \"itest-memory\"\nchunks = 8\n"));
+    });
+    let mut other = other.unwrap();
+    let rows = other.arena();
+    for row in 0..u32::try_from(rows.num_chunks()).unwrap() {
+        assert!(
+            rows.read_row(row).unwrap().iter().all(|&b| b == 0),
+            "the scenario wrote row {row} of the other chain's arena"
+        );
+    }
+    other.shutdown().unwrap();
 }
 
 #[test]

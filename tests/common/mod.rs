@@ -5,13 +5,13 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tiering_core::config::parse_options;
 use tiering_core::testing::MemoryPrimary;
-use tiering_core::{PrimaryContext, PrimaryTier, TierError};
+use tiering_core::{PrimaryContext, PrimaryTier, TierError, TieringManager};
 
 /// Builds `tier-example` (its `cdylib` and the fault libraries among its examples) once per
 /// process and returns the directory holding `libtier_example.so`.
@@ -93,11 +93,14 @@ fn memory_primary(options: &toml::Table, ctx: &PrimaryContext) -> Result<Box<dyn
 
 tiering_core::register_tier!(primary "itest-memory" => memory_primary);
 
-/// The last primary built by `itest-memory`.
-pub fn last_primary() -> MemoryPrimary {
+/// The `itest-memory` primary of `manager`, found by its arena. The tests of one binary run in
+/// parallel and all register their primaries here, so "the last one built" may be another
+/// test's.
+pub fn primary_of(manager: &TieringManager) -> MemoryPrimary {
     PRIMARIES
         .lock()
-        .last()
+        .iter()
+        .find(|p| Arc::ptr_eq(p.arena(), manager.arena()))
         .cloned()
-        .expect("a chain with an itest-memory primary was built")
+        .expect("the manager's primary is an itest-memory primary")
 }
