@@ -9,6 +9,12 @@ use tiering_core::{KeyMap, LookupResult, OffloadKey};
 /// Entries kept before stale answers are pruned.
 const PRUNE_ABOVE: usize = 1 << 16;
 
+/// Entries kept at most: above it, fresh answers are dropped too (their keys are asked again).
+/// Fresh answers are bounded by the lookup rate times the ttl; dropping them sooner livelocks a
+/// scheduler that looks up more distinct keys per step than the cache keeps: every answer is
+/// discarded before the lookup that would read it, which asks again and gets `Retry`.
+const HARD_LIMIT: usize = 1 << 21;
+
 #[derive(Clone, Copy, Debug)]
 enum State {
     /// Queued or being asked since then.
@@ -127,7 +133,7 @@ impl Presence {
             State::Pending(_) => true,
             State::Present(at) | State::Absent(at) => now.duration_since(*at) < ttl,
         });
-        if self.entries.len() > PRUNE_ABOVE {
+        if self.entries.len() > HARD_LIMIT {
             self.entries.retain(|_, s| matches!(s, State::Pending(_)));
         }
     }
@@ -172,5 +178,29 @@ mod tests {
             p.lookup(&k, t0 + Duration::from_millis(160)),
             Answer::Known(LookupResult::Miss)
         );
+    }
+
+    #[test]
+    fn fresh_answers_outlive_a_prune_so_a_large_scan_of_keys_gets_them() {
+        let mut p = Presence::new(Duration::from_secs(2), Duration::from_secs(1));
+        let t0 = Instant::now();
+        let n = PRUNE_ABOVE as u64 + 1000;
+        for i in 0..n {
+            assert_eq!(p.lookup(&OffloadKey::from_u64(i), t0), Answer::Queued);
+        }
+        let asked = p.take_batch();
+        assert_eq!(asked.len() as u64, n);
+        for k in asked {
+            p.set(k, false, t0);
+        }
+        // The next batch prunes: fresh answers must stay, or every key is asked again forever.
+        assert_eq!(p.lookup(&OffloadKey::from_u64(n), t0), Answer::Queued);
+        assert_eq!(p.take_batch().len(), 1);
+        for i in 0..n {
+            assert_eq!(
+                p.lookup(&OffloadKey::from_u64(i), t0),
+                Answer::Known(LookupResult::Miss)
+            );
+        }
     }
 }
