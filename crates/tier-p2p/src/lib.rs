@@ -17,7 +17,9 @@
 //! - **Data plane** ([`dataplane`]): TCP; the producer pushes chunks (key and MAC per
 //!   chunk) straight from its pinned rows into the consumer's reserved rows, which are the only
 //!   rows the consumer accepts writes for; `transfer_done` leaves only after the consumer
-//!   acknowledged every row, and a row is released only once no write can touch it.
+//!   acknowledged every row, and a row is released only once no write can touch it. The
+//!   consumer lands a load as soon as every row arrived and verified (no write can reach a
+//!   verified row), without waiting the control hop for `transfer_done`.
 //!
 //! Request parameters: `remote_kv_source = {kv_request_id, host, port}` (probe, then pull the
 //! hits), `remote_prefiller = {…}` (pull everything, no probe) and `remote_decoder =

@@ -1,13 +1,17 @@
 //! A busy producer (no engine calls while its model "runs") still serves a pull when its
-//! control-plane thread is on; step-driven, the pull waits for its next step.
+//! control-plane thread is on; step-driven, the pull waits for its next step. A load lands
+//! when its rows verified, not a control hop later when the producer says so.
 
 mod common;
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
+use common::fake_peer::{FakePeer, push};
 use common::*;
 use parking_lot::Mutex;
+use tier_p2p::SharedSecret;
+use tier_p2p::dataplane::frame::ChunkStatus;
 use tiering_core::{LookupResult, ManagerConfig};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,4 +126,37 @@ fn a_step_driven_idle_producer_steps_only_while_has_pending_work_and_still_serve
         !a.mgr.has_pending_work().unwrap()
     });
     a.wait_clean();
+}
+
+#[test]
+fn a_load_lands_once_every_row_verified_without_waiting_for_transfer_done() {
+    // The producer pushes every row (each verifies) and never sends `transfer_done`: the
+    // consumer's load still lands, since no further write can reach those rows.
+    init_tracing();
+    let mut b = Node::new(opts(), ManagerConfig::default());
+    let mut peer = FakePeer::new(&b.p2p, SharedSecret::new(SECRET), 7);
+    let (host, port) = peer.host_port();
+    let ks = keys(0, 3);
+    let ctx = b.prefiller_ctx_to("b-req", "kv-early", &host, port);
+    b.mgr.on_new_request(&ctx).unwrap();
+    peer.handshake(|| b.mgr.on_schedule_end(&end()).unwrap());
+    let f = b.step_until_fetch(&ctx, &ks, &peer);
+    let mut conn = peer.data_conn(peer.instance);
+    assert_eq!(
+        push(&mut conn, &peer.transfer_bytes(&peer.data_key(), &f, 1)),
+        Some(vec![ChunkStatus::Ok; 3])
+    );
+    let trace = b.pull_until_settled(&ctx, &ks);
+    assert!(
+        trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
+        "{trace:?}"
+    );
+    for (k, got) in ks.iter().zip(b.read_hits(&ctx, &ks)) {
+        assert_eq!(got, pattern(k));
+    }
+    // A late `transfer_done` for the finished round changes nothing.
+    peer.transfer_done(&f, true);
+    b.finish(&ctx);
+    b.wait_clean();
+    assert_eq!(b.p2p.chunks_received(), 3);
 }
