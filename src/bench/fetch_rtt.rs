@@ -248,7 +248,9 @@ impl ModeResult {
 /// arrives while the producer holds its step (about sched/period of the fetches). A `thread`
 /// producer completes the store only in its next step, so its fetch waits about half a
 /// producer period (model step plus scheduling phase) on average; a `step` producer reads the
-/// fetch at a step end and answers it at the next (about 1.5 periods). The ratio grows with
+/// fetch at its next step end, the one that completes the store, so it waits about as long (the
+/// consumer lands the load once the bytes verified, not at the producer's `transfer_done` a
+/// step later). The ratio grows with
 /// the model step and shrinks as the scheduling phase or the transfer (the fetch's size)
 /// grows.
 #[derive(Clone, Debug, Serialize)]
@@ -421,7 +423,7 @@ impl fmt::Display for FetchRttReport {
             if let (Some(p50), Some(p99)) = (t.step_over_offstep_p50, t.step_over_offstep_p99) {
                 writeln!(
                     f,
-                    "  step / thread+offstep: {p50:.1}× at p50, {p99:.1}× at p99. What the ratio depends on: a `thread` producer completes the store only in its next step, so its fetch waits about half a producer period (model step + scheduling phase); a `step` producer also reads the fetch only at a step end and answers it at the one after (about 1.5 periods). An off-step fetch needs the transfer, plus the rest of the scheduling phase for the ~sched/period of fetches that arrive while the producer holds its step, plus the machine's wake-up latency (p99). The ratio grows with --step-ms and shrinks as --sched-ms or the transfer size (chunks × chunk bytes) grows."
+                    "  step / thread+offstep: {p50:.1}× at p50, {p99:.1}× at p99. What the ratio depends on: a `thread` producer completes the store only in its next step, so its fetch waits about half a producer period (model step + scheduling phase); a `step` producer reads the fetch only at its next step end, the one that completes the store, so it waits about as long. An off-step fetch needs the transfer, plus the rest of the scheduling phase for the ~sched/period of fetches that arrive while the producer holds its step, plus the machine's wake-up latency (p99). The ratio grows with --step-ms and shrinks as --sched-ms or the transfer size (chunks × chunk bytes) grows."
                 )?;
             }
         }

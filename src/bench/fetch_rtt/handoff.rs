@@ -14,8 +14,9 @@
 //! - the consumer's engine (the calling thread): its fetches leave at the times of a seeded
 //!   Poisson process, independent of the producer's steps (a fetch never leaves before the
 //!   producer's step that started its store ended: the decoder cannot know of a prefill before
-//!   that). It steps every 50 µs, sending due fetches (`remote_prefiller` lookups and the step
-//!   end) and landing the ones whose chunks all arrived; the bytes are verified.
+//!   that). While fetches are in flight it steps every 50 µs, landing the ones whose chunks all
+//!   arrived (the bytes are verified); otherwise it sleeps until its next fetch is due, then
+//!   steps to send it (`remote_prefiller` lookups and the step end).
 //!
 //! A store starts in the producer step that begins no earlier than one period (model step plus
 //! scheduling phase) plus one scheduling phase before its fetch, so each fetch arrives at a
@@ -41,6 +42,9 @@ use crate::sim::{Percentiles, SimRng, chunk_matches};
 
 /// How often the consumer steps.
 const CONSUMER_TICK: Duration = Duration::from_micros(50);
+
+/// Longest sleep of a consumer with nothing in flight (it still notices a producer that stopped).
+const IDLE_TICK: Duration = Duration::from_millis(5);
 
 /// Worker processes (tensor-parallel ranks) in `--workers-process` mode.
 pub(super) const WORKER_RANKS: u32 = 2;
@@ -423,7 +427,13 @@ fn consume(
     let mut held_since: Option<Instant> = None;
     let mgr = &mut consumer.mgr;
     while landed < requests {
-        std::thread::sleep(CONSUMER_TICK);
+        // A decoder with nothing in flight has nothing to step for until its next request
+        // arrives; one waiting on fetches polls them every tick. (Ticking all the time would
+        // keep a core of this 2-actor bench busy with empty steps and slow everyone else.)
+        let idle_until = (inflight.is_empty() && held_since.is_none())
+            .then(|| arrivals.get(next).map(|&a| a.saturating_sub(origin.elapsed())))
+            .flatten();
+        std::thread::sleep(idle_until.map_or(CONSUMER_TICK, |d| d.clamp(CONSUMER_TICK, IDLE_TICK)));
         let mut step = mgr.step();
         let mut still = Vec::with_capacity(inflight.len());
         for f in inflight.drain(..) {
