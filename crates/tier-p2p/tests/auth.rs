@@ -51,12 +51,8 @@ fn a_peer_without_the_session_key_gets_no_byte_into_any_row() {
     init_tracing();
     let mut b = Node::new(opts(), ManagerConfig::default());
     let mut peer = FakePeer::new(&b.p2p, SharedSecret::new(SECRET), 41);
-    let (host, port) = peer.host_port();
     let ks = keys(0, 3);
-    let ctx = b.prefiller_ctx_to("b-req", "kv-1", &host, port);
-    b.mgr.on_new_request(&ctx).unwrap();
-    peer.handshake(|| b.mgr.on_schedule_end(&end()).unwrap());
-    let f = b.step_until_fetch(&ctx, &ks, &peer);
+    let (ctx, f) = b.fetch_from_fake(&mut peer, "b-req", "kv-1", &ks);
 
     // Frames under keys derived without the secret (another secret, the insecure key, a
     // guess): cut at the BEGIN, nothing read into a row.
@@ -82,14 +78,7 @@ fn a_peer_without_the_session_key_gets_no_byte_into_any_row() {
         Some(vec![ChunkStatus::Ok; 3])
     );
     peer.transfer_done(&f, true);
-    let trace = b.pull_until_settled(&ctx, &ks);
-    assert!(
-        trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
-        "{trace:?}"
-    );
-    for (k, got) in ks.iter().zip(b.read_hits(&ctx, &ks)) {
-        assert_eq!(got, pattern(k));
-    }
+    b.assert_all_landed(&ctx, &ks);
     b.finish(&ctx);
     b.wait_clean();
 }

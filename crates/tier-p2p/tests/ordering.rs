@@ -135,25 +135,14 @@ fn a_load_lands_once_every_row_verified_without_waiting_for_transfer_done() {
     init_tracing();
     let mut b = Node::new(opts(), ManagerConfig::default());
     let mut peer = FakePeer::new(&b.p2p, SharedSecret::new(SECRET), 7);
-    let (host, port) = peer.host_port();
     let ks = keys(0, 3);
-    let ctx = b.prefiller_ctx_to("b-req", "kv-early", &host, port);
-    b.mgr.on_new_request(&ctx).unwrap();
-    peer.handshake(|| b.mgr.on_schedule_end(&end()).unwrap());
-    let f = b.step_until_fetch(&ctx, &ks, &peer);
+    let (ctx, f) = b.fetch_from_fake(&mut peer, "b-req", "kv-early", &ks);
     let mut conn = peer.data_conn(peer.instance);
     assert_eq!(
         push(&mut conn, &peer.transfer_bytes(&peer.data_key(), &f, 1)),
         Some(vec![ChunkStatus::Ok; 3])
     );
-    let trace = b.pull_until_settled(&ctx, &ks);
-    assert!(
-        trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
-        "{trace:?}"
-    );
-    for (k, got) in ks.iter().zip(b.read_hits(&ctx, &ks)) {
-        assert_eq!(got, pattern(k));
-    }
+    b.assert_all_landed(&ctx, &ks);
     // A late `transfer_done` for the finished round changes nothing.
     peer.transfer_done(&f, true);
     b.finish(&ctx);

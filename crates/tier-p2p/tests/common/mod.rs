@@ -152,6 +152,36 @@ impl Node {
         }
     }
 
+    /// Starts a `remote_prefiller` request `req` pulling `keys` from the fake producer `peer`
+    /// (as `kv`), completes the handshake and steps until the fetch reached `peer`.
+    pub fn fetch_from_fake(
+        &mut self,
+        peer: &mut fake_peer::FakePeer,
+        req: &str,
+        kv: &str,
+        keys: &[OffloadKey],
+    ) -> (ReqContext, fake_peer::SeenFetch) {
+        let (host, port) = peer.host_port();
+        let ctx = self.prefiller_ctx_to(req, kv, &host, port);
+        self.mgr.on_new_request(&ctx).unwrap();
+        peer.handshake(|| self.mgr.on_schedule_end(&end()).unwrap());
+        let f = self.step_until_fetch(&ctx, keys, peer);
+        (ctx, f)
+    }
+
+    /// Steps until `keys` settle, asserts each became a `Hit` and loads them: the bytes must be
+    /// each key's pattern.
+    pub fn assert_all_landed(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) {
+        let trace = self.pull_until_settled(ctx, keys);
+        assert!(
+            trace.iter().all(|t| t.last() == Some(&LookupResult::Hit)),
+            "{trace:?}"
+        );
+        for (k, got) in keys.iter().zip(self.read_hits(ctx, keys)) {
+            assert_eq!(got, pattern(k));
+        }
+    }
+
     /// Runs `f` while holding this node's manager lock, so neither its engine nor its control
     /// thread handles anything meanwhile (its I/O threads still run).
     pub fn with_lock_held<R>(&mut self, f: impl FnOnce() -> R) -> R {
