@@ -2,16 +2,14 @@
 //! waiting for the promotion at its deadline and recomputes; the promotion still lands once the
 //! tier recovers, and the run ends with nothing pinned or leaked.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier::sim::{Chain, RequestSpec, SimConfig, Workload, chunk_keys, fill_chunk, run_simulation};
-use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::testing::{Completion, ScriptedTier};
-use tiering_core::{ManagerConfig, SecondaryTier};
+mod common;
 
-const TPC: usize = 16;
-const CHUNK: usize = 4096;
+use common::sim::{CHUNK, TPC, run_one_request};
+use kvtier::sim::{SimConfig, chunk_keys, fill_chunk};
+use tiering_core::SecondaryTier;
+use tiering_core::testing::{Completion, ScriptedTier};
 
 #[test]
 fn a_stalled_promotion_is_abandoned_and_the_request_recomputes() {
@@ -40,39 +38,8 @@ fn a_stalled_promotion_is_abandoned_and_the_request_recomputes() {
         })
     };
 
-    let primary = CpuTier::new(64, CHUNK, PolicyKind::Lru).unwrap();
     let tiers: Vec<Box<dyn SecondaryTier>> = vec![Box::new(tier)];
-    let chain = std::sync::Mutex::new(Some(Chain::new(
-        Box::new(primary),
-        tiers,
-        ManagerConfig::default(),
-    )));
-    let factory = move |_: usize| {
-        chain
-            .lock()
-            .unwrap()
-            .take()
-            .ok_or_else(|| "the chain was already used".into())
-    };
-    let workload = Workload {
-        label: "one request".into(),
-        requests: vec![RequestSpec {
-            name: "r0".into(),
-            arrival: 0.0,
-            prompt: Arc::from(prompt.as_slice()),
-            output: Arc::from(output.as_slice()),
-        }],
-    };
-    let cfg = SimConfig {
-        tokens_per_chunk: TPC,
-        chunk_bytes: CHUNK,
-        device_blocks: 32,
-        step_base: Duration::from_micros(50),
-        progress: false,
-        recompute_cost: true,
-        ..SimConfig::default()
-    };
-    let report = run_simulation(&factory, &cfg, &workload).unwrap();
+    let report = run_one_request(tiers, &prompt, &output, |c| c.recompute_cost = true);
     assert!(releaser.join().unwrap(), "the engine never recomputed: {report}");
     println!("{report}");
 

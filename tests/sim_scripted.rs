@@ -3,16 +3,14 @@
 //! request waits for both, then loads exactly the promoted chunks, attributed to the tier that
 //! served them.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use kvtier::sim::{Chain, RequestSpec, SimConfig, Workload, chunk_keys, fill_chunk, run_simulation};
-use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::testing::ScriptedTier;
-use tiering_core::{LookupResult, ManagerConfig, SecondaryTier};
+mod common;
 
-const TPC: usize = 16;
-const CHUNK: usize = 4096;
+use common::sim::{CHUNK, TPC, run_one_request};
+use kvtier::sim::{chunk_keys, fill_chunk};
+use tiering_core::testing::ScriptedTier;
+use tiering_core::{LookupResult, SecondaryTier};
 
 #[test]
 fn retry_defers_a_pending_promotion_and_hits_are_attributed_to_the_serving_tier() {
@@ -43,38 +41,8 @@ fn retry_defers_a_pending_promotion_and_hits_are_attributed_to_the_serving_tier(
         })
     };
 
-    let primary = CpuTier::new(64, CHUNK, PolicyKind::Lru).unwrap();
     let tiers: Vec<Box<dyn SecondaryTier>> = vec![Box::new(a), Box::new(b)];
-    let chain = std::sync::Mutex::new(Some(Chain::new(
-        Box::new(primary),
-        tiers,
-        ManagerConfig::default(),
-    )));
-    let factory = move |_: usize| {
-        chain
-            .lock()
-            .unwrap()
-            .take()
-            .ok_or_else(|| "the chain was already used".into())
-    };
-    let workload = Workload {
-        label: "one request".into(),
-        requests: vec![RequestSpec {
-            name: "r0".into(),
-            arrival: 0.0,
-            prompt: Arc::from(prompt.as_slice()),
-            output: Arc::from(output.as_slice()),
-        }],
-    };
-    let cfg = SimConfig {
-        tokens_per_chunk: TPC,
-        chunk_bytes: CHUNK,
-        device_blocks: 32,
-        step_base: Duration::from_micros(50),
-        progress: false,
-        ..SimConfig::default()
-    };
-    let report = run_simulation(&factory, &cfg, &workload).unwrap();
+    let report = run_one_request(tiers, &prompt, &output, |_| {});
     flipper.join().unwrap();
     println!("{report}");
 
