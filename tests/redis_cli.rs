@@ -2,8 +2,12 @@
 //! `redis-server` started on a free loopback port (killed on drop). Skipped loudly when
 //! redis-server is not installed (`scripts/install-test-deps.sh` installs it).
 
+mod common;
+
+use common::{kvtier, text};
+
 use std::net::TcpListener;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tier_redis::{RedisTier, RedisTierOptions};
@@ -70,22 +74,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn kvtier(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kvtier"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("run kvtier")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 /// Stores `n` chunks of 4 KiB under `namespace`.

@@ -6,7 +6,7 @@
 pub mod sim;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
@@ -105,4 +105,22 @@ pub fn primary_of(manager: &TieringManager) -> MemoryPrimary {
         .find(|p| Arc::ptr_eq(p.arena(), manager.arena()))
         .cloned()
         .expect("the manager's primary is an itest-memory primary")
+}
+
+/// Runs the `kvtier` binary with `args` from the workspace root and waits for it.
+pub fn kvtier(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kvtier"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kvtier")
+}
+
+/// A finished command's standard output, then its standard error.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
