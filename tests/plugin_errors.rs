@@ -244,8 +244,10 @@ fn a_failing_constructor_shuts_down_the_tiers_already_built() {
     // build fails, and ex-1 is shut down: its socket file is gone.
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("ex-1.sock");
+    // A chunk count no other test of this binary uses tells this test's primary apart from
+    // theirs (they run in parallel and register theirs in the same list).
     let e = build_err(&format!(
-        "[primary]\ntype = \"itest-memory\"\nchunks = 8\n\
+        "[primary]\ntype = \"itest-memory\"\nchunks = 11\n\
          [[secondary]]\ntype = \"example\"\nname = \"ex-1\"\ncapacity = \"1MiB\"\ninbox = \"{}\"\n\
          [[secondary]]\ntype = \"example\"\nname = \"ex-2\"\ncapacity = \"1MiB\"\ninbox = \"{}/missing/x.sock\"\n",
         sock.display(),
@@ -254,7 +256,14 @@ fn a_failing_constructor_shuts_down_the_tiers_already_built() {
     assert!(e.to_string().contains("[[secondary]] #2"), "{e}");
     assert!(!sock.exists(), "the first tier was shut down");
     // Only the primary itself (its handle and its shared state) still refers to the arena.
-    let primary = common::PRIMARIES.lock().pop().unwrap();
+    let primary = {
+        let mut built = common::PRIMARIES.lock();
+        let at = built
+            .iter()
+            .position(|p| p.arena().num_chunks() == 11)
+            .expect("this test's primary was built");
+        built.swap_remove(at)
+    };
     assert_eq!(
         std::sync::Arc::strong_count(primary.arena()),
         2,
