@@ -108,14 +108,7 @@ fn a_peer_that_never_answers_hits_the_lookup_deadline() {
     let mut o = opts();
     o.deadlines.lookup_ms = 300;
     let mut b = Node::new(o, ManagerConfig::default());
-    let params =
-        serde_json::json!({"remote_kv_source": {"kv_request_id": "r", "host": "127.0.0.1", "port": port}});
-    let serde_json::Value::Object(m) = params else {
-        unreachable!()
-    };
-    let ctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("b"))
-        .params(m)
-        .build();
+    let ctx = b.pull_ctx_to("b", "127.0.0.1", port);
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &keys(0, 2));
     assert!(
@@ -510,14 +503,7 @@ fn an_unreachable_peer_fills_the_bounded_send_queue_and_is_marked_dead_without_b
     let mut o = opts();
     o.send_hwm = 1;
     let mut b = Node::new(o, ManagerConfig::default());
-    let params =
-        serde_json::json!({"remote_kv_source": {"kv_request_id": "r", "host": "127.0.0.1", "port": port}});
-    let serde_json::Value::Object(m) = params else {
-        unreachable!()
-    };
-    let ctx = tiering_core::ReqContext::builder(tiering_core::RequestId::local("b"))
-        .params(m)
-        .build();
+    let ctx = b.pull_ctx_to("b", "127.0.0.1", port);
     b.mgr.on_new_request(&ctx).unwrap();
     let trace = b.pull_until_settled(&ctx, &keys(0, 2));
     assert!(
