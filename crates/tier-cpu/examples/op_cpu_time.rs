@@ -67,6 +67,15 @@ fn main() {
         });
         println!("{policy} {n} lookup_hit {ns:.1} ns");
     }
+    if want("probe16") {
+        // The floor of a 16-key batch: one plain hash-map probe per key, nothing else.
+        let map: tiering_core::KeyMap<u32> = keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
+        let ns = best(20_000, |i| {
+            let sum: u32 = batch(i).iter().filter_map(|k| map.get(k)).sum();
+            black_box(sum);
+        });
+        println!("{policy} {n} probe16 {ns:.1} ns");
+    }
     if want("touch16") {
         let ns = best(20_000, |i| {
             tier.touch(black_box(batch(i)), &ctx);

@@ -26,6 +26,12 @@ fn word_of(key: &OffloadKey) -> u64 {
         .map_or(0, |w| u64::from_le_bytes(*w))
 }
 
+/// The bit of a first word in [`RequestAccess`]'s filter.
+#[inline]
+fn filter_bit(word: u64) -> u64 {
+    1 << (word >> 58)
+}
+
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
 /// Keys with their flags sit in one vector in the order the request first flagged them (observed keys are flagged when first observed, so
@@ -42,6 +48,9 @@ pub(crate) struct RequestAccess {
     /// by side and inline (no allocation): a scan reads a few contiguous words instead of one
     /// entry (and cache line) per key.
     words: [u64; SMALL_RECORD],
+    /// One bit per distinct top six bits of the first words in `words`: a key whose bit is clear
+    /// is not in the small record, which settles most first sightings without a scan.
+    filter: u64,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
 }
@@ -100,6 +109,9 @@ impl RequestAccess {
             Some(index) => index.get(key).map(|&i| i as usize),
             None => {
                 let w = word_of(key);
+                if self.filter & filter_bit(w) == 0 {
+                    return None;
+                }
                 let mut from = 0;
                 let words = &self.words[..self.entries.len().min(SMALL_RECORD)];
                 while let Some(off) = words[from..].iter().position(|&x| x == w) {
@@ -122,6 +134,7 @@ impl RequestAccess {
         let i = self.entries.len();
         if let Some(w) = self.words.get_mut(i) {
             *w = word_of(key);
+            self.filter |= filter_bit(*w);
         }
         self.entries.push(Flagged { key: *key, flags: 0 });
         match self.index.as_mut() {

@@ -93,6 +93,16 @@ impl ArcPolicy {
         }
     }
 
+    /// Starts loading what trimming the ghost lists after `n` more evictions would touch.
+    fn prefetch_trims(&self, n: usize) {
+        for l in [B1, B2] {
+            let after = self.ghosts.len(l) + n;
+            if after > self.capacity {
+                self.ghosts.prefetch_front(l, after - self.capacity);
+            }
+        }
+    }
+
     fn move_to_t2_back(&mut self, chunk: ChunkId) {
         if self.is_in_t2(chunk) {
             self.t2.move_to_back(&mut self.links, chunk);
@@ -133,6 +143,11 @@ impl EvictionPolicy for ArcPolicy {
         false
     }
 
+    fn prefetch_for_offer(&self, digests: &[u64]) {
+        self.ghosts.prefetch_digests(digests);
+        self.prefetch_trims(digests.len());
+    }
+
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
         self.ghosts.prefetch(keys);
         self.not_ghosts.clear();
@@ -154,7 +169,13 @@ impl EvictionPolicy for ArcPolicy {
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
         let digest = digest_of(key);
-        if let Some(i) = self.not_ghosts.iter().position(|(d, k)| *d == digest && k == key) {
+        // Misses were noted last key first and are inserted first key first: searching from the
+        // back finds the key at once in the usual case, and removing it is then a pop.
+        if let Some(i) = self
+            .not_ghosts
+            .iter()
+            .rposition(|(d, k)| *d == digest && k == key)
+        {
             self.not_ghosts.swap_remove(i);
         } else {
             self.ghosts.remove(key);
@@ -207,6 +228,7 @@ impl EvictionPolicy for ArcPolicy {
             return true;
         }
         self.picked.clear();
+        self.prefetch_trims(n);
         // Truncation toward zero, as Python's int() of a non-negative float.
         let target = self.target as usize;
         let mut virtual_t1 = self.t1.len();

@@ -15,6 +15,7 @@ mod arc;
 mod ghost;
 pub(crate) mod list;
 mod lru;
+pub(crate) mod ring;
 mod s3fifo;
 
 use std::fmt;
@@ -157,6 +158,13 @@ pub trait EvictionPolicy: Send {
     /// target on ghost hits here). `keys` are not resident.
     fn on_store_miss(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         let _ = (keys, ctx);
+    }
+
+    /// The digests of a store offer's keys, before the tier resolves them: a policy may start
+    /// loading what it will look at for them (ARC: their ghost index slots, and the oldest ghosts
+    /// an eviction would trim). A hint only; the default does nothing.
+    fn prefetch_for_offer(&self, digests: &[u64]) {
+        let _ = digests;
     }
 
     /// Whether [`EvictionPolicy::on_request_access`] does anything: a policy that ignores first
