@@ -107,7 +107,7 @@ impl CpuTier {
             let mut new = std::mem::take(&mut self.buf_new);
             new.clear();
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
-                rec.record_load(keys, &mut new);
+                rec.record_load(keys, &rows, &mut new);
             });
             if !new.is_empty() && self.policy.observes_request_access() {
                 let mut refs = std::mem::take(&mut self.buf_refs);
@@ -127,15 +127,45 @@ impl CpuTier {
         Ok(rows)
     }
 
-    /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
-    /// already released are taken again.
-    fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
+    /// Fills `hints` with the rows the request's record names for `keys` (the rows its load pinned
+    /// or its store reserved) and starts loading those rows; `false` (and no hints) when the
+    /// context holds no record of this tier and generation. Hints are checked before use.
+    fn row_hints_into(&self, keys: &[OffloadKey], ctx: &ReqContext, hints: &mut Vec<ChunkId>) -> bool {
+        hints.clear();
+        let (owner, generation) = (self.id, self.generation);
+        ctx.with_state(RequestAccess::default, |rec| {
+            if rec.belongs_to(owner, generation) {
+                rec.row_hints(keys, hints);
+            }
+        });
+        if hints.len() != keys.len() {
+            hints.clear();
+            return false;
+        }
+        self.table.prefetch_rows(hints);
+        true
+    }
+
+    /// Releases one pin per key (all or nothing): through the request's row hints when it has
+    /// them, else one probe per key. On a bad key the pins already released are taken again.
+    fn unpin(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), TierError> {
+        let mut hints = std::mem::take(&mut self.buf_hints);
+        let hinted = self.row_hints_into(keys, ctx, &mut hints);
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        if hinted {
+            digests.clear();
+        } else {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
-        for (i, (k, &d)) in keys.iter().zip(&digests).enumerate() {
-            match self.table.unpin(k, d) {
+        for (i, k) in keys.iter().enumerate() {
+            let unpinned = match (hints.get(i), digests.get(i)) {
+                (Some(&row), _) => self.table.unpin_hinted(k, row),
+                (None, Some(&d)) => self.table.unpin(k, d),
+                (None, None) => self.table.unpin(k, crate::index::digest_of(k)),
+            };
+            match unpinned {
                 Ok((chunk, edge)) => {
                     if edge {
                         edges.push(chunk);
@@ -147,11 +177,13 @@ impl CpuTier {
                     }
                     self.buf_chunks = edges;
                     self.buf_digests = digests;
+                    self.buf_hints = hints;
                     return Err(e);
                 }
             }
         }
         self.buf_digests = digests;
+        self.buf_hints = hints;
         for &chunk in &edges {
             self.policy.mark_evictable(chunk);
         }
@@ -352,8 +384,8 @@ impl PrimaryTier for CpuTier {
         self.buf_refs = refs;
     }
 
-    fn complete_load(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) -> Result<(), TierError> {
-        self.unpin(keys)
+    fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), TierError> {
+        self.unpin(keys, ctx)
     }
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
@@ -395,7 +427,9 @@ impl PrimaryTier for CpuTier {
             // Every absent key of the offer was just stored (repeats once): mark the request's
             // entries of them inserted, found by index rather than by key.
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
-                rec.mark_inserted_entries(&absent);
+                if let Some(o) = out.as_ref() {
+                    rec.mark_inserted_entries(&absent, &o.keys_to_store, &o.chunk_ids);
+                }
             });
         }
         self.buf_entries = absent;
@@ -403,17 +437,35 @@ impl PrimaryTier for CpuTier {
         out
     }
 
-    fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
+    fn complete_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext, success: bool) {
+        let mut hints = std::mem::take(&mut self.buf_hints);
+        // A successful store completes through the rows the request's record names for its keys
+        // (checked, so a stale or missing hint only costs the probe it would have cost anyway).
+        let hinted = success && self.row_hints_into(keys, ctx, &mut hints);
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        if hinted {
+            digests.clear();
+        } else {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let mut done = Vec::with_capacity(keys.len());
-        for (k, &d) in keys.iter().zip(&digests) {
+        for (i, k) in keys.iter().enumerate() {
+            let d = || {
+                digests
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| crate::index::digest_of(k))
+            };
             if success {
-                if let Some(chunk) = self.table.mark_written(k, d) {
+                let written = match hints.get(i) {
+                    Some(&row) => self.table.mark_written_hinted(k, row),
+                    None => self.table.mark_written(k, d()),
+                };
+                if let Some(chunk) = written {
                     self.policy.mark_evictable(chunk);
                     done.push(*k);
                 }
-            } else if let Some(e) = self.table.get_digested(k, d)
+            } else if let Some(e) = self.table.get_digested(k, d())
                 && e.ref_cnt == WRITING
             {
                 self.policy.remove(e.chunk, self.table.view());
@@ -422,6 +474,7 @@ impl PrimaryTier for CpuTier {
             }
         }
         self.buf_digests = digests;
+        self.buf_hints = hints;
         if done.is_empty() {
             return;
         }

@@ -228,6 +228,64 @@ impl ChunkTable {
         Ok((chunk, edge))
     }
 
+    /// The ref count of `row` when it holds resident `key` (a row hint checked: a key is resident
+    /// in one row at most, so a resident row holding it is its row).
+    #[inline]
+    pub(crate) fn hinted(&self, row: ChunkId, key: &OffloadKey) -> Option<i32> {
+        let r = self.rows.get(row as usize)?;
+        (r.ref_cnt != FREE && same_key(&r.key, key)).then_some(r.ref_cnt)
+    }
+
+    /// Starts loading the rows named by `hints` (rows about to be checked by
+    /// [`ChunkTable::hinted`]).
+    pub(crate) fn prefetch_rows(&self, hints: &[ChunkId]) {
+        for &row in hints.iter().take(PREFETCH_WINDOW) {
+            if let Some(r) = self.rows.get(row as usize) {
+                crate::memory::prefetch(r);
+            }
+        }
+    }
+
+    /// Removes one reader from `row`, which holds resident `key`: the row and whether it just
+    /// became evictable, as [`ChunkTable::unpin`], whose probe it saves when the hint is right
+    /// (else it probes).
+    #[inline]
+    pub(crate) fn unpin_hinted(
+        &mut self,
+        key: &OffloadKey,
+        row: ChunkId,
+    ) -> Result<(ChunkId, bool), TierError> {
+        match self.hinted(row, key) {
+            Some(r) if r > 0 => {
+                let ref_cnt = &mut self.rows[row as usize].ref_cnt;
+                *ref_cnt -= 1;
+                let edge = *ref_cnt == 0;
+                if edge {
+                    self.num_evictable += 1;
+                }
+                Ok((row, edge))
+            }
+            Some(_) => Err(TierError::NotPinned(*key)),
+            None => self.unpin(key, digest_of(key)),
+        }
+    }
+
+    /// Completes the write of `key`, hinted to be in `row`, as [`ChunkTable::mark_written`]
+    /// (which it falls back to when the hint is wrong).
+    #[inline]
+    pub(crate) fn mark_written_hinted(&mut self, key: &OffloadKey, row: ChunkId) -> Option<ChunkId> {
+        match self.hinted(row, key) {
+            Some(WRITING) => {
+                self.rows[row as usize].ref_cnt = 0;
+                self.num_write_pending -= 1;
+                self.num_evictable += 1;
+                Some(row)
+            }
+            Some(_) => None,
+            None => self.mark_written(key, digest_of(key)),
+        }
+    }
+
     /// Undoes one successful [`ChunkTable::unpin`] of `key` (rolling back a batch).
     pub(crate) fn repin(&mut self, key: &OffloadKey) {
         if let Some(chunk) = self.find(key, digest_of(key)) {

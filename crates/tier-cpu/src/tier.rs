@@ -53,6 +53,8 @@ pub struct CpuTier {
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
     pub(crate) buf_chunks: Vec<ChunkId>,
+    /// Row hints of a batch being completed (see `RequestAccess::row_hints`).
+    pub(crate) buf_hints: Vec<ChunkId>,
 }
 
 impl std::fmt::Debug for CpuTier {
@@ -153,6 +155,7 @@ impl CpuTier {
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
             buf_chunks: Vec::new(),
+            buf_hints: Vec::new(),
         }
     }
 

@@ -95,6 +95,7 @@ impl ArcPolicy {
 
     /// Starts loading what trimming the ghost lists after `n` more evictions would touch.
     fn prefetch_trims(&self, n: usize) {
+        self.ghosts.prefetch_free(n);
         for l in [B1, B2] {
             let after = self.ghosts.len(l) + n;
             if after > self.capacity {

@@ -178,6 +178,17 @@ impl<const N: usize> Ghosts<N> {
         self.free.push(n);
     }
 
+    /// Starts loading the slots the next `count` (up to 32) new ghosts will be written to (the
+    /// most recently freed ones): writing a key into a cold slot would otherwise wait for the
+    /// line. A hint only.
+    pub(crate) fn prefetch_free(&self, count: usize) {
+        for &n in self.free.iter().rev().take(count.min(TRIM_BATCH)) {
+            if let Some(g) = self.ghosts.get(n as usize) {
+                crate::memory::prefetch(g);
+            }
+        }
+    }
+
     /// Starts loading the index slots of the (up to 32) oldest `count` keys of list `l`: the ones
     /// a trim after `count` more ghosts would drop. A hint only.
     pub(crate) fn prefetch_front(&self, l: usize, count: usize) {
