@@ -98,8 +98,10 @@ impl CpuTier {
             }
         }
         self.buf_digests = digests;
-        for &chunk in &edges {
-            self.policy.mark_non_evictable(chunk);
+        if self.policy.observes_evictability() {
+            for &chunk in &edges {
+                self.policy.mark_non_evictable(chunk);
+            }
         }
         self.buf_chunks = edges;
         if record {
@@ -184,8 +186,10 @@ impl CpuTier {
         }
         self.buf_digests = digests;
         self.buf_hints = hints;
-        for &chunk in &edges {
-            self.policy.mark_evictable(chunk);
+        if self.policy.observes_evictability() {
+            for &chunk in &edges {
+                self.policy.mark_evictable(chunk);
+            }
         }
         self.buf_chunks = edges;
         Ok(())
@@ -449,6 +453,7 @@ impl PrimaryTier for CpuTier {
             self.table.digest_batch(keys, &mut digests);
         }
         let mut done = Vec::with_capacity(keys.len());
+        let observes_evictability = self.policy.observes_evictability();
         for (i, k) in keys.iter().enumerate() {
             let d = || {
                 digests
@@ -462,7 +467,9 @@ impl PrimaryTier for CpuTier {
                     None => self.table.mark_written(k, d()),
                 };
                 if let Some(chunk) = written {
-                    self.policy.mark_evictable(chunk);
+                    if observes_evictability {
+                        self.policy.mark_evictable(chunk);
+                    }
                     done.push(*k);
                 }
             } else if let Some(e) = self.table.get_digested(k, d())

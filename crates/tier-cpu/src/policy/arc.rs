@@ -140,6 +140,10 @@ impl EvictionPolicy for ArcPolicy {
         PolicyKind::Arc
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn observes_request_access(&self) -> bool {
         false
     }

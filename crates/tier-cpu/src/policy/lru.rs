@@ -294,6 +294,10 @@ impl EvictionPolicy for LruPolicy {
         PolicyKind::Lru
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext) {
         let Some(rank) = self.request_rank(ctx) else {
             return;

@@ -199,6 +199,14 @@ pub trait EvictionPolicy: Send {
     /// The request finished; `keys` are the resident keys it observed, head first.
     fn on_request_finished(&mut self, keys: &[FinishedKey], slots: SlotView<'_>, ctx: &ReqContext);
 
+    /// Whether [`EvictionPolicy::mark_evictable`] and [`EvictionPolicy::mark_non_evictable`] do
+    /// anything: a policy that reads evictability from the [`SlotView`] instead returns `false`,
+    /// and the tier skips the calls (one per ref-count edge). Defaults to `true`, so a policy
+    /// that implements the hooks is called without further ado.
+    fn observes_evictability(&self) -> bool {
+        true
+    }
+
     /// The chunk's ref count reached 0 (store completed or last reader done).
     fn mark_evictable(&mut self, chunk: ChunkId) {
         let _ = chunk;

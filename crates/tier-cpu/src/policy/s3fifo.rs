@@ -71,6 +71,10 @@ impl EvictionPolicy for S3FifoPolicy {
         PolicyKind::S3Fifo
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
         for k in keys {
             if let Some(chunk) = k.chunk
