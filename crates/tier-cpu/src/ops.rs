@@ -33,15 +33,15 @@ impl CpuTier {
     }
 
     /// Resolves keys to their resident rows into `out`.
-    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
-        out.extend(keys.iter().zip(&digests).map(|(k, &d)| KeyRef {
-            key: *k,
-            chunk: self.table.get_digested(k, d).map(|e| e.chunk),
-            position: None,
-        }));
+        out.extend(
+            keys.iter()
+                .zip(&digests)
+                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
+        );
         self.buf_digests = digests;
     }
 
@@ -382,10 +382,10 @@ impl PrimaryTier for CpuTier {
     }
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
-        let mut refs = std::mem::take(&mut self.buf_refs);
-        self.resolve_into(keys, &mut refs);
-        self.policy.touch(&refs, self.table.view(), ctx);
-        self.buf_refs = refs;
+        let mut chunks = std::mem::take(&mut self.buf_resolved);
+        self.resolve_into(keys, &mut chunks);
+        self.policy.touch(keys, &chunks, self.table.view(), ctx);
+        self.buf_resolved = chunks;
     }
 
     fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), TierError> {

@@ -52,6 +52,8 @@ pub struct CpuTier {
     pub(crate) buf_misses: Vec<OffloadKey>,
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
+    /// The chunks a touched batch resolved to.
+    pub(crate) buf_resolved: Vec<Option<ChunkId>>,
     pub(crate) buf_chunks: Vec<ChunkId>,
     /// Row hints of a batch being completed (see `RequestAccess::row_hints`).
     pub(crate) buf_hints: Vec<ChunkId>,
@@ -154,6 +156,7 @@ impl CpuTier {
             buf_misses: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
+            buf_resolved: Vec::new(),
             buf_chunks: Vec::new(),
             buf_hints: Vec::new(),
         }

@@ -14,7 +14,7 @@ use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
 use super::ghost::Ghosts;
 use super::list::{Links, List, NIL};
-use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+use super::{EvictionPolicy, FinishedKey, PolicyKind, PolicySnapshot, Protected, SlotView};
 use crate::index::digest_of;
 
 const B1: usize = 0;
@@ -195,17 +195,23 @@ impl EvictionPolicy for ArcPolicy {
         }
     }
 
-    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
-        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
-        for k in keys.iter().rev() {
-            match k.chunk {
+    fn touch(
+        &mut self,
+        keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        self.links.prefetch(chunks.iter().flatten().copied());
+        for (key, chunk) in keys.iter().zip(chunks).rev() {
+            match *chunk {
                 Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {
                     self.move_to_t2_back(chunk);
                 }
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
                 None => {
-                    self.adapt_to_ghost_hit(&k.key);
+                    self.adapt_to_ghost_hit(key);
                 }
             }
         }

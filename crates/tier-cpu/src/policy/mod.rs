@@ -193,8 +193,15 @@ pub trait EvictionPolicy: Send {
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
 
-    /// A recency hint, keys in call order (the first key ends most recent).
-    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext);
+    /// A recency hint, keys in call order (the first key ends most recent); `chunks[i]` is the
+    /// chunk of `keys[i]` (`None` when it is not resident).
+    fn touch(
+        &mut self,
+        keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    );
 
     /// The request finished; `keys` are the resident keys it observed, head first.
     fn on_request_finished(&mut self, keys: &[FinishedKey], slots: SlotView<'_>, ctx: &ReqContext);

@@ -106,11 +106,15 @@ impl EvictionPolicy for S3FifoPolicy {
         self.unlink(chunk);
     }
 
-    fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
-        for k in keys {
-            if let Some(chunk) = k.chunk {
-                self.bump(chunk);
-            }
+    fn touch(
+        &mut self,
+        _keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        for &chunk in chunks.iter().flatten() {
+            self.bump(chunk);
         }
     }
 
