@@ -208,6 +208,8 @@ impl CpuTier {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         self.policy.prefetch_for_offer(&digests);
+        // The digests of `to_store`, side by side, for their insertion.
+        self.buf_store_digests.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
@@ -232,6 +234,7 @@ impl CpuTier {
                     };
                     if !repeat {
                         to_store.push(*k);
+                        self.buf_store_digests.push(d);
                     }
                     observed.push(KeyRef {
                         key: *k,
@@ -293,8 +296,14 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
-        self.table.prefetch_index_of_rows(&victims);
-        let evicted: Vec<OffloadKey> = victims.iter().map(|&c| self.table.release(c)).collect();
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_rows(&victims, &mut digests);
+        let evicted: Vec<OffloadKey> = victims
+            .iter()
+            .zip(&digests)
+            .map(|(&c, &d)| self.table.release_digested(c, d))
+            .collect();
+        self.buf_digests = digests;
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
         Some(evicted)
@@ -337,10 +346,15 @@ impl CpuTier {
         let mut positions = std::mem::take(&mut self.buf_positions);
         positions.clear();
         ctx.key_positions_into(&to_store, &mut positions);
-        for ((k, &chunk), &position) in to_store.iter().zip(&chunk_ids).zip(&positions) {
-            self.table.insert_writing(*k, chunk);
+        let digests = std::mem::take(&mut self.buf_store_digests);
+        debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
+        for (((k, &chunk), &position), &digest) in
+            to_store.iter().zip(&chunk_ids).zip(&positions).zip(&digests)
+        {
+            self.table.insert_writing(*k, digest, chunk);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
+        self.buf_store_digests = digests;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,

@@ -110,13 +110,13 @@ impl ChunkTable {
         }
     }
 
-    /// Starts loading the index slots of the keys held in `rows` (about to be released).
-    pub(crate) fn prefetch_index_of_rows(&self, rows: &[ChunkId]) {
-        if rows.len() < 2 {
-            return;
-        }
-        for &row in rows.iter().take(PREFETCH_WINDOW) {
-            self.index.prefetch(digest_of(&self.rows[row as usize].key));
+    /// Puts the digests of the keys held in `rows` (about to be released) into `digests`, and
+    /// starts loading their index slots.
+    pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
+        digests.clear();
+        digests.extend(rows.iter().map(|&row| digest_of(&self.rows[row as usize].key)));
+        for &d in digests.iter().take(PREFETCH_WINDOW) {
+            self.index.prefetch(d);
         }
     }
 
@@ -330,9 +330,9 @@ impl ChunkTable {
         true
     }
 
-    /// Makes `key` resident in `chunk` with a write in flight.
-    pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.index.insert(digest_of(&key), chunk);
+    /// Makes `key`, whose digest is `digest`, resident in `chunk` with a write in flight.
+    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId) {
+        self.index.insert(digest, chunk);
         self.rows[chunk as usize] = Row {
             key,
             ref_cnt: WRITING,
@@ -342,6 +342,12 @@ impl ChunkTable {
 
     /// Drops the key stored in `chunk` and frees the row. Returns the key.
     pub(crate) fn release(&mut self, chunk: ChunkId) -> OffloadKey {
+        let digest = digest_of(&self.rows[chunk as usize].key);
+        self.release_digested(chunk, digest)
+    }
+
+    /// [`ChunkTable::release`] of a row whose key's digest is `digest`.
+    pub(crate) fn release_digested(&mut self, chunk: ChunkId, digest: u64) -> OffloadKey {
         let row = &mut self.rows[chunk as usize];
         let key = row.key;
         match row.ref_cnt {
@@ -350,7 +356,7 @@ impl ChunkTable {
             _ => {}
         }
         row.ref_cnt = FREE;
-        self.index.remove(digest_of(&key), chunk);
+        self.index.remove(digest, chunk);
         self.free.push(chunk);
         key
     }
@@ -439,7 +445,8 @@ mod tests {
         assert!(t.allocate(3, &mut out));
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
-            t.insert_writing(OffloadKey::from_u64(i as u64), c);
+            let key = OffloadKey::from_u64(i as u64);
+            t.insert_writing(key, digest_of(&key), c);
         }
         t.release(0);
         t.release(1);

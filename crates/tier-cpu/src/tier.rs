@@ -46,6 +46,8 @@ pub struct CpuTier {
     pub(crate) buf_keys: Vec<OffloadKey>,
     /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
     pub(crate) buf_digests: Vec<u64>,
+    /// Digests of the keys a `prepare_store` is storing, in `keys_to_store` order.
+    pub(crate) buf_store_digests: Vec<u64>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
@@ -150,6 +152,7 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_digests: Vec::new(),
+            buf_store_digests: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),

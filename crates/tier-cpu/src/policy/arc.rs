@@ -33,12 +33,11 @@ pub struct ArcPolicy {
     /// B1 (list 0) and B2 (list 1).
     ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
-    picked: Vec<(ChunkId, bool)>,
+    picked: Vec<(ChunkId, bool, u64)>,
     /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
     /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
     /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
-    /// Each with its digest, compared first.
-    not_ghosts: Vec<(u64, OffloadKey)>,
+    not_ghosts: Vec<OffloadKey>,
 }
 
 impl ArcPolicy {
@@ -64,11 +63,11 @@ impl ArcPolicy {
         self.target
     }
 
-    /// Adapts the target if `key` is a ghost; returns whether it was.
-    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) -> bool {
+    /// Adapts the target if `key` (whose digest is `digest`) is a ghost; returns whether it was.
+    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey, digest: u64) -> bool {
         let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
         // Moving within its list changes no length, so the lengths read above still hold.
-        match self.ghosts.move_to_back(key) {
+        match self.ghosts.move_to_back(key, digest) {
             Some(B1) => {
                 self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
             }
@@ -157,8 +156,9 @@ impl EvictionPolicy for ArcPolicy {
         self.ghosts.prefetch(keys);
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
-            if !self.adapt_to_ghost_hit(key) {
-                self.not_ghosts.push((digest_of(key), *key));
+            let digest = digest_of(key);
+            if !self.adapt_to_ghost_hit(key, digest) {
+                self.not_ghosts.push(*key);
             }
         }
     }
@@ -173,14 +173,9 @@ impl EvictionPolicy for ArcPolicy {
     ) {
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
-        let digest = digest_of(key);
         // Misses were noted last key first and are inserted first key first: searching from the
         // back finds the key at once in the usual case, and removing it is then a pop.
-        if let Some(i) = self
-            .not_ghosts
-            .iter()
-            .rposition(|(d, k)| *d == digest && k == key)
-        {
+        if let Some(i) = self.not_ghosts.iter().rposition(|k| k == key) {
             self.not_ghosts.swap_remove(i);
         } else {
             self.ghosts.remove(key);
@@ -211,7 +206,7 @@ impl EvictionPolicy for ArcPolicy {
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
                 None => {
-                    self.adapt_to_ghost_hit(key);
+                    self.adapt_to_ghost_hit(key, digest_of(key));
                 }
             }
         }
@@ -265,18 +260,18 @@ impl EvictionPolicy for ArcPolicy {
             if from_t1 {
                 virtual_t1 = virtual_t1.saturating_sub(1);
             }
-            self.picked.push((pick, from_t1));
+            self.picked.push((pick, from_t1, 0));
         }
-        self.ghosts.prefetch_chunks(&self.picked, slots);
+        self.ghosts.digest_chunks(&mut self.picked, slots);
         for i in 0..self.picked.len() {
-            let (chunk, from_t1) = self.picked[i];
+            let (chunk, from_t1, digest) = self.picked[i];
             let key = slots.key(chunk);
             if from_t1 {
                 self.t1.remove(&mut self.links, chunk);
-                self.ghosts.push_back(B1, key);
+                self.ghosts.push_back_digested(B1, key, digest);
             } else {
                 self.t2.remove(&mut self.links, chunk);
-                self.ghosts.push_back(B2, key);
+                self.ghosts.push_back_digested(B2, key, digest);
             }
             out.push(chunk);
         }

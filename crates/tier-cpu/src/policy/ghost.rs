@@ -80,17 +80,14 @@ impl<const N: usize> Ghosts<N> {
         }
     }
 
-    /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
-    /// victims about to become ghosts), and the tier's index slots of the same keys (about to
-    /// be cleared).
-    pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
-        if picked.len() < 2 {
-            return;
-        }
-        for &(chunk, _) in picked.iter().take(32) {
-            let digest = slots.prefetch_index_of(chunk);
-            if self.index.len() != 0 {
-                self.index.prefetch(digest);
+    /// Fills in the digests of the keys held in the chunks of `picked` (eviction victims about
+    /// to become ghosts: chunk, from which list, digest) and starts loading their index slots
+    /// here and in the tier (about to be cleared).
+    pub(crate) fn digest_chunks(&self, picked: &mut [(ChunkId, bool, u64)], slots: SlotView<'_>) {
+        for (i, p) in picked.iter_mut().enumerate() {
+            p.2 = slots.prefetch_index_of(p.0);
+            if i < 32 && self.index.len() != 0 {
+                self.index.prefetch(p.2);
             }
         }
     }
@@ -104,6 +101,11 @@ impl<const N: usize> Ghosts<N> {
     /// Appends `key` at the back of list `l` (moving it there from wherever it was); one probe
     /// run finds the key or reserves its index slot.
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
+        self.push_back_digested(l, key, digest_of(&key));
+    }
+
+    /// [`Ghosts::push_back`] of a key whose digest is `digest`.
+    pub(crate) fn push_back_digested(&mut self, l: usize, key: OffloadKey, digest: u64) {
         // The slot a new ghost takes: the last freed one, else a fresh one.
         let candidate = match self.free.last() {
             Some(&n) => n,
@@ -115,7 +117,6 @@ impl<const N: usize> Ghosts<N> {
             },
         };
         let ghosts = &self.ghosts;
-        let digest = digest_of(&key);
         match self
             .index
             .find_or_insert(digest, |n| ghosts[n as usize].key == key, || candidate)
@@ -138,9 +139,10 @@ impl<const N: usize> Ghosts<N> {
         }
     }
 
-    /// Moves `key` to the back of its list; returns that list, or `None` if it is no ghost.
-    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> Option<usize> {
-        let n = self.find(key)?;
+    /// Moves `key`, whose digest is `digest`, to the back of its list; returns that list, or
+    /// `None` if it is no ghost.
+    pub(crate) fn move_to_back(&mut self, key: &OffloadKey, digest: u64) -> Option<usize> {
+        let n = self.index.find(digest, |n| self.ghosts[n as usize].key == *key)?;
         let l = usize::from(self.ghosts[n as usize].list);
         self.order.move_to_back(l, n);
         Some(l)
@@ -248,8 +250,8 @@ mod tests {
             g.push_back(0, k(n));
         }
         g.push_back(1, k(9));
-        assert_eq!(g.move_to_back(&k(2)), Some(0));
-        assert_eq!(g.move_to_back(&k(8)), None);
+        assert_eq!(g.move_to_back(&k(2), digest_of(&k(2))), Some(0));
+        assert_eq!(g.move_to_back(&k(8), digest_of(&k(8))), None);
         assert_eq!(g.keys(0), vec![k(1), k(3), k(4), k(2)]);
         assert_eq!(
             (g.list_of(&k(9)), g.list_of(&k(1)), g.list_of(&k(8))),
