@@ -16,7 +16,8 @@ next to the current build's: a before/after table measured in the same sitting.
 With `--clock cpu` both sides are timed in thread CPU time instead (kvtier by the
 `op_cpu_time` example, Python by `time.thread_time_ns`; best of several rounds each), which the
 other processes of a shared machine do not inflate by preempting the benchmark; their cache
-pollution still counts. No hash-probe reference is printed then.
+pollution still counts. The hash-probe reference then comes from the same example (one KeyMap
+probe of the same key sequence), and a floor table shows 16 such probes per batch against vLLM.
 
 Figures per cell: the median over rounds, and min–max. Rust per round is criterion's median over
 its samples; Python per round is ops over `--seconds` of wall time. The ratio is the ratio of
