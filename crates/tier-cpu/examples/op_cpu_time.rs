@@ -1,5 +1,8 @@
 //! Thread CPU time per tier-cpu operation (the loops of `benches/cpu_tier.rs`), robust to a
-//! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`.
+//! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`
+//! (a third argument runs one op only). Also prints two references on the same keys: one plain
+//! hash-map probe (`hashmap_probe_hit`, for `lookup_hit`) and 16 of them (`probe16`, the floor of
+//! a 16-key batch op).
 
 use std::hint::black_box;
 
@@ -67,6 +70,25 @@ fn main() {
         });
         println!("{policy} {n} lookup_hit {ns:.1} ns");
     }
+    // References: a plain hash map (tiering-core's KeyMap, the tier's hasher) over the same keys.
+    let map: Option<tiering_core::KeyMap<u32>> = (want("hashmap_probe_hit") || want("probe16"))
+        .then(|| keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect());
+    if let Some(map) = map.as_ref().filter(|_| want("hashmap_probe_hit")) {
+        // What a lookup hit is compared with: one probe of the same key sequence.
+        let ns = best(200_000, |i| {
+            black_box(map.get(&shuffled[i % SEQUENCE]));
+        });
+        println!("{policy} {n} hashmap_probe_hit {ns:.1} ns");
+    }
+    if let Some(map) = map.as_ref().filter(|_| want("probe16")) {
+        // The floor of a 16-key batch: one plain hash-map probe per key, nothing else.
+        let ns = best(20_000, |i| {
+            let sum: u32 = batch(i).iter().filter_map(|k| map.get(k)).sum();
+            black_box(sum);
+        });
+        println!("{policy} {n} probe16 {ns:.1} ns");
+    }
+    drop(map);
     if want("touch16") {
         let ns = best(20_000, |i| {
             tier.touch(black_box(batch(i)), &ctx);

@@ -26,6 +26,12 @@ fn word_of(key: &OffloadKey) -> u64 {
         .map_or(0, |w| u64::from_le_bytes(*w))
 }
 
+/// The bit of a first word in [`RequestAccess`]'s filter.
+#[inline]
+fn filter_bit(word: u64) -> u64 {
+    1 << (word >> 58)
+}
+
 /// The keys one request observed. Lives in the request's [`ReqContext`] scratch map.
 ///
 /// Keys with their flags sit in one vector in the order the request first flagged them (observed keys are flagged when first observed, so
@@ -42,6 +48,9 @@ pub(crate) struct RequestAccess {
     /// by side and inline (no allocation): a scan reads a few contiguous words instead of one
     /// entry (and cache line) per key.
     words: [u64; SMALL_RECORD],
+    /// One bit per distinct top six bits of the first words in `words`: a key whose bit is clear
+    /// is not in the small record, which settles most first sightings without a scan.
+    filter: u64,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
 }
@@ -51,7 +60,14 @@ pub(crate) struct RequestAccess {
 struct Flagged {
     key: OffloadKey,
     flags: u8,
+    /// The row this request last pinned or reserved for the key ([`NO_ROW`] when none): a hint
+    /// for completing the load or store without probing the tier's index. The tier checks that
+    /// the row still holds the key before using it.
+    row: u32,
 }
+
+/// No row hint.
+pub(crate) const NO_ROW: u32 = u32::MAX;
 
 /// A key of a finished request's record with what the request did with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +116,9 @@ impl RequestAccess {
             Some(index) => index.get(key).map(|&i| i as usize),
             None => {
                 let w = word_of(key);
+                if self.filter & filter_bit(w) == 0 {
+                    return None;
+                }
                 let mut from = 0;
                 let words = &self.words[..self.entries.len().min(SMALL_RECORD)];
                 while let Some(off) = words[from..].iter().position(|&x| x == w) {
@@ -122,8 +141,13 @@ impl RequestAccess {
         let i = self.entries.len();
         if let Some(w) = self.words.get_mut(i) {
             *w = word_of(key);
+            self.filter |= filter_bit(*w);
         }
-        self.entries.push(Flagged { key: *key, flags: 0 });
+        self.entries.push(Flagged {
+            key: *key,
+            flags: 0,
+            row: NO_ROW,
+        });
         match self.index.as_mut() {
             Some(index) => {
                 index.insert(*key, i as u32);
@@ -160,13 +184,38 @@ impl RequestAccess {
         self.flags(key) & REUSED != 0
     }
 
-    /// Marks the entries [`RequestAccess::record_store`] reported as inserted by this request.
-    pub(crate) fn mark_inserted_entries(&mut self, entries: &[u32]) {
+    /// Marks the entries [`RequestAccess::record_store`] reported as inserted by this request,
+    /// and notes the rows reserved for them: `stored` are the keys stored (the distinct keys of
+    /// those entries, in the same order) and `rows` their rows.
+    pub(crate) fn mark_inserted_entries(&mut self, entries: &[u32], stored: &[OffloadKey], rows: &[u32]) {
+        let mut next = 0;
         for &i in entries {
             if let Some(e) = self.entries.get_mut(i as usize) {
                 e.flags |= INSERTED;
+                // A repeated key's entry got its row at its first occurrence.
+                if stored.get(next) == Some(&e.key) {
+                    e.row = rows.get(next).copied().unwrap_or(NO_ROW);
+                    next += 1;
+                }
             }
         }
+    }
+
+    /// Appends to `out` the row hint of each of `keys` ([`NO_ROW`] for keys without one).
+    pub(crate) fn row_hints(&self, keys: &[OffloadKey], out: &mut Vec<u32>) {
+        // A completion usually lists the keys in the order the request recorded them: try the
+        // entry after the previous key's first, and search only when that is not the key.
+        let mut guess = 0;
+        out.extend(keys.iter().map(|k| {
+            let at = match self.entries.get(guess) {
+                Some(e) if e.key == *k => Some(guess),
+                _ => self.find(k),
+            };
+            at.map_or(NO_ROW, |i| {
+                guess = i + 1;
+                self.entries[i].row
+            })
+        }));
     }
 
     /// Marks `keys` as inserted by this request.
@@ -226,12 +275,13 @@ impl RequestAccess {
         }
     }
 
-    /// Records loaded keys (all reuses) in one pass; appends the indices (into `keys`) of first
-    /// observations to `new`.
-    pub(crate) fn record_load(&mut self, keys: &[OffloadKey], new: &mut Vec<usize>) {
+    /// Records loaded keys (all reuses), pinned in `rows`, in one pass; appends the indices
+    /// (into `keys`) of first observations to `new`.
+    pub(crate) fn record_load(&mut self, keys: &[OffloadKey], rows: &[u32], new: &mut Vec<usize>) {
         self.entries.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
+            self.entries[i].row = rows.get(j).copied().unwrap_or(NO_ROW);
             if self.see(i) {
                 new.push(j);
             }
@@ -316,10 +366,10 @@ mod tests {
         let keys: Vec<OffloadKey> = (0..100).map(|n| k(n, 0)).collect();
         rec.mark_inserted(&keys[..50]);
         let mut new = Vec::new();
-        rec.record_load(&keys, &mut new);
+        rec.record_load(&keys, &[], &mut new);
         assert_eq!(new, (0..100).collect::<Vec<_>>());
         new.clear();
-        rec.record_load(&keys, &mut new);
+        rec.record_load(&keys, &[], &mut new);
         assert!(new.is_empty(), "every key was seen already");
         for (n, key) in keys.iter().enumerate() {
             assert_eq!(rec.inserted(key), n < 50, "key {n}");
@@ -332,16 +382,36 @@ mod tests {
     }
 
     #[test]
+    fn row_hints_name_the_rows_loads_pinned_and_stores_reserved() {
+        let mut rec = RequestAccess::fresh(1, 0);
+        let mut new = Vec::new();
+        rec.record_load(&[k(1, 0), k(2, 0)], &[7, 8], &mut new);
+        // A store offer with a repeated absent key: the entry gets the row of its one insertion.
+        let (mut misses, mut absent) = (Vec::new(), Vec::new());
+        let offer = [(k(5, 0), false), (k(6, 0), false), (k(5, 0), false)];
+        rec.record_store(&refs(&offer), &mut misses, &mut new, &mut absent);
+        rec.mark_inserted_entries(&absent, &[k(5, 0), k(6, 0)], &[30, 31]);
+        let mut hints = Vec::new();
+        // In recorded order, out of order, and a key the request never saw.
+        rec.row_hints(&[k(1, 0), k(2, 0), k(5, 0), k(6, 0)], &mut hints);
+        assert_eq!(hints, vec![7, 8, 30, 31]);
+        hints.clear();
+        rec.row_hints(&[k(6, 0), k(9, 0), k(1, 0), k(5, 0)], &mut hints);
+        assert_eq!(hints, vec![31, NO_ROW, 7, 30]);
+        assert!(rec.inserted(&k(5, 0)) && rec.inserted(&k(6, 0)) && !rec.inserted(&k(1, 0)));
+    }
+
+    #[test]
     fn finish_orders_by_group_then_by_position_when_complete() {
         let ctx = ReqContext::local("r");
         let mut rec = RequestAccess::fresh(1, 0);
         let mut new = Vec::new();
         let keys = [k(3, 1), k(1, 0), k(2, 0), k(4, 1)];
-        rec.record_load(&keys, &mut new);
+        rec.record_load(&keys, &[], &mut new);
         assert_eq!(new, vec![0, 1, 2, 3]);
         // No positions: group 0 first, first-seen order within groups.
         let mut no_pos = RequestAccess::fresh(1, 0);
-        no_pos.record_load(&keys, &mut Vec::new());
+        no_pos.record_load(&keys, &[], &mut Vec::new());
         assert_eq!(
             finished_keys(&mut no_pos, &ctx),
             Some(vec![k(1, 0), k(2, 0), k(3, 1), k(4, 1)])
@@ -362,7 +432,7 @@ mod tests {
         let mut rec = RequestAccess::fresh(1, 0);
         rec.mark_inserted(&[k(1, 0)]);
         let mut new = Vec::new();
-        rec.record_load(&[k(1, 0), k(2, 0)], &mut new);
+        rec.record_load(&[k(1, 0), k(2, 0)], &[7, 8], &mut new);
         assert!(rec.reused(&k(2, 0)) && !rec.reused(&k(1, 0)));
         assert!(rec.inserted(&k(1, 0)) && !rec.inserted(&k(2, 0)));
         let (mut misses, mut new) = (Vec::new(), Vec::new());

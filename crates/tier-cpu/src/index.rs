@@ -82,6 +82,24 @@ impl KeyIndex {
         crate::memory::prefetch(&self.slots[self.home(tag_of(digest))]);
     }
 
+    /// Starts loading the home slot of a key whose digest has the tag `tag` (see
+    /// [`KeyIndex::tag`]).
+    #[inline]
+    pub(crate) fn prefetch_tag(&self, tag: u32) {
+        crate::memory::prefetch(&self.slots[self.home(tag)]);
+    }
+
+    /// The part of a digest the index keeps and places keys by: removing an id needs only this.
+    #[inline]
+    pub(crate) fn tag(digest: u64) -> u32 {
+        tag_of(digest)
+    }
+
+    /// Removes `id`, held for a key whose digest has the tag `tag`; whether it was there.
+    pub(crate) fn remove_tagged(&mut self, tag: u32, id: u32) -> bool {
+        self.remove(u64::from(tag) << 32, id)
+    }
+
     /// The id held in the home slot of `digest` when its tag matches (the likely answer of a
     /// [`KeyIndex::find`], for prefetching what it names).
     #[inline]

@@ -5,7 +5,10 @@
 //! pins and unpins are O(1): one probe of a compact key index whose 8-byte slots name a row, the
 //! key confirmed on that row, which also holds the ref count. Batch operations touch each key's
 //! index slot and row once per call, and nothing is allocated per key: policy links, ranks and
-//! ghost lists live in flat arrays indexed by row or ghost slot.
+//! ghost lists live in flat arrays indexed by row or ghost slot. Completions (`complete_load`,
+//! a successful `complete_store`) find their rows through the request's own record of the rows
+//! its load pinned or its store reserved, checked against the row's key, and probe the index only
+//! when the record has no such row.
 //!
 //! ## Semantics
 //! The tier reproduces the released vLLM 0.33.0 `CPUOffloadingManager`:

@@ -33,15 +33,15 @@ impl CpuTier {
     }
 
     /// Resolves keys to their resident rows into `out`.
-    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<KeyRef>) {
+    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
-        out.extend(keys.iter().zip(&digests).map(|(k, &d)| KeyRef {
-            key: *k,
-            chunk: self.table.get_digested(k, d).map(|e| e.chunk),
-            position: None,
-        }));
+        out.extend(
+            keys.iter()
+                .zip(&digests)
+                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
+        );
         self.buf_digests = digests;
     }
 
@@ -98,8 +98,10 @@ impl CpuTier {
             }
         }
         self.buf_digests = digests;
-        for &chunk in &edges {
-            self.policy.mark_non_evictable(chunk);
+        if self.policy.observes_evictability() {
+            for &chunk in &edges {
+                self.policy.mark_non_evictable(chunk);
+            }
         }
         self.buf_chunks = edges;
         if record {
@@ -107,7 +109,7 @@ impl CpuTier {
             let mut new = std::mem::take(&mut self.buf_new);
             new.clear();
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
-                rec.record_load(keys, &mut new);
+                rec.record_load(keys, &rows, &mut new);
             });
             if !new.is_empty() && self.policy.observes_request_access() {
                 let mut refs = std::mem::take(&mut self.buf_refs);
@@ -127,15 +129,45 @@ impl CpuTier {
         Ok(rows)
     }
 
-    /// Releases one pin per key (all or nothing), one probe per key. On a bad key the pins
-    /// already released are taken again.
-    fn unpin(&mut self, keys: &[OffloadKey]) -> Result<(), TierError> {
+    /// Fills `hints` with the rows the request's record names for `keys` (the rows its load pinned
+    /// or its store reserved) and starts loading those rows; `false` (and no hints) when the
+    /// context holds no record of this tier and generation. Hints are checked before use.
+    fn row_hints_into(&self, keys: &[OffloadKey], ctx: &ReqContext, hints: &mut Vec<ChunkId>) -> bool {
+        hints.clear();
+        let (owner, generation) = (self.id, self.generation);
+        ctx.with_state(RequestAccess::default, |rec| {
+            if rec.belongs_to(owner, generation) {
+                rec.row_hints(keys, hints);
+            }
+        });
+        if hints.len() != keys.len() {
+            hints.clear();
+            return false;
+        }
+        self.table.prefetch_rows(hints);
+        true
+    }
+
+    /// Releases one pin per key (all or nothing): through the request's row hints when it has
+    /// them, else one probe per key. On a bad key the pins already released are taken again.
+    fn unpin(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), TierError> {
+        let mut hints = std::mem::take(&mut self.buf_hints);
+        let hinted = self.row_hints_into(keys, ctx, &mut hints);
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        if hinted {
+            digests.clear();
+        } else {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let mut edges = std::mem::take(&mut self.buf_chunks);
         edges.clear();
-        for (i, (k, &d)) in keys.iter().zip(&digests).enumerate() {
-            match self.table.unpin(k, d) {
+        for (i, k) in keys.iter().enumerate() {
+            let unpinned = match (hints.get(i), digests.get(i)) {
+                (Some(&row), _) => self.table.unpin_hinted(k, row),
+                (None, Some(&d)) => self.table.unpin(k, d),
+                (None, None) => self.table.unpin(k, crate::index::digest_of(k)),
+            };
+            match unpinned {
                 Ok((chunk, edge)) => {
                     if edge {
                         edges.push(chunk);
@@ -147,13 +179,17 @@ impl CpuTier {
                     }
                     self.buf_chunks = edges;
                     self.buf_digests = digests;
+                    self.buf_hints = hints;
                     return Err(e);
                 }
             }
         }
         self.buf_digests = digests;
-        for &chunk in &edges {
-            self.policy.mark_evictable(chunk);
+        self.buf_hints = hints;
+        if self.policy.observes_evictability() {
+            for &chunk in &edges {
+                self.policy.mark_evictable(chunk);
+            }
         }
         self.buf_chunks = edges;
         Ok(())
@@ -171,6 +207,9 @@ impl CpuTier {
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
+        self.policy.prefetch_for_offer(&digests);
+        // The digests of `to_store`, side by side, for their insertion.
+        self.buf_store_digests.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
@@ -195,6 +234,7 @@ impl CpuTier {
                     };
                     if !repeat {
                         to_store.push(*k);
+                        self.buf_store_digests.push(d);
                     }
                     observed.push(KeyRef {
                         key: *k,
@@ -256,8 +296,14 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
-        self.table.prefetch_index_of_rows(&victims);
-        let evicted: Vec<OffloadKey> = victims.iter().map(|&c| self.table.release(c)).collect();
+        let mut digests = std::mem::take(&mut self.buf_digests);
+        self.table.digest_rows(&victims, &mut digests);
+        let evicted: Vec<OffloadKey> = victims
+            .iter()
+            .zip(&digests)
+            .map(|(&c, &d)| self.table.release_digested(c, d))
+            .collect();
+        self.buf_digests = digests;
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
         Some(evicted)
@@ -300,10 +346,15 @@ impl CpuTier {
         let mut positions = std::mem::take(&mut self.buf_positions);
         positions.clear();
         ctx.key_positions_into(&to_store, &mut positions);
-        for ((k, &chunk), &position) in to_store.iter().zip(&chunk_ids).zip(&positions) {
-            self.table.insert_writing(*k, chunk);
+        let digests = std::mem::take(&mut self.buf_store_digests);
+        debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
+        for (((k, &chunk), &position), &digest) in
+            to_store.iter().zip(&chunk_ids).zip(&positions).zip(&digests)
+        {
+            self.table.insert_writing(*k, digest, chunk);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
+        self.buf_store_digests = digests;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -345,14 +396,14 @@ impl PrimaryTier for CpuTier {
     }
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
-        let mut refs = std::mem::take(&mut self.buf_refs);
-        self.resolve_into(keys, &mut refs);
-        self.policy.touch(&refs, self.table.view(), ctx);
-        self.buf_refs = refs;
+        let mut chunks = std::mem::take(&mut self.buf_resolved);
+        self.resolve_into(keys, &mut chunks);
+        self.policy.touch(keys, &chunks, self.table.view(), ctx);
+        self.buf_resolved = chunks;
     }
 
-    fn complete_load(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) -> Result<(), TierError> {
-        self.unpin(keys)
+    fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), TierError> {
+        self.unpin(keys, ctx)
     }
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
@@ -394,7 +445,9 @@ impl PrimaryTier for CpuTier {
             // Every absent key of the offer was just stored (repeats once): mark the request's
             // entries of them inserted, found by index rather than by key.
             RequestAccess::with(ctx, self.id, self.generation, |rec| {
-                rec.mark_inserted_entries(&absent);
+                if let Some(o) = out.as_ref() {
+                    rec.mark_inserted_entries(&absent, &o.keys_to_store, &o.chunk_ids);
+                }
             });
         }
         self.buf_entries = absent;
@@ -402,17 +455,38 @@ impl PrimaryTier for CpuTier {
         out
     }
 
-    fn complete_store(&mut self, keys: &[OffloadKey], _ctx: &ReqContext, success: bool) {
+    fn complete_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext, success: bool) {
+        let mut hints = std::mem::take(&mut self.buf_hints);
+        // A successful store completes through the rows the request's record names for its keys
+        // (checked, so a stale or missing hint only costs the probe it would have cost anyway).
+        let hinted = success && self.row_hints_into(keys, ctx, &mut hints);
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        if hinted {
+            digests.clear();
+        } else {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let mut done = Vec::with_capacity(keys.len());
-        for (k, &d) in keys.iter().zip(&digests) {
+        let observes_evictability = self.policy.observes_evictability();
+        for (i, k) in keys.iter().enumerate() {
+            let d = || {
+                digests
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| crate::index::digest_of(k))
+            };
             if success {
-                if let Some(chunk) = self.table.mark_written(k, d) {
-                    self.policy.mark_evictable(chunk);
+                let written = match hints.get(i) {
+                    Some(&row) => self.table.mark_written_hinted(k, row),
+                    None => self.table.mark_written(k, d()),
+                };
+                if let Some(chunk) = written {
+                    if observes_evictability {
+                        self.policy.mark_evictable(chunk);
+                    }
                     done.push(*k);
                 }
-            } else if let Some(e) = self.table.get_digested(k, d)
+            } else if let Some(e) = self.table.get_digested(k, d())
                 && e.ref_cnt == WRITING
             {
                 self.policy.remove(e.chunk, self.table.view());
@@ -421,6 +495,7 @@ impl PrimaryTier for CpuTier {
             }
         }
         self.buf_digests = digests;
+        self.buf_hints = hints;
         if done.is_empty() {
             return;
         }

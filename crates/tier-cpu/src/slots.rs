@@ -110,13 +110,13 @@ impl ChunkTable {
         }
     }
 
-    /// Starts loading the index slots of the keys held in `rows` (about to be released).
-    pub(crate) fn prefetch_index_of_rows(&self, rows: &[ChunkId]) {
-        if rows.len() < 2 {
-            return;
-        }
-        for &row in rows.iter().take(PREFETCH_WINDOW) {
-            self.index.prefetch(digest_of(&self.rows[row as usize].key));
+    /// Puts the digests of the keys held in `rows` (about to be released) into `digests`, and
+    /// starts loading their index slots.
+    pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
+        digests.clear();
+        digests.extend(rows.iter().map(|&row| digest_of(&self.rows[row as usize].key)));
+        for &d in digests.iter().take(PREFETCH_WINDOW) {
+            self.index.prefetch(d);
         }
     }
 
@@ -228,6 +228,64 @@ impl ChunkTable {
         Ok((chunk, edge))
     }
 
+    /// The ref count of `row` when it holds resident `key` (a row hint checked: a key is resident
+    /// in one row at most, so a resident row holding it is its row).
+    #[inline]
+    pub(crate) fn hinted(&self, row: ChunkId, key: &OffloadKey) -> Option<i32> {
+        let r = self.rows.get(row as usize)?;
+        (r.ref_cnt != FREE && same_key(&r.key, key)).then_some(r.ref_cnt)
+    }
+
+    /// Starts loading the rows named by `hints` (rows about to be checked by
+    /// [`ChunkTable::hinted`]).
+    pub(crate) fn prefetch_rows(&self, hints: &[ChunkId]) {
+        for &row in hints.iter().take(PREFETCH_WINDOW) {
+            if let Some(r) = self.rows.get(row as usize) {
+                crate::memory::prefetch(r);
+            }
+        }
+    }
+
+    /// Removes one reader from `row`, which holds resident `key`: the row and whether it just
+    /// became evictable, as [`ChunkTable::unpin`], whose probe it saves when the hint is right
+    /// (else it probes).
+    #[inline]
+    pub(crate) fn unpin_hinted(
+        &mut self,
+        key: &OffloadKey,
+        row: ChunkId,
+    ) -> Result<(ChunkId, bool), TierError> {
+        match self.hinted(row, key) {
+            Some(r) if r > 0 => {
+                let ref_cnt = &mut self.rows[row as usize].ref_cnt;
+                *ref_cnt -= 1;
+                let edge = *ref_cnt == 0;
+                if edge {
+                    self.num_evictable += 1;
+                }
+                Ok((row, edge))
+            }
+            Some(_) => Err(TierError::NotPinned(*key)),
+            None => self.unpin(key, digest_of(key)),
+        }
+    }
+
+    /// Completes the write of `key`, hinted to be in `row`, as [`ChunkTable::mark_written`]
+    /// (which it falls back to when the hint is wrong).
+    #[inline]
+    pub(crate) fn mark_written_hinted(&mut self, key: &OffloadKey, row: ChunkId) -> Option<ChunkId> {
+        match self.hinted(row, key) {
+            Some(WRITING) => {
+                self.rows[row as usize].ref_cnt = 0;
+                self.num_write_pending -= 1;
+                self.num_evictable += 1;
+                Some(row)
+            }
+            Some(_) => None,
+            None => self.mark_written(key, digest_of(key)),
+        }
+    }
+
     /// Undoes one successful [`ChunkTable::unpin`] of `key` (rolling back a batch).
     pub(crate) fn repin(&mut self, key: &OffloadKey) {
         if let Some(chunk) = self.find(key, digest_of(key)) {
@@ -272,9 +330,9 @@ impl ChunkTable {
         true
     }
 
-    /// Makes `key` resident in `chunk` with a write in flight.
-    pub(crate) fn insert_writing(&mut self, key: OffloadKey, chunk: ChunkId) {
-        self.index.insert(digest_of(&key), chunk);
+    /// Makes `key`, whose digest is `digest`, resident in `chunk` with a write in flight.
+    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId) {
+        self.index.insert(digest, chunk);
         self.rows[chunk as usize] = Row {
             key,
             ref_cnt: WRITING,
@@ -284,6 +342,12 @@ impl ChunkTable {
 
     /// Drops the key stored in `chunk` and frees the row. Returns the key.
     pub(crate) fn release(&mut self, chunk: ChunkId) -> OffloadKey {
+        let digest = digest_of(&self.rows[chunk as usize].key);
+        self.release_digested(chunk, digest)
+    }
+
+    /// [`ChunkTable::release`] of a row whose key's digest is `digest`.
+    pub(crate) fn release_digested(&mut self, chunk: ChunkId, digest: u64) -> OffloadKey {
         let row = &mut self.rows[chunk as usize];
         let key = row.key;
         match row.ref_cnt {
@@ -292,7 +356,7 @@ impl ChunkTable {
             _ => {}
         }
         row.ref_cnt = FREE;
-        self.index.remove(digest_of(&key), chunk);
+        self.index.remove(digest, chunk);
         self.free.push(chunk);
         key
     }
@@ -381,7 +445,8 @@ mod tests {
         assert!(t.allocate(3, &mut out));
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
-            t.insert_writing(OffloadKey::from_u64(i as u64), c);
+            let key = OffloadKey::from_u64(i as u64);
+            t.insert_writing(key, digest_of(&key), c);
         }
         t.release(0);
         t.release(1);

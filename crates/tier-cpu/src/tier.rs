@@ -46,13 +46,19 @@ pub struct CpuTier {
     pub(crate) buf_keys: Vec<OffloadKey>,
     /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
     pub(crate) buf_digests: Vec<u64>,
+    /// Digests of the keys a `prepare_store` is storing, in `keys_to_store` order.
+    pub(crate) buf_store_digests: Vec<u64>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
     pub(crate) buf_misses: Vec<OffloadKey>,
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
+    /// The chunks a touched batch resolved to.
+    pub(crate) buf_resolved: Vec<Option<ChunkId>>,
     pub(crate) buf_chunks: Vec<ChunkId>,
+    /// Row hints of a batch being completed (see `RequestAccess::row_hints`).
+    pub(crate) buf_hints: Vec<ChunkId>,
 }
 
 impl std::fmt::Debug for CpuTier {
@@ -146,13 +152,16 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_digests: Vec::new(),
+            buf_store_digests: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
+            buf_resolved: Vec::new(),
             buf_chunks: Vec::new(),
+            buf_hints: Vec::new(),
         }
     }
 

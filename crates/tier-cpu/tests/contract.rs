@@ -295,3 +295,52 @@ fn huge_pages_fall_back_to_normal_pages_when_unavailable() {
     stored(&mut t, &[1, 2], &ctx);
     assert_eq!(t.resident(), 2);
 }
+
+#[test]
+fn completions_through_stale_or_missing_row_hints_act_as_probes_would() {
+    for policy in [PolicyKind::Lru, PolicyKind::Arc] {
+        // One row, so every store reuses row 0.
+        let mut t = tier(1, policy);
+        let (a, b, c) = (
+            ReqContext::local("a"),
+            ReqContext::local("b"),
+            ReqContext::local("c"),
+        );
+        // a reserves row 0 for key 1, its write fails, and b's key 2 takes row 0 over: a's hint
+        // for key 1 now names a row holding another key.
+        assert_eq!(t.prepare_store(&ks(&[1]), &a).unwrap().chunk_ids, vec![0]);
+        t.complete_store(&ks(&[1]), &a, false);
+        assert_eq!(t.prepare_store(&ks(&[2]), &b).unwrap().chunk_ids, vec![0]);
+        t.complete_store(&ks(&[1]), &a, true);
+        assert_eq!(
+            t.lookup(&k(2), &a),
+            LookupResult::HitPending,
+            "{policy}: key 2 still in flight"
+        );
+        assert_eq!(t.lookup(&k(1), &a), LookupResult::Miss);
+        // A context that never stored key 2 completes it (no hint: probed).
+        t.complete_store(&ks(&[2]), &c, true);
+        assert_eq!(t.ref_count(&k(2)), Some(0));
+        t.take_events();
+        // Loads: b pins through its own record, c (which never loaded) completes one of the
+        // pins, b the other; a third completion fails and changes nothing.
+        assert_eq!(t.prepare_load(&ks(&[2]), &b).unwrap(), vec![0]);
+        assert_eq!(t.prepare_load(&ks(&[2]), &b).unwrap(), vec![0]);
+        assert_eq!(t.ref_count(&k(2)), Some(2));
+        t.complete_load(&ks(&[2]), &c).unwrap();
+        t.complete_load(&ks(&[2]), &b).unwrap();
+        assert!(
+            matches!(t.complete_load(&ks(&[2]), &b), Err(TierError::NotPinned(key)) if key == k(2)),
+            "{policy}"
+        );
+        assert_eq!((t.ref_count(&k(2)), t.num_evictable()), (Some(0), 1));
+        // Key 2 is evicted and key 3 takes its row: b's hint for key 2 is stale.
+        stored(&mut t, &[3], &c);
+        assert_eq!(t.ref_count(&k(2)), None);
+        assert!(
+            matches!(t.complete_load(&ks(&[2]), &b), Err(TierError::NotFound(key)) if key == k(2)),
+            "{policy}"
+        );
+        t.check_invariants().unwrap();
+    }
+}

@@ -14,7 +14,7 @@ use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
 use super::ghost::Ghosts;
 use super::list::{Links, List, NIL};
-use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
+use super::{EvictionPolicy, FinishedKey, PolicyKind, PolicySnapshot, Protected, SlotView};
 use crate::index::digest_of;
 
 const B1: usize = 0;
@@ -33,12 +33,11 @@ pub struct ArcPolicy {
     /// B1 (list 0) and B2 (list 1).
     ghosts: Ghosts<2>,
     /// Scratch for `evict`: (chunk, from T1).
-    picked: Vec<(ChunkId, bool)>,
+    picked: Vec<(ChunkId, bool, u64)>,
     /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
     /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
     /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
-    /// Each with its digest, compared first.
-    not_ghosts: Vec<(u64, OffloadKey)>,
+    not_ghosts: Vec<OffloadKey>,
 }
 
 impl ArcPolicy {
@@ -64,11 +63,11 @@ impl ArcPolicy {
         self.target
     }
 
-    /// Adapts the target if `key` is a ghost; returns whether it was.
-    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey) -> bool {
+    /// Adapts the target if `key` (whose digest is `digest`) is a ghost; returns whether it was.
+    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey, digest: u64) -> bool {
         let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
         // Moving within its list changes no length, so the lengths read above still hold.
-        match self.ghosts.move_to_back(key) {
+        match self.ghosts.move_to_back(key, digest) {
             Some(B1) => {
                 self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
             }
@@ -90,6 +89,17 @@ impl ArcPolicy {
             self.in_t2[word] |= bit;
         } else {
             self.in_t2[word] &= !bit;
+        }
+    }
+
+    /// Starts loading what trimming the ghost lists after `n` more evictions would touch.
+    fn prefetch_trims(&self, n: usize) {
+        self.ghosts.prefetch_free(n);
+        for l in [B1, B2] {
+            let after = self.ghosts.len(l) + n;
+            if after > self.capacity {
+                self.ghosts.prefetch_front(l, after - self.capacity);
+            }
         }
     }
 
@@ -129,16 +139,26 @@ impl EvictionPolicy for ArcPolicy {
         PolicyKind::Arc
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn observes_request_access(&self) -> bool {
         false
+    }
+
+    fn prefetch_for_offer(&self, digests: &[u64]) {
+        self.ghosts.prefetch_digests(digests);
+        self.prefetch_trims(digests.len());
     }
 
     fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
         self.ghosts.prefetch(keys);
         self.not_ghosts.clear();
         for key in keys.iter().rev() {
-            if !self.adapt_to_ghost_hit(key) {
-                self.not_ghosts.push((digest_of(key), *key));
+            let digest = digest_of(key);
+            if !self.adapt_to_ghost_hit(key, digest) {
+                self.not_ghosts.push(*key);
             }
         }
     }
@@ -153,8 +173,9 @@ impl EvictionPolicy for ArcPolicy {
     ) {
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
-        let digest = digest_of(key);
-        if let Some(i) = self.not_ghosts.iter().position(|(d, k)| *d == digest && k == key) {
+        // Misses were noted last key first and are inserted first key first: searching from the
+        // back finds the key at once in the usual case, and removing it is then a pop.
+        if let Some(i) = self.not_ghosts.iter().rposition(|k| k == key) {
             self.not_ghosts.swap_remove(i);
         } else {
             self.ghosts.remove(key);
@@ -169,17 +190,23 @@ impl EvictionPolicy for ArcPolicy {
         }
     }
 
-    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
-        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
-        for k in keys.iter().rev() {
-            match k.chunk {
+    fn touch(
+        &mut self,
+        keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        self.links.prefetch(chunks.iter().flatten().copied());
+        for (key, chunk) in keys.iter().zip(chunks).rev() {
+            match *chunk {
                 Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {
                     self.move_to_t2_back(chunk);
                 }
                 // A store that has not completed is not a second access.
                 Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
                 None => {
-                    self.adapt_to_ghost_hit(&k.key);
+                    self.adapt_to_ghost_hit(key, digest_of(key));
                 }
             }
         }
@@ -207,6 +234,7 @@ impl EvictionPolicy for ArcPolicy {
             return true;
         }
         self.picked.clear();
+        self.prefetch_trims(n);
         // Truncation toward zero, as Python's int() of a non-negative float.
         let target = self.target as usize;
         let mut virtual_t1 = self.t1.len();
@@ -232,18 +260,18 @@ impl EvictionPolicy for ArcPolicy {
             if from_t1 {
                 virtual_t1 = virtual_t1.saturating_sub(1);
             }
-            self.picked.push((pick, from_t1));
+            self.picked.push((pick, from_t1, 0));
         }
-        self.ghosts.prefetch_chunks(&self.picked, slots);
+        self.ghosts.digest_chunks(&mut self.picked, slots);
         for i in 0..self.picked.len() {
-            let (chunk, from_t1) = self.picked[i];
+            let (chunk, from_t1, digest) = self.picked[i];
             let key = slots.key(chunk);
             if from_t1 {
                 self.t1.remove(&mut self.links, chunk);
-                self.ghosts.push_back(B1, key);
+                self.ghosts.push_back_digested(B1, key, digest);
             } else {
                 self.t2.remove(&mut self.links, chunk);
-                self.ghosts.push_back(B2, key);
+                self.ghosts.push_back_digested(B2, key, digest);
             }
             out.push(chunk);
         }

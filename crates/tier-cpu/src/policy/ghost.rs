@@ -1,23 +1,34 @@
 //! Ghost lists: ordered sets of keys that are no longer resident (ARC's B1/B2, S3-FIFO's ghost
 //! queue). Several lists share one compact key index (8-byte slots naming a ghost slot, the key
 //! confirmed on the slot), so asking "is this key a ghost, and of which list" is a single probe.
-//! Ghost slots are recycled through a free list: no allocation per key once the lists are at
-//! their bound. Membership, removal, move-to-back and pop-front are O(1).
+//! The orders are logs of ghost slots ([`Rings`]), each element carrying its key's index tag:
+//! trimming the oldest ghosts reads consecutive elements instead of chasing links and finds their
+//! index slots from the log alone, so a batch of them is dropped with its cache misses overlapped
+//! (and [`Ghosts::prefetch_front`] can request them before the eviction that trims them). Ghost slots are recycled through a free list: no allocation per key once the lists
+//! are at their bound. Membership, removal, move-to-back and pop-front are O(1) (amortized).
 
 use tiering_core::{ChunkId, OffloadKey};
 
 use super::SlotView;
 
-use super::list::{Links, List, NIL};
+use super::ring::{NIL, Rings};
 use crate::index::{KeyIndex, digest_of};
+
+/// Ghosts dropped per round of a trim: their index slots are requested before any is removed.
+const TRIM_BATCH: usize = 32;
+
+/// One ghost: its key and the list holding it.
+#[derive(Clone, Copy)]
+struct Ghost {
+    key: OffloadKey,
+    list: u8,
+}
 
 /// `N` insertion-ordered, disjoint sets of keys (front = oldest).
 pub(crate) struct Ghosts<const N: usize> {
     index: KeyIndex,
-    keys: Vec<OffloadKey>,
-    owner: Vec<u8>,
-    links: Links,
-    lists: [List; N],
+    ghosts: Vec<Ghost>,
+    order: Rings<N>,
     free: Vec<u32>,
 }
 
@@ -25,10 +36,8 @@ impl<const N: usize> Default for Ghosts<N> {
     fn default() -> Self {
         Self {
             index: KeyIndex::with_capacity(0),
-            keys: Vec::new(),
-            owner: Vec::new(),
-            links: Links::default(),
-            lists: [List::new(); N],
+            ghosts: Vec::new(),
+            order: Rings::with_nodes(0),
             free: Vec::new(),
         }
     }
@@ -42,12 +51,23 @@ impl<const N: usize> Ghosts<N> {
 
     /// Number of keys in list `l`.
     pub(crate) fn len(&self, l: usize) -> usize {
-        self.lists[l].len()
+        self.order.len(l)
     }
 
     #[inline]
     fn find(&self, key: &OffloadKey) -> Option<u32> {
-        self.index.find(digest_of(key), |n| self.keys[n as usize] == *key)
+        self.index
+            .find(digest_of(key), |n| self.ghosts[n as usize].key == *key)
+    }
+
+    /// Starts loading the index slots of the keys with `digests` (about to be probed).
+    pub(crate) fn prefetch_digests(&self, digests: &[u64]) {
+        if self.index.len() == 0 {
+            return;
+        }
+        for &d in digests.iter().take(32) {
+            self.index.prefetch(d);
+        }
     }
 
     /// Starts loading the index slots of `keys` (about to be probed).
@@ -60,17 +80,14 @@ impl<const N: usize> Ghosts<N> {
         }
     }
 
-    /// Starts loading the index slots of the keys held in the chunks of `picked` (eviction
-    /// victims about to become ghosts), and the tier's index slots of the same keys (about to
-    /// be cleared).
-    pub(crate) fn prefetch_chunks(&self, picked: &[(ChunkId, bool)], slots: SlotView<'_>) {
-        if picked.len() < 2 {
-            return;
-        }
-        for &(chunk, _) in picked.iter().take(32) {
-            let digest = slots.prefetch_index_of(chunk);
-            if self.index.len() != 0 {
-                self.index.prefetch(digest);
+    /// Fills in the digests of the keys held in the chunks of `picked` (eviction victims about
+    /// to become ghosts: chunk, from which list, digest) and starts loading their index slots
+    /// here and in the tier (about to be cleared).
+    pub(crate) fn digest_chunks(&self, picked: &mut [(ChunkId, bool, u64)], slots: SlotView<'_>) {
+        for (i, p) in picked.iter_mut().enumerate() {
+            p.2 = slots.prefetch_index_of(p.0);
+            if i < 32 && self.index.len() != 0 {
+                self.index.prefetch(p.2);
             }
         }
     }
@@ -78,52 +95,56 @@ impl<const N: usize> Ghosts<N> {
     /// The list holding `key`, if any.
     #[cfg(test)]
     pub(crate) fn list_of(&self, key: &OffloadKey) -> Option<usize> {
-        self.find(key).map(|n| usize::from(self.owner[n as usize]))
+        self.find(key).map(|n| usize::from(self.ghosts[n as usize].list))
     }
 
     /// Appends `key` at the back of list `l` (moving it there from wherever it was); one probe
     /// run finds the key or reserves its index slot.
     pub(crate) fn push_back(&mut self, l: usize, key: OffloadKey) {
+        self.push_back_digested(l, key, digest_of(&key));
+    }
+
+    /// [`Ghosts::push_back`] of a key whose digest is `digest`.
+    pub(crate) fn push_back_digested(&mut self, l: usize, key: OffloadKey, digest: u64) {
         // The slot a new ghost takes: the last freed one, else a fresh one.
         let candidate = match self.free.last() {
             Some(&n) => n,
-            None => match u32::try_from(self.keys.len()).ok().filter(|&n| n != NIL) {
+            None => match u32::try_from(self.ghosts.len()).ok().filter(|&n| n != NIL) {
                 Some(n) => n,
                 // More ghosts than u32 ids cannot happen below the arena's row limit; keep the
                 // structure bounded anyway by forgetting this key.
                 None => return,
             },
         };
-        let keys = &self.keys;
+        let ghosts = &self.ghosts;
         match self
             .index
-            .find_or_insert(digest_of(&key), |n| keys[n as usize] == key, || candidate)
+            .find_or_insert(digest, |n| ghosts[n as usize].key == key, || candidate)
         {
             Ok(n) => {
-                let from = usize::from(self.owner[n as usize]);
-                self.lists[from].remove(&mut self.links, n);
-                self.lists[l].push_back(&mut self.links, n);
-                self.owner[n as usize] = l as u8;
+                let from = usize::from(self.ghosts[n as usize].list);
+                self.order.move_across(from, l, n);
+                self.ghosts[n as usize].list = l as u8;
             }
             Err(n) => {
+                let ghost = Ghost { key, list: l as u8 };
                 if self.free.pop().is_some() {
-                    self.keys[n as usize] = key;
+                    self.ghosts[n as usize] = ghost;
                 } else {
-                    self.keys.push(key);
-                    self.owner.push(0);
-                    self.links.grow_to(self.keys.len());
+                    self.ghosts.push(ghost);
+                    self.order.grow_to(self.ghosts.len());
                 }
-                self.owner[n as usize] = l as u8;
-                self.lists[l].push_back(&mut self.links, n);
+                self.order.push_back_with(l, n, KeyIndex::tag(digest));
             }
         }
     }
 
-    /// Moves `key` to the back of its list; returns that list, or `None` if it is no ghost.
-    pub(crate) fn move_to_back(&mut self, key: &OffloadKey) -> Option<usize> {
-        let n = self.find(key)?;
-        let l = usize::from(self.owner[n as usize]);
-        self.lists[l].move_to_back(&mut self.links, n);
+    /// Moves `key`, whose digest is `digest`, to the back of its list; returns that list, or
+    /// `None` if it is no ghost.
+    pub(crate) fn move_to_back(&mut self, key: &OffloadKey, digest: u64) -> Option<usize> {
+        let n = self.index.find(digest, |n| self.ghosts[n as usize].key == *key)?;
+        let l = usize::from(self.ghosts[n as usize].list);
+        self.order.move_to_back(l, n);
         Some(l)
     }
 
@@ -132,8 +153,8 @@ impl<const N: usize> Ghosts<N> {
         match self.find(key) {
             Some(n) => {
                 self.index.remove(digest_of(key), n);
-                let l = usize::from(self.owner[n as usize]);
-                self.lists[l].remove(&mut self.links, n);
+                let l = usize::from(self.ghosts[n as usize].list);
+                self.order.remove(l, n);
                 self.free.push(n);
                 true
             }
@@ -142,22 +163,64 @@ impl<const N: usize> Ghosts<N> {
     }
 
     /// Removes and returns the oldest key of list `l`.
+    #[cfg(test)]
     pub(crate) fn pop_front(&mut self, l: usize) -> Option<OffloadKey> {
-        let n = self.lists[l].front();
+        let n = self.order.front(l);
         if n == NIL {
             return None;
         }
-        let key = self.keys[n as usize];
-        self.lists[l].remove(&mut self.links, n);
-        self.index.remove(digest_of(&key), n);
-        self.free.push(n);
+        let key = self.ghosts[n as usize].key;
+        self.drop_ghost(l, n, KeyIndex::tag(digest_of(&key)));
         Some(key)
     }
 
-    /// Drops the oldest keys of list `l` until at most `cap` remain.
+    fn drop_ghost(&mut self, l: usize, n: u32, tag: u32) {
+        self.order.remove(l, n);
+        self.index.remove_tagged(tag, n);
+        self.free.push(n);
+    }
+
+    /// Starts loading the slots the next `count` (up to 32) new ghosts will be written to (the
+    /// most recently freed ones): writing a key into a cold slot would otherwise wait for the
+    /// line. A hint only.
+    pub(crate) fn prefetch_free(&self, count: usize) {
+        for &n in self.free.iter().rev().take(count.min(TRIM_BATCH)) {
+            if let Some(g) = self.ghosts.get(n as usize) {
+                crate::memory::prefetch(g);
+            }
+        }
+    }
+
+    /// Starts loading the index slots of the (up to 32) oldest `count` keys of list `l`: the ones
+    /// a trim after `count` more ghosts would drop. A hint only.
+    pub(crate) fn prefetch_front(&self, l: usize, count: usize) {
+        let mut at = self.order.scan_start(l);
+        for _ in 0..count.min(TRIM_BATCH) {
+            match self.order.next_with_payload(l, &mut at) {
+                Some((_, tag)) => self.index.prefetch_tag(tag),
+                None => break,
+            }
+        }
+    }
+
+    /// Drops the oldest keys of list `l` until at most `cap` remain, a batch at a time: the
+    /// batch's ghosts and index tags are read from the front of the log, their index slots
+    /// requested, and only then removed.
     pub(crate) fn trim_to(&mut self, l: usize, cap: usize) {
+        let mut batch = [(NIL, 0u32); TRIM_BATCH];
         while self.len(l) > cap {
-            self.pop_front(l);
+            let excess = (self.len(l) - cap).min(TRIM_BATCH);
+            let mut at = self.order.scan_start(l);
+            for entry in &mut batch[..excess] {
+                // `excess` ≤ len, so the log has that many members.
+                *entry = self.order.next_with_payload(l, &mut at).unwrap_or((NIL, 0));
+                self.index.prefetch_tag(entry.1);
+            }
+            for &(n, tag) in &batch[..excess] {
+                if n != NIL {
+                    self.drop_ghost(l, n, tag);
+                }
+            }
         }
     }
 
@@ -168,10 +231,7 @@ impl<const N: usize> Ghosts<N> {
 
     /// The keys of list `l`, oldest first (for tests and diagnostics).
     pub(crate) fn keys(&self, l: usize) -> Vec<OffloadKey> {
-        self.lists[l]
-            .iter(&self.links)
-            .map(|n| self.keys[n as usize])
-            .collect()
+        self.order.iter(l).map(|n| self.ghosts[n as usize].key).collect()
     }
 }
 
@@ -190,8 +250,8 @@ mod tests {
             g.push_back(0, k(n));
         }
         g.push_back(1, k(9));
-        assert_eq!(g.move_to_back(&k(2)), Some(0));
-        assert_eq!(g.move_to_back(&k(8)), None);
+        assert_eq!(g.move_to_back(&k(2), digest_of(&k(2))), Some(0));
+        assert_eq!(g.move_to_back(&k(8), digest_of(&k(8))), None);
         assert_eq!(g.keys(0), vec![k(1), k(3), k(4), k(2)]);
         assert_eq!(
             (g.list_of(&k(9)), g.list_of(&k(1)), g.list_of(&k(8))),

