@@ -301,3 +301,61 @@ impl TieringState {
         self.apply_store_keys(&apply);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ManagerError;
+    use crate::key::OffloadKey;
+    use crate::manager::{ManagerConfig, TieringManager};
+    use crate::offloading::OffloadingManager;
+    use crate::outcome::LookupResult;
+    use crate::request::ReqContext;
+    use crate::testing::MemoryPrimary;
+
+    fn k(n: u64) -> OffloadKey {
+        OffloadKey::from_u64(n)
+    }
+
+    /// Engine-only reports (no copy workers): a key named twice in one report counts as one
+    /// duplicate, a store reported in parts ends with its last key, and a report naming only
+    /// untracked keys of a request with nothing pending is an error that changes nothing.
+    #[test]
+    fn engine_only_reports_apply_each_key_once_and_end_the_store_with_its_last_key() {
+        let mut m = TieringManager::new(
+            Box::new(MemoryPrimary::new(8, 16)),
+            Vec::new(),
+            ManagerConfig::default(),
+        );
+        let ctx = ReqContext::local("r");
+        let mut s = m.step();
+        s.on_new_request(&ctx).unwrap();
+        let out = s.prepare_store(&[k(1), k(2), k(3)], &ctx).unwrap().unwrap();
+        assert_eq!(out.keys_to_store, vec![k(1), k(2), k(3)]);
+        s.complete_store(&[k(2), k(2), k(9)], &ctx, true).unwrap();
+        assert_eq!(s.lookup(&k(2), &ctx).unwrap(), LookupResult::Hit);
+        assert_eq!(s.lookup(&k(1), &ctx).unwrap(), LookupResult::HitPending);
+        let counters = s.stats().unwrap().manager;
+        assert_eq!(counters.duplicate_store_reports, 1);
+        assert_eq!(s.inspect(|st| st.unmatched_store_reports()).unwrap(), 2);
+        // The request finishes while its store is still open: it stays tracked until the
+        // store's last key is reported.
+        s.on_request_finished(&ctx).unwrap();
+        assert_eq!(s.inspect(|st| st.tracked_requests()).unwrap(), 1);
+        s.complete_store(&[k(3), k(1)], &ctx, false).unwrap();
+        assert_eq!(s.lookup(&k(1), &ctx).unwrap(), LookupResult::Miss);
+        assert_eq!(s.lookup(&k(3), &ctx).unwrap(), LookupResult::Miss);
+        assert_eq!(
+            s.inspect(|st| (st.tracked_requests(), st.unmatched_store_reports()))
+                .unwrap(),
+            (0, 0)
+        );
+
+        let other = ReqContext::local("o");
+        s.on_new_request(&other).unwrap();
+        assert!(matches!(
+            s.complete_store(&[k(2)], &other, true),
+            Err(ManagerError::NoPendingStore(_))
+        ));
+        assert_eq!(s.lookup(&k(2), &other).unwrap(), LookupResult::Hit);
+    }
+}
