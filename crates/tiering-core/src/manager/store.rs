@@ -152,15 +152,11 @@ impl TieringState {
         let faults = self.gated_poll();
         self.handle_faults(faults)?;
         let rid = ctx.id();
-        if !self.requests.contains_key(rid) {
+        let Some(request_level) = self.requests.get(rid).map(|s| !s.request_level.is_empty()) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
-        }
+        };
         self.gates.on_access(keys, Access::Offered);
         let out = self.primary.prepare_store(keys, ctx);
-        let request_level = self
-            .requests
-            .get(rid)
-            .is_some_and(|s| !s.request_level.is_empty());
         // The offered chunks the primary already holds: what a tier's admission may have waited
         // for, and what a request-level cascade copies. Only worked out when there is a
         // secondary tier to tell.

@@ -125,7 +125,13 @@ impl StoreLedger {
                 unsettled: keys.len(),
             },
         );
-        self.by_request.entry(ctx.id().clone()).or_default().push(id);
+        // Looked up before inserting, so a request's later batches do not clone its id.
+        match self.by_request.get_mut(ctx.id()) {
+            Some(ids) => ids.push(id),
+            None => {
+                self.by_request.insert(ctx.id().clone(), vec![id]);
+            }
+        }
         id
     }
 
