@@ -7,7 +7,10 @@ crates/tier-cpu/tests/data/recorder/oracle.py: point VLLM_CPU_SRC at the `vllm/v
 directory of the unpacked 0.33.0 wheel (`pip download vllm==0.33.0 --no-deps`, unzip). Without
 it only kvtier's figures are printed.
 
-    python bench/bench_manager.py [--chunks 100000] [--seconds 2] [--policy lru]
+    python bench/bench_manager.py [--chunks 100000] [--seconds 2] [--policy lru] [--runs 3]
+
+With --runs N the whole comparison (kvtier, vLLM, loop) is repeated N times, interleaved, and
+the median with the min–max of each figure and ratio is printed after the runs.
 
 Each figure is the best of 5 rounds. Both sides run the same loop (16-key batches, a fresh request per load and per store, each
 store request finished and its events drained); the clock is read once per 256 calls.
@@ -31,17 +34,23 @@ RECORDER = os.path.join(HERE, "..", "..", "tier-cpu", "tests", "data", "recorder
 
 def rate(fn, seconds, batch=256, rounds=5):
     """Calls per second of `fn(i)`: the best of `rounds` rounds (a shared machine's other load
-    only ever slows a round down), timing batches of calls so the clock is not measured."""
+    only ever slows a round down), timing batches of calls so the clock is not measured.
+
+    Time is the thread's CPU time (`time.thread_time`), so the time this process spends
+    descheduled on a loaded machine counts for neither side; the caches other processes evict
+    still do. Both managers do all their work on the calling thread (a CPU-only chain starts no
+    other), so nothing is left out."""
     best = 0.0
     count = 0
+    clock = time.thread_time
     for _ in range(rounds):
         start = count
-        t0 = time.perf_counter()
+        t0 = clock()
         while True:
             for i in range(count, count + batch):
                 fn(i)
             count += batch
-            elapsed = time.perf_counter() - t0
+            elapsed = clock() - t0
             if elapsed >= seconds / rounds:
                 break
         best = max(best, (count - start) / elapsed)
@@ -184,37 +193,62 @@ def bench(side, n, seconds):
     return res
 
 
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--chunks", type=int, default=100000)
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--policy", action="append")
+    ap.add_argument("--runs", type=int, default=1)
     a = ap.parse_args()
-    for policy in a.policy or ["lru", "arc"]:
-        k = bench(KvtierSide(a.chunks, policy), a.chunks, a.seconds)
-        v = None
-        src = os.environ.get("VLLM_CPU_SRC")
-        if src and os.path.isdir(src):
-            v = bench(VllmSide(a.chunks, policy), a.chunks, a.seconds)
-        loop = bench(LoopSide(a.chunks, policy), a.chunks, a.seconds)
-        print(f"policy {policy}, {a.chunks} chunks, {sys.version.split()[0]}")
-        print(f"  {'op':<15}{'kvtier (binding)':>20}{'vLLM 0.33.0':>16}{'ratio':>9}")
-        for op, ops in k.items():
-            if v is None:
-                print(f"  {op:<15}{ops:>16,.0f}/s{'-':>16}{'-':>9}")
-            else:
-                print(f"  {op:<15}{ops:>16,.0f}/s{v[op]:>14,.0f}/s{ops / v[op]:>8.1f}x")
-        # The loop's own time is in both sides' figures; without it the ratio compares the
-        # managers alone (binding included on kvtier's side).
-        print(f"  loop alone: " + ", ".join(f"{op} {1e6 / loop[op]:.2f} us" for op in k))
-        if v is not None:
-            net = []
+    src = os.environ.get("VLLM_CPU_SRC")
+    have_vllm = bool(src and os.path.isdir(src))
+    # (policy, op) -> lists of kvtier ops/s, vLLM ops/s, ratio, ratio without the loop
+    summary = {}
+    for run in range(a.runs):
+        for policy in a.policy or ["lru", "arc"]:
+            k = bench(KvtierSide(a.chunks, policy), a.chunks, a.seconds)
+            v = bench(VllmSide(a.chunks, policy), a.chunks, a.seconds) if have_vllm else None
+            loop = bench(LoopSide(a.chunks, policy), a.chunks, a.seconds)
+            print(f"policy {policy}, {a.chunks} chunks, {sys.version.split()[0]}, run {run + 1}/{a.runs}")
+            print(f"  {'op':<15}{'kvtier (binding)':>20}{'vLLM 0.33.0':>16}{'ratio':>9}")
             for op, ops in k.items():
-                kv, vv = 1 / ops - 1 / loop[op], 1 / v[op] - 1 / loop[op]
-                net.append(f"{op} {vv / kv:.1f}x" if kv > 0 else f"{op} -")
-            print("  ratio without the loop: " + ", ".join(net))
-        if v is None:
-            print("  (set VLLM_CPU_SRC to compare with vLLM 0.33.0 in the same run)")
+                if v is None:
+                    print(f"  {op:<15}{ops:>16,.0f}/s{'-':>16}{'-':>9}")
+                else:
+                    print(f"  {op:<15}{ops:>16,.0f}/s{v[op]:>14,.0f}/s{ops / v[op]:>8.1f}x")
+            # The loop's own time is in both sides' figures; without it the ratio compares the
+            # managers alone (binding included on kvtier's side).
+            print("  loop alone: " + ", ".join(f"{op} {1e6 / loop[op]:.2f} us" for op in k))
+            if v is not None:
+                net = []
+                for op, ops in k.items():
+                    kv, vv = 1 / ops - 1 / loop[op], 1 / v[op] - 1 / loop[op]
+                    r = vv / kv if kv > 0 else float("nan")
+                    net.append(f"{op} {r:.1f}x")
+                    summary.setdefault((policy, op), []).append((ops, v[op], ops / v[op], r))
+                print("  ratio without the loop: " + ", ".join(net))
+            else:
+                print("  (set VLLM_CPU_SRC to compare with vLLM 0.33.0 in the same run)")
+            sys.stdout.flush()
+    if summary and a.runs > 1:
+        print(f"medians of {a.runs} runs, {a.chunks} chunks (min-max)")
+        print(f"  {'policy':<7}{'op':<15}{'kvtier/s':>12}{'vLLM/s':>10}{'ratio':>18}{'w/o loop':>18}")
+        for (policy, op), rows in summary.items():
+            cols = list(zip(*rows))
+
+            def fmt(xs, spec):
+                return f"{median(xs):{spec}} ({min(xs):{spec}}-{max(xs):{spec}})"
+
+            print(
+                f"  {policy:<7}{op:<15}{median(cols[0]):>12,.0f}{median(cols[1]):>10,.0f}"
+                f"{fmt(cols[2], '.1f'):>18}{fmt(cols[3], '.1f'):>18}"
+            )
 
 
 if __name__ == "__main__":

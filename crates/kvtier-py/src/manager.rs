@@ -176,7 +176,7 @@ impl PyTieringManager {
         let events = self
             .with_manager(py, "take_events", TieringManager::take_events)?
             .map_err(kvtier_err)?;
-        events_list(py, &events)
+        events_list(py, events)
     }
 
     /// A snapshot of the counters: `{"manager": {...}, "primary": {...}, "secondaries": [...],
@@ -316,13 +316,13 @@ impl PyTieringManager {
 }
 
 /// Events as a Python list.
-pub(crate) fn events_list<'py>(
-    py: Python<'py>,
-    events: &[tiering_core::OffloadingEvent],
-) -> PyResult<Bound<'py, PyList>> {
+pub(crate) fn events_list(
+    py: Python<'_>,
+    events: Vec<tiering_core::OffloadingEvent>,
+) -> PyResult<Bound<'_, PyList>> {
     let items = events
-        .iter()
-        .map(|e| OffloadingEvent::from_core(py, e))
+        .into_iter()
+        .map(|e| Bound::new(py, OffloadingEvent::from_core(e)))
         .collect::<PyResult<Vec<_>>>()?;
     PyList::new(py, items)
 }

@@ -19,7 +19,7 @@ use crate::values::{LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContex
 /// One scheduler step of a `TieringManager` (from `manager.step()`): holds the manager's lock
 /// until exited, so a chunk `lookup` reported as a hit stays resident until `prepare_load`.
 /// Use as a context manager; leaving the block (also by an exception) releases the lock.
-#[pyclass(module = "kvtier", name = "Step")]
+#[pyclass(module = "kvtier", name = "Step", frozen)]
 pub(crate) struct PyStep {
     step: Mutex<Option<Step<'static>>>,
     shared: Arc<Shared>,
@@ -110,9 +110,10 @@ impl PyStep {
         keys: &Bound<'_, PyAny>,
         req_context: &PyReqContext,
     ) -> PyResult<Option<PrepareStoreOutput>> {
-        let keys = keys_from_py(keys)?;
-        let out = self.with(|s| s.prepare_store(&keys, &req_context.inner))?;
-        out.map(|o| PrepareStoreOutput::from_core(py, &o)).transpose()
+        let parsed = keys_from_py(keys)?;
+        let out = self.with(|s| s.prepare_store(&parsed, &req_context.inner))?;
+        out.map(|o| PrepareStoreOutput::from_core(py, o, &parsed, keys))
+            .transpose()
     }
 
     /// The device→arena copy of a `prepare_store` finished (`success`) or failed.
@@ -150,7 +151,7 @@ impl PyStep {
     /// Events since the last call (primary first, then each secondary in chain order).
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
         let events = self.with(Step::take_events)?;
-        events_list(py, &events)
+        events_list(py, events)
     }
 
     /// Whether the engine should keep stepping even with no requests.

@@ -5,7 +5,7 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use tiering_core::request::TransferParams;
 use tiering_core::{Locality, Medium, ReqContext, RequestId, TierFilter, TierMatcher};
 
@@ -27,6 +27,7 @@ pub(crate) enum LookupResult {
 }
 
 static LOOKUP_RESULTS: PyOnceLock<[Py<PyAny>; 4]> = PyOnceLock::new();
+static OFFLOAD_POLICIES: PyOnceLock<[Py<PyAny>; 2]> = PyOnceLock::new();
 
 impl LookupResult {
     /// The class attribute of a verdict (`LookupResult.HIT`, ...), so results compare with
@@ -63,13 +64,56 @@ pub(crate) enum OffloadPolicy {
 }
 
 impl OffloadPolicy {
-    /// The class attribute of a policy, so policies compare with `is`.
+    /// The class attribute of a policy, so policies compare with `is` (looked up once, not
+    /// per call).
     pub(crate) fn object(py: Python<'_>, p: tiering_core::OffloadPolicy) -> PyResult<Py<PyAny>> {
-        let name = match p {
-            tiering_core::OffloadPolicy::ChunkLevel => "CHUNK_LEVEL",
-            tiering_core::OffloadPolicy::RequestLevel => "REQUEST_LEVEL",
+        let all = OFFLOAD_POLICIES.get_or_try_init(py, || -> PyResult<_> {
+            let t = py.get_type::<Self>();
+            Ok([
+                t.getattr("CHUNK_LEVEL")?.unbind(),
+                t.getattr("REQUEST_LEVEL")?.unbind(),
+            ])
+        })?;
+        let i = match p {
+            tiering_core::OffloadPolicy::ChunkLevel => 0,
+            tiering_core::OffloadPolicy::RequestLevel => 1,
         };
-        Ok(py.get_type::<Self>().getattr(name)?.unbind())
+        Ok(all[i].clone_ref(py))
+    }
+}
+
+/// A list of keys built on first access: results carry the keys as Rust values, and the
+/// `bytes` objects (one allocation each) are only made when Python reads them.
+pub(crate) struct LazyKeys {
+    keys: Vec<tiering_core::OffloadKey>,
+    list: PyOnceLock<Py<PyList>>,
+}
+
+impl LazyKeys {
+    pub(crate) fn new(keys: Vec<tiering_core::OffloadKey>) -> Self {
+        Self {
+            keys,
+            list: PyOnceLock::new(),
+        }
+    }
+
+    /// A list made already (for example of the caller's own key objects).
+    pub(crate) fn ready(py: Python<'_>, keys: Vec<tiering_core::OffloadKey>, list: Py<PyList>) -> Self {
+        let lazy = Self::new(keys);
+        // A fresh cell takes the value; the result only says whether it was empty.
+        let _ = lazy.list.set(py, list);
+        lazy
+    }
+
+    /// The list (the same object on every access).
+    pub(crate) fn get(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.list
+            .get_or_try_init(py, || keys_list(py, &self.keys))
+            .map(|l| l.clone_ref(py))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.keys.len()
     }
 }
 
@@ -77,44 +121,105 @@ impl OffloadPolicy {
 /// `store_spec` of vLLM, parallel to `keys_to_store`) and the keys evicted to make room.
 #[pyclass(module = "kvtier", frozen)]
 pub(crate) struct PrepareStoreOutput {
-    /// Keys to write (resident keys filtered out), in offer order.
-    #[pyo3(get)]
-    keys_to_store: Py<PyList>,
+    keys_to_store: LazyKeys,
     /// Destination arena rows, parallel to `keys_to_store`.
     #[pyo3(get)]
     chunk_ids: Py<PyList>,
-    /// Keys evicted to make room.
-    #[pyo3(get)]
-    evicted: Py<PyList>,
+    evicted: LazyKeys,
 }
 
 impl PrepareStoreOutput {
-    pub(crate) fn from_core(py: Python<'_>, out: &tiering_core::PrepareStoreOutput) -> PyResult<Self> {
+    /// `offered`: the keys passed to `prepare_store` (parsed, and the Python sequence when it
+    /// is a list or a tuple). `keys_to_store` is made of the caller's own key objects, as
+    /// vLLM's manager returns them, instead of new `bytes`.
+    pub(crate) fn from_core(
+        py: Python<'_>,
+        out: tiering_core::PrepareStoreOutput,
+        offered: &[tiering_core::OffloadKey],
+        offered_objects: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let keys_to_store = match same_objects(py, &out.keys_to_store, offered, offered_objects)? {
+            Some(list) => LazyKeys::ready(py, out.keys_to_store, list),
+            None => LazyKeys::new(out.keys_to_store),
+        };
         Ok(Self {
-            keys_to_store: keys_list(py, &out.keys_to_store)?,
+            keys_to_store,
             chunk_ids: PyList::new(py, &out.chunk_ids)?.unbind(),
-            evicted: keys_list(py, &out.evicted)?,
+            evicted: LazyKeys::new(out.evicted),
         })
     }
 }
 
+/// A list of the objects of `offered_objects` (a list or tuple parallel to `offered`) whose
+/// keys are `wanted`, which must appear in `offered` in the same order; `None` when the
+/// sequence is of another kind or a key is not found in order.
+fn same_objects(
+    py: Python<'_>,
+    wanted: &[tiering_core::OffloadKey],
+    offered: &[tiering_core::OffloadKey],
+    offered_objects: &Bound<'_, PyAny>,
+) -> PyResult<Option<Py<PyList>>> {
+    let item = |j: usize| -> PyResult<Option<Bound<'_, PyAny>>> {
+        if let Ok(list) = offered_objects.cast::<PyList>() {
+            // The list is read again here: if it no longer matches the parsed keys, make new
+            // objects rather than hand back the wrong ones.
+            if list.len() != offered.len() {
+                return Ok(None);
+            }
+            return list.get_item(j).map(Some);
+        }
+        if let Ok(tuple) = offered_objects.cast::<PyTuple>() {
+            return tuple.get_item(j).map(Some);
+        }
+        Ok(None)
+    };
+    let mut objects = Vec::with_capacity(wanted.len());
+    let mut j = 0;
+    for key in wanted {
+        while j < offered.len() && offered[j] != *key {
+            j += 1;
+        }
+        if j == offered.len() {
+            return Ok(None);
+        }
+        let Some(ob) = item(j)? else {
+            return Ok(None);
+        };
+        objects.push(ob);
+        j += 1;
+    }
+    Ok(Some(PyList::new(py, objects)?.unbind()))
+}
+
 #[pymethods]
 impl PrepareStoreOutput {
+    /// Keys to write (resident keys filtered out), in offer order.
+    #[getter]
+    fn keys_to_store(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.keys_to_store.get(py)
+    }
+
+    /// Keys evicted to make room.
+    #[getter]
+    fn evicted(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.evicted.get(py)
+    }
+
     /// vLLM's name for `evicted`.
     #[getter]
-    fn evicted_keys(&self, py: Python<'_>) -> Py<PyList> {
-        self.evicted.clone_ref(py)
+    fn evicted_keys(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.evicted.get(py)
     }
 
     fn __repr__(&self, py: Python<'_>) -> String {
         format!(
             "PrepareStoreOutput(keys_to_store={} keys, chunk_ids={}, evicted={} keys)",
-            self.keys_to_store.bind(py).len(),
+            self.keys_to_store.len(),
             self.chunk_ids
                 .bind(py)
                 .repr()
                 .map_or_else(|_| "?".into(), |r| r.to_string()),
-            self.evicted.bind(py).len()
+            self.evicted.len()
         )
     }
 }
@@ -126,9 +231,7 @@ pub(crate) fn keys_list(py: Python<'_>, keys: &[tiering_core::OffloadKey]) -> Py
 /// Keys stored in, or removed from, one tier (vLLM's `OffloadingEvent`).
 #[pyclass(module = "kvtier", frozen)]
 pub(crate) struct OffloadingEvent {
-    /// The keys concerned.
-    #[pyo3(get)]
-    keys: Py<PyList>,
+    keys: LazyKeys,
     /// `"CPU"`, `"STORAGE"` or `None`.
     #[pyo3(get)]
     medium: Option<&'static str>,
@@ -147,9 +250,9 @@ pub(crate) struct OffloadingEvent {
 }
 
 impl OffloadingEvent {
-    pub(crate) fn from_core(py: Python<'_>, e: &tiering_core::OffloadingEvent) -> PyResult<Self> {
-        Ok(Self {
-            keys: keys_list(py, &e.keys)?,
+    pub(crate) fn from_core(e: tiering_core::OffloadingEvent) -> Self {
+        Self {
+            keys: LazyKeys::new(e.keys),
             medium: e.medium.map(|m| match m {
                 Medium::Cpu => "CPU",
                 Medium::Storage => "STORAGE",
@@ -159,19 +262,25 @@ impl OffloadingEvent {
                 Locality::Remote => "REMOTE",
             }),
             removed: e.removed,
-            ownership: e.ownership.clone(),
+            ownership: e.ownership,
             metadata_only: e.metadata_only,
-        })
+        }
     }
 }
 
 #[pymethods]
 impl OffloadingEvent {
-    fn __repr__(&self, py: Python<'_>) -> String {
+    /// The keys concerned.
+    #[getter]
+    fn keys(&self, py: Python<'_>) -> PyResult<Py<PyList>> {
+        self.keys.get(py)
+    }
+
+    fn __repr__(&self) -> String {
         format!(
             "OffloadingEvent({} {} keys, medium={:?}, ownership={:?}, metadata_only={})",
             if self.removed { "removed" } else { "stored" },
-            self.keys.bind(py).len(),
+            self.keys.len(),
             self.medium,
             self.ownership,
             self.metadata_only
@@ -216,7 +325,6 @@ impl ScheduleEndContext {
 #[pyclass(module = "kvtier", name = "ReqContext", frozen)]
 pub(crate) struct PyReqContext {
     pub(crate) inner: ReqContext,
-    req_id: String,
 }
 
 #[pymethods]
@@ -231,7 +339,7 @@ impl PyReqContext {
         kv_transfer_params: Option<&Bound<'_, PyDict>>,
         load_tier_filter: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
-        let mut builder = ReqContext::builder(RequestId::local(req_id.clone()));
+        let mut builder = ReqContext::builder(RequestId::local(req_id));
         if let Some(params) = kv_transfer_params {
             let json = py.import("json")?.call_method1("dumps", (params,))?;
             let text: String = json.extract()?;
@@ -244,14 +352,14 @@ impl PyReqContext {
         }
         Ok(Self {
             inner: builder.build(),
-            req_id,
         })
     }
 
     /// The request id.
     #[getter]
-    fn req_id(&self) -> &str {
-        &self.req_id
+    fn req_id(&self) -> String {
+        // A context made here is always local; the id string is kept once, in the context.
+        self.inner.id().to_string()
     }
 
     /// Records the end-token position of `key` in the request (the LRU policy orders a
@@ -267,7 +375,7 @@ impl PyReqContext {
     }
 
     fn __repr__(&self) -> String {
-        format!("ReqContext({:?})", self.req_id)
+        format!("ReqContext({:?})", self.inner.id().to_string())
     }
 }
 

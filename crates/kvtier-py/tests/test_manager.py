@@ -337,3 +337,34 @@ def test_request_context_carries_positions_params_and_filter():
     assert ctx.get_offload_key_position(key(1)) == 64
     with pytest.raises(ValueError, match="unknown medium"):
         kvtier.ReqContext("r", None, [{"medium": "tape"}])
+
+
+def test_results_hand_back_the_callers_key_objects_and_build_lists_once():
+    m = cpu_manager(3)
+    a = kvtier.ReqContext("a")
+    with m.step() as s:
+        s.on_new_request(a)
+        store(s, a, [1])
+        offered = keys(1, 2, 3)
+        out = s.prepare_store(offered, a)
+        # Key 1 is resident: keys_to_store are the caller's own objects for 2 and 3, in order.
+        assert nums(out.keys_to_store) == [2, 3]
+        assert out.keys_to_store[0] is offered[1] and out.keys_to_store[1] is offered[2]
+        # Lists are built on first access, then the same object is returned.
+        assert out.keys_to_store is out.keys_to_store
+        assert out.evicted == [] and out.evicted is out.evicted_keys
+        s.complete_store(out.keys_to_store, a)
+        events = s.take_events()
+        assert [(e.removed, nums(e.keys)) for e in events] == [(False, [1]), (False, [2, 3])]
+        assert events[1].keys is events[1].keys
+        # A tuple works as well; an iterator's keys come back as new, equal objects.
+        out = s.prepare_store((key(4),), a)
+        assert nums(out.keys_to_store) == [4] and len(out.evicted_keys) == 1
+        assert out.evicted is out.evicted_keys
+        s.complete_store(out.keys_to_store, a)
+        out = s.prepare_store(iter([key(5)]), a)
+        assert nums(out.keys_to_store) == [5] and len(out.evicted) == 1
+        s.complete_store(out.keys_to_store, a)
+        removed = [nums(e.keys) for e in s.take_events() if e.removed]
+        assert len(removed) == 2 and all(len(r) == 1 for r in removed)
+    m.shutdown()

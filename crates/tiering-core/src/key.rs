@@ -126,7 +126,9 @@ impl fmt::Display for OffloadKey {
 /// A hasher for maps keyed by [`OffloadKey`]: the key hashes itself as one word
 /// ([`OffloadKey::digest`]), which this hasher finishes with one cheap mix instead of running
 /// SipHash over it.
-/// Other writes fall back to FNV-1a so the hasher stays correct for any key type.
+/// Other writes (request ids, strings) are folded eight bytes at a time and mixed once per
+/// write, so the hasher stays correct and fast for any key type. Not meant for keys an adversary
+/// picks to collide (the engine's request ids and the keys' own hashes are not).
 #[derive(Default, Clone, Copy)]
 pub struct KeyHasher {
     state: u64,
@@ -138,12 +140,37 @@ impl Hasher for KeyHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        let mut h = self.state ^ 0xcbf2_9ce4_8422_2325;
-        for &byte in bytes {
-            h ^= u64::from(byte);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        const K: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut h = self.state ^ (bytes.len() as u64).wrapping_mul(K);
+        let mut words = bytes.chunks_exact(8);
+        for w in &mut words {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(w);
+            h = (h ^ u64::from_le_bytes(b)).wrapping_mul(K).rotate_left(31);
         }
-        self.state = h;
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut b = [0u8; 8];
+            b[..rest.len()].copy_from_slice(rest);
+            h = (h ^ u64::from_le_bytes(b)).wrapping_mul(K).rotate_left(31);
+        }
+        self.state = splitmix64(h);
+    }
+
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+
+    fn write_isize(&mut self, n: isize) {
+        self.write_u64(n as u64);
     }
 
     fn write_u64(&mut self, n: u64) {
@@ -191,6 +218,29 @@ mod tests {
         let digests: std::collections::HashSet<u64> =
             (0..10_000).map(|n| OffloadKey::from_u64(n).digest()).collect();
         assert_eq!(digests.len(), 10_000);
+    }
+
+    #[test]
+    fn the_byte_path_separates_strings_and_request_ids() {
+        let names: std::collections::HashSet<u64> = (0..10_000)
+            .map(|n| KeyBuildHasher.hash_one(format!("req-{n}")))
+            .collect();
+        assert_eq!(names.len(), 10_000);
+        // Prefixes and zero padding do not collide with each other.
+        let h = |b: &[u8]| {
+            let mut s = KeyHasher::default();
+            s.write(b);
+            s.finish()
+        };
+        assert_ne!(h(b"a"), h(b"a\0"));
+        assert_ne!(h(b""), h(b"\0"));
+        assert_ne!(h(b"abcdefgh"), h(b"abcdefgh\0"));
+        let mut m: std::collections::HashMap<crate::request::RequestId, u32, KeyBuildHasher> =
+            std::collections::HashMap::default();
+        m.insert(crate::request::RequestId::local("a"), 1);
+        m.insert(crate::request::RequestId::remote("", "a"), 2);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[&crate::request::RequestId::local("a")], 1);
     }
 
     #[test]

@@ -2,8 +2,6 @@
 //! limits which secondary tiers a request may promote from.
 
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 
@@ -167,7 +165,49 @@ struct ReqContextInner {
     params: TransferParams,
     filter: TierFilter,
     positions: Mutex<KeyMap<u64>>,
-    scratch: Mutex<HashMap<TypeId, Box<dyn Any + Send>>>,
+    scratch: Mutex<Scratch>,
+}
+
+/// The scratch values of one request, one per type. A request holds one or two (a policy's
+/// access record, a tier's parsed parameters), so a short vector searched by `TypeId` costs
+/// less than a hash map: no hashing, and no allocation until the first value.
+#[derive(Default)]
+struct Scratch(Vec<(TypeId, Box<dyn Any + Send>)>);
+
+impl Scratch {
+    fn position(&self, id: TypeId) -> Option<usize> {
+        self.0.iter().position(|(t, _)| *t == id)
+    }
+
+    fn get(&self, id: TypeId) -> Option<&(dyn Any + Send)> {
+        self.position(id).map(|i| &*self.0[i].1)
+    }
+
+    fn insert(&mut self, id: TypeId, value: Box<dyn Any + Send>) {
+        match self.position(id) {
+            Some(i) => self.0[i].1 = value,
+            None => self.0.push((id, value)),
+        }
+    }
+
+    fn get_or_insert_with(
+        &mut self,
+        id: TypeId,
+        init: impl FnOnce() -> Box<dyn Any + Send>,
+    ) -> &mut (dyn Any + Send) {
+        let i = match self.position(id) {
+            Some(i) => i,
+            None => {
+                self.0.push((id, init()));
+                self.0.len() - 1
+            }
+        };
+        &mut *self.0[i].1
+    }
+
+    fn remove(&mut self, id: TypeId) -> Option<Box<dyn Any + Send>> {
+        self.position(id).map(|i| self.0.swap_remove(i).1)
+    }
 }
 
 /// A cheap-to-clone handle for one request, shared by the engine, the manager and the tiers.
@@ -250,10 +290,7 @@ impl ReqContext {
     /// Runs `f` on the scratch value of type `T`, inserting `init()` first when absent.
     pub fn with_state<T: Any + Send, R>(&self, init: impl FnOnce() -> T, f: impl FnOnce(&mut T) -> R) -> R {
         let mut scratch = self.0.scratch.lock();
-        let slot = match scratch.entry(TypeId::of::<T>()) {
-            Entry::Occupied(o) => o.into_mut(),
-            Entry::Vacant(v) => v.insert(Box::new(init())),
-        };
+        let slot = scratch.get_or_insert_with(TypeId::of::<T>(), || Box::new(init()));
         match slot.downcast_mut::<T>() {
             Some(v) => f(v),
             None => unreachable!("scratch values are stored under their own TypeId"),
@@ -266,7 +303,7 @@ impl ReqContext {
         self.0
             .scratch
             .lock()
-            .get(&TypeId::of::<T>())
+            .get(TypeId::of::<T>())
             .and_then(|b| b.downcast_ref::<T>())
             .cloned()
     }
@@ -276,7 +313,7 @@ impl ReqContext {
         self.0
             .scratch
             .lock()
-            .remove(&TypeId::of::<T>())
+            .remove(TypeId::of::<T>())
             .and_then(|b| b.downcast::<T>().ok())
             .map(|b| *b)
     }
@@ -328,7 +365,7 @@ impl ReqContextBuilder {
             params: self.params,
             filter: self.filter,
             positions: Mutex::new(KeyMap::default()),
-            scratch: Mutex::new(HashMap::new()),
+            scratch: Mutex::new(Scratch::default()),
         }))
     }
 }

@@ -13,13 +13,17 @@ use indexmap::IndexMap;
 
 use crate::arena::ChunkArena;
 use crate::job::{JobId, JobKind, JobResult};
-use crate::key::OffloadKey;
+use crate::key::{KeyBuildHasher, OffloadKey};
 use crate::request::{ReqContext, RequestId, TierInfo};
 use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
 
 use super::completions::{CompletionQueue, StoreLedger};
 use super::config::{ManagerConfig, OnTierFailure};
+
+/// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
+/// up several times per engine call, and SipHash over the id string showed in profiles.
+pub(crate) type RequestMap<V> = HashMap<RequestId, V, KeyBuildHasher>;
 
 /// One secondary tier in the chain. `tier` is `None` while the tier is serving peers (taken out
 /// of the state for the call, which keeps it out of every fan-out) and for good once it is
@@ -70,7 +74,7 @@ pub struct TieringState {
     pub(crate) jobs: HashMap<JobId, JobMeta>,
     pub(crate) next_job: u64,
     pub(crate) pending_promotions: Vec<IndexMap<RequestId, PendingPromotion>>,
-    pub(crate) requests: HashMap<RequestId, RequestState>,
+    pub(crate) requests: RequestMap<RequestState>,
     /// The scheduler's once-per-step poll gate.
     pub(crate) polled_this_step: bool,
     /// Set while the control-plane thread runs: it alone polls and serves the opted-in tiers.
@@ -129,7 +133,7 @@ impl TieringState {
             jobs: HashMap::new(),
             next_job: 0,
             pending_promotions: (0..n).map(|_| IndexMap::new()).collect(),
-            requests: HashMap::new(),
+            requests: RequestMap::default(),
             polled_this_step: false,
             control_thread_live: false,
             counters: ManagerCounters::default(),

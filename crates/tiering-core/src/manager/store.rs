@@ -152,17 +152,23 @@ impl TieringState {
         let faults = self.gated_poll();
         self.handle_faults(faults)?;
         let rid = ctx.id();
-        if !self.requests.contains_key(rid) {
+        let Some(request_level) = self.requests.get(rid).map(|s| !s.request_level.is_empty()) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
-        }
+        };
         self.gates.on_access(keys, Access::Offered);
         let out = self.primary.prepare_store(keys, ctx);
-        // An offer of a chunk the primary already holds may be what a tier's policy waited for.
-        let new: KeySet = out
-            .as_ref()
-            .map(|o| o.keys_to_store.iter().copied().collect())
-            .unwrap_or_default();
-        let resident: Vec<OffloadKey> = keys.iter().filter(|k| !new.contains(k)).copied().collect();
+        // The offered chunks the primary already holds: what a tier's admission may have waited
+        // for, and what a request-level cascade copies. Only worked out when there is a
+        // secondary tier to tell.
+        let resident: Vec<OffloadKey> = if request_level || !self.tiers.is_empty() {
+            let new: KeySet = out
+                .as_ref()
+                .map(|o| o.keys_to_store.iter().copied().collect())
+                .unwrap_or_default();
+            keys.iter().filter(|k| !new.contains(k)).copied().collect()
+        } else {
+            Vec::new()
+        };
         self.cascade_readmitted(&resident, ctx);
         let Some(out) = out else {
             return Ok(None);
@@ -176,7 +182,7 @@ impl TieringState {
         if !out.keys_to_store.is_empty() {
             state.pending_stores += 1;
         }
-        if !state.request_level.is_empty() && !resident.is_empty() {
+        if request_level && !resident.is_empty() {
             self.cascade_existing(rid, &resident);
         }
         Ok(Some(out))

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::key::{KeyMap, OffloadKey};
+use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
 use crate::request::{ReqContext, RequestId};
 
 /// One key of a prepared store.
@@ -61,8 +61,8 @@ pub(crate) struct ReportTally {
 /// See the module docs.
 pub(crate) struct StoreLedger {
     records: KeyMap<KeyRecord>,
-    batches: HashMap<u64, Batch>,
-    by_request: HashMap<RequestId, Vec<u64>>,
+    batches: HashMap<u64, Batch, KeyBuildHasher>,
+    by_request: HashMap<RequestId, Vec<u64>, KeyBuildHasher>,
     next_batch: u64,
     /// Off-step mode: workers report too, and the engine's report settles a key.
     pub(crate) dual: bool,
@@ -75,8 +75,8 @@ impl StoreLedger {
     pub(crate) fn new(dual: bool, reporters: u32, worker_deadline: Duration) -> Self {
         Self {
             records: KeyMap::default(),
-            batches: HashMap::new(),
-            by_request: HashMap::new(),
+            batches: HashMap::default(),
+            by_request: HashMap::default(),
             next_batch: 0,
             dual,
             reporters: reporters.clamp(1, 64),
@@ -125,32 +125,62 @@ impl StoreLedger {
                 unsettled: keys.len(),
             },
         );
-        self.by_request.entry(ctx.id().clone()).or_default().push(id);
+        // Looked up before inserting, so a request's later batches do not clone its id.
+        match self.by_request.get_mut(ctx.id()) {
+            Some(ids) => ids.push(id),
+            None => {
+                self.by_request.insert(ctx.id().clone(), vec![id]);
+            }
+        }
         id
     }
 
-    /// The engine reported `key`. Returns what to do, or `None` when the key is not tracked.
+    /// The engine reported `key`. Returns what to do and the key's batch, or `None` when the
+    /// key is not tracked.
     pub(crate) fn engine_report(
         &mut self,
         key: &OffloadKey,
         success: bool,
         tally: &mut ReportTally,
-    ) -> Option<Verdict> {
+    ) -> Option<(Verdict, u64)> {
         let rec = self.records.get_mut(key)?;
         if rec.engine.is_some() {
             tally.absorbed += 1;
-            return Some(Verdict::Nothing);
+            return Some((Verdict::Nothing, rec.batch));
         }
         rec.engine = Some(success);
         Some(match rec.applied {
-            None => Verdict::Apply(success),
+            None => (Verdict::Apply(success), rec.batch),
             Some(prev) => {
                 tally.absorbed += 1;
                 if prev != success {
                     tally.conflicts += 1;
                 }
-                Verdict::Nothing
+                (Verdict::Nothing, rec.batch)
             }
+        })
+    }
+
+    /// Engine-only mode (no worker reports): the engine's report of a tracked key applies and
+    /// settles it at once, so the record is taken out in the same probe. Returns the key's
+    /// batch, or `None` when the key is not tracked. The caller applies the key and then calls
+    /// [`StoreLedger::settled_taken`] for its batch.
+    pub(crate) fn take_engine_applied(&mut self, key: &OffloadKey) -> Option<u64> {
+        debug_assert!(!self.dual, "only engine reports exist in engine-only mode");
+        let rec = self.records.remove(key)?;
+        debug_assert!(
+            rec.engine.is_none() && rec.applied.is_none(),
+            "an engine-only record is settled and removed by its first report"
+        );
+        Some(rec.batch)
+    }
+
+    /// `n` keys of `batch` taken by [`StoreLedger::take_engine_applied`] were applied: they are
+    /// settled. Whether that settled the batch's last key (the store is then over).
+    pub(crate) fn settled_taken(&mut self, batch: u64, n: usize) -> bool {
+        self.batches.get_mut(&batch).is_some_and(|b| {
+            b.unsettled = b.unsettled.saturating_sub(n);
+            b.unsettled == 0
         })
     }
 
@@ -196,20 +226,31 @@ impl StoreLedger {
     /// settled, if any (the store is then over).
     pub(crate) fn mark_applied(&mut self, key: &OffloadKey, success: bool) -> Option<u64> {
         let dual = self.dual;
-        let rec = self.records.get_mut(key)?;
+        let all = self.all_ranks();
+        let std::collections::hash_map::Entry::Occupied(mut entry) = self.records.entry(*key) else {
+            return None;
+        };
+        let rec = entry.get_mut();
         rec.applied = Some(success);
-        self.maybe_settle(key, dual)
+        if rec.settled || (dual && rec.engine.is_none()) {
+            return None;
+        }
+        rec.settled = true;
+        let batch = rec.batch;
+        if !dual || rec.ranks & all == all {
+            entry.remove();
+        }
+        self.settle_one(batch)
     }
 
     /// After an engine report of an already applied key: settle it.
     pub(crate) fn settle_after_engine(&mut self, key: &OffloadKey) -> Option<u64> {
         let dual = self.dual;
-        self.maybe_settle(key, dual)
-    }
-
-    fn maybe_settle(&mut self, key: &OffloadKey, dual: bool) -> Option<u64> {
         let all = self.all_ranks();
-        let rec = self.records.get_mut(key)?;
+        let std::collections::hash_map::Entry::Occupied(mut entry) = self.records.entry(*key) else {
+            return None;
+        };
+        let rec = entry.get_mut();
         if rec.settled || rec.applied.is_none() || (dual && rec.engine.is_none()) {
             return None;
         }
@@ -218,8 +259,13 @@ impl StoreLedger {
         // Nothing more can come for a key the engine reported outside off-step mode, or that
         // every rank and the engine reported: forget it now.
         if !dual || rec.ranks & all == all {
-            self.records.remove(key);
+            entry.remove();
         }
+        self.settle_one(batch)
+    }
+
+    /// One key of `batch` settled; the batch when that was its last.
+    fn settle_one(&mut self, batch: u64) -> Option<u64> {
         let b = self.batches.get_mut(&batch)?;
         b.unsettled = b.unsettled.saturating_sub(1);
         (b.unsettled == 0).then_some(batch)
@@ -242,6 +288,11 @@ impl StoreLedger {
         };
         for id in ids {
             if let Some(b) = self.batches.remove(&id) {
+                // In engine-only mode a settled key's record is already gone (and a superseded
+                // one belongs to a newer batch): a fully settled batch has none left to scan.
+                if !self.dual && b.unsettled == 0 {
+                    continue;
+                }
                 for k in &b.keys {
                     if self.records.get(k).is_some_and(|r| r.batch == id) {
                         self.records.remove(k);
@@ -320,11 +371,35 @@ mod tests {
         let ctx = ReqContext::local("r");
         let b = l.open_batch(&ctx, &[k(1), k(2)]);
         let mut t = ReportTally::default();
-        assert_eq!(l.engine_report(&k(2), true, &mut t), Some(Verdict::Apply(true)));
+        assert_eq!(
+            l.engine_report(&k(2), true, &mut t),
+            Some((Verdict::Apply(true), b))
+        );
         assert_eq!(l.mark_applied(&k(2), true), None);
-        assert_eq!(l.engine_report(&k(1), true, &mut t), Some(Verdict::Apply(true)));
+        assert_eq!(
+            l.engine_report(&k(1), true, &mut t),
+            Some((Verdict::Apply(true), b))
+        );
         assert_eq!(l.mark_applied(&k(1), true), Some(b));
         assert_eq!(l.tracked_keys(), 0);
+    }
+
+    #[test]
+    fn engine_only_reports_take_records_out_and_settle_by_count() {
+        let mut l = StoreLedger::new(false, 1, Duration::from_secs(1));
+        let ctx = ReqContext::local("r");
+        let b = l.open_batch(&ctx, &[k(1), k(2), k(3)]);
+        assert_eq!(l.take_engine_applied(&k(9)), None, "untracked key");
+        assert_eq!(l.take_engine_applied(&k(2)), Some(b));
+        assert_eq!(l.take_engine_applied(&k(2)), None, "taken once");
+        assert!(!l.settled_taken(b, 1), "two keys left");
+        assert_eq!(l.take_engine_applied(&k(1)), Some(b));
+        assert_eq!(l.take_engine_applied(&k(3)), Some(b));
+        assert!(l.settled_taken(b, 2));
+        assert_eq!(l.tracked_keys(), 0);
+        // A request whose batches are settled is forgotten without leftovers.
+        l.forget_request(ctx.id());
+        assert_eq!(l.batch_ctx(b).map(|c| c.id().clone()), None);
     }
 
     #[test]
@@ -347,7 +422,10 @@ mod tests {
             let b = l.open_batch(&ctx, &[k(1)]);
             let mut t = ReportTally::default();
             if engine_first {
-                assert_eq!(l.engine_report(&k(1), true, &mut t), Some(Verdict::Apply(true)));
+                assert_eq!(
+                    l.engine_report(&k(1), true, &mut t),
+                    Some((Verdict::Apply(true), b))
+                );
                 assert_eq!(l.mark_applied(&k(1), true), Some(b));
                 assert_eq!(l.worker_report(0, &k(1), true, &mut t), Verdict::Nothing);
                 assert_eq!(l.tracked_keys(), 1, "rank 1 has not reported yet");
@@ -356,7 +434,7 @@ mod tests {
                 assert_eq!(l.worker_report(0, &k(1), true, &mut t), Verdict::Nothing);
                 assert_eq!(l.worker_report(1, &k(1), true, &mut t), Verdict::Apply(true));
                 assert_eq!(l.mark_applied(&k(1), true), None, "the engine has not reported");
-                assert_eq!(l.engine_report(&k(1), true, &mut t), Some(Verdict::Nothing));
+                assert_eq!(l.engine_report(&k(1), true, &mut t), Some((Verdict::Nothing, b)));
                 assert_eq!(l.settle_after_engine(&k(1)), Some(b));
             }
             assert_eq!(t.absorbed, 1, "engine first: {engine_first}");

@@ -40,6 +40,27 @@ pub(crate) enum WorkerEvent {
     Rejected,
 }
 
+/// Keys to apply with their success flag and store batch (parallel vectors, so a report of
+/// one store hands its keys to the primary as one slice).
+struct ApplyList {
+    keys: Vec<OffloadKey>,
+    meta: Vec<(bool, u64)>,
+}
+
+impl ApplyList {
+    fn with_capacity(n: usize) -> Self {
+        Self {
+            keys: Vec::with_capacity(n),
+            meta: Vec::with_capacity(n),
+        }
+    }
+
+    fn push(&mut self, key: OffloadKey, ok: bool, batch: u64) {
+        self.keys.push(key);
+        self.meta.push((ok, batch));
+    }
+}
+
 /// The queue workers push to; shared by the senders, the channel and the manager state.
 #[derive(Default)]
 pub(crate) struct CompletionQueue {
@@ -76,19 +97,34 @@ impl TieringState {
         };
         let has_pending = req.pending_stores > 0;
         let mut tally = ReportTally::default();
-        let mut apply = Vec::new();
+        let mut apply = ApplyList::with_capacity(keys.len());
         let mut settle = Vec::new();
         let mut tracked = 0usize;
-        for k in keys {
-            match self.ledger.engine_report(k, success, &mut tally) {
-                None => {}
-                Some(Verdict::Apply(ok)) => {
-                    tracked += 1;
-                    apply.push((*k, ok));
+        if self.ledger.dual {
+            for k in keys {
+                match self.ledger.engine_report(k, success, &mut tally) {
+                    None => {}
+                    Some((Verdict::Apply(ok), batch)) => {
+                        tracked += 1;
+                        apply.push(*k, ok, batch);
+                    }
+                    Some((Verdict::Nothing, _)) => {
+                        tracked += 1;
+                        settle.push(*k);
+                    }
                 }
-                Some(Verdict::Nothing) => {
+            }
+        } else {
+            // Engine-only: the engine's report is the only one, so each tracked key is applied
+            // and settled now and its record taken out in one probe. A key named twice in the
+            // call is absorbed the second time, as a second report of an applied key is.
+            for k in keys {
+                if let Some(batch) = self.ledger.take_engine_applied(k) {
                     tracked += 1;
-                    settle.push(*k);
+                    apply.push(*k, success, batch);
+                } else if apply.keys.contains(k) {
+                    tracked += 1;
+                    tally.absorbed += 1;
                 }
             }
         }
@@ -96,7 +132,8 @@ impl TieringState {
             return Err(ManagerError::NoPendingStore(rid.clone()));
         }
         self.note_tally(&tally, "engine");
-        self.apply_store_keys(&apply);
+        let taken = !self.ledger.dual;
+        self.apply_grouped(&apply, taken);
         let done: Vec<u64> = settle
             .iter()
             .filter_map(|k| self.ledger.settle_after_engine(k))
@@ -122,37 +159,62 @@ impl TieringState {
 
     /// Applies keys (primary `complete_store`, cascade on success), grouped by store batch.
     fn apply_store_keys(&mut self, keys: &[(OffloadKey, bool)]) {
-        // Group by (batch, success) preserving first-seen order, so one cascade job covers the
-        // keys of one store.
-        let mut groups: Vec<(u64, bool, Vec<OffloadKey>)> = Vec::new();
+        let mut apply = ApplyList::with_capacity(keys.len());
         for &(k, ok) in keys {
-            let Some(batch) = self.ledger.batch_of(&k) else {
-                continue;
-            };
-            match groups.iter_mut().find(|(b, s, _)| *b == batch && *s == ok) {
-                Some(g) => g.2.push(k),
-                None => groups.push((batch, ok, vec![k])),
+            if let Some(batch) = self.ledger.batch_of(&k) {
+                apply.push(k, ok, batch);
             }
         }
-        for (batch, ok, group) in groups {
-            let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
-                continue;
-            };
-            self.primary.complete_store(&group, &ctx, ok);
-            if ok {
-                self.telemetry
-                    .device_stores(group.len(), self.arena.chunk_bytes());
-                for idx in 0..self.tiers.len() {
-                    self.cascade_to(idx, &group, &ctx);
-                }
+        self.apply_grouped(&apply, false);
+    }
+
+    /// Applies `apply` one (batch, success) group at a time, in first-seen order, so one
+    /// cascade job covers the keys of one store. `taken`: the keys' records were already taken
+    /// out of the ledger (engine-only mode), so their batch only counts them settled.
+    fn apply_grouped(&mut self, apply: &ApplyList, taken: bool) {
+        let Some(&first) = apply.meta.first() else {
+            return;
+        };
+        if apply.meta.iter().all(|m| *m == first) {
+            // The usual report: every key of one store with one flag.
+            self.apply_group(first.1, first.0, &apply.keys, taken);
+            return;
+        }
+        let mut groups: Vec<((bool, u64), Vec<OffloadKey>)> = Vec::new();
+        for (k, m) in apply.keys.iter().zip(&apply.meta) {
+            match groups.iter_mut().find(|(g, _)| g == m) {
+                Some(g) => g.1.push(*k),
+                None => groups.push((*m, vec![*k])),
             }
+        }
+        for ((ok, batch), group) in groups {
+            self.apply_group(batch, ok, &group, taken);
+        }
+    }
+
+    fn apply_group(&mut self, batch: u64, ok: bool, group: &[OffloadKey], taken: bool) {
+        let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
+            return;
+        };
+        self.primary.complete_store(group, &ctx, ok);
+        if ok {
+            self.telemetry
+                .device_stores(group.len(), self.arena.chunk_bytes());
+            for idx in 0..self.tiers.len() {
+                self.cascade_to(idx, group, &ctx);
+            }
+        }
+        let ended = if taken {
+            self.ledger.settled_taken(batch, group.len())
+        } else {
             let mut ended = false;
-            for k in &group {
+            for k in group {
                 ended |= self.ledger.mark_applied(k, ok).is_some();
             }
-            if ended {
-                self.end_store_batch(batch);
-            }
+            ended
+        };
+        if ended {
+            self.end_store_batch(batch);
         }
     }
 
@@ -237,5 +299,63 @@ impl TieringState {
         self.note_tally(&tally, "worker");
         self.counters.off_step_store_completions += apply.len() as u64;
         self.apply_store_keys(&apply);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::ManagerError;
+    use crate::key::OffloadKey;
+    use crate::manager::{ManagerConfig, TieringManager};
+    use crate::offloading::OffloadingManager;
+    use crate::outcome::LookupResult;
+    use crate::request::ReqContext;
+    use crate::testing::MemoryPrimary;
+
+    fn k(n: u64) -> OffloadKey {
+        OffloadKey::from_u64(n)
+    }
+
+    /// Engine-only reports (no copy workers): a key named twice in one report counts as one
+    /// duplicate, a store reported in parts ends with its last key, and a report naming only
+    /// untracked keys of a request with nothing pending is an error that changes nothing.
+    #[test]
+    fn engine_only_reports_apply_each_key_once_and_end_the_store_with_its_last_key() {
+        let mut m = TieringManager::new(
+            Box::new(MemoryPrimary::new(8, 16)),
+            Vec::new(),
+            ManagerConfig::default(),
+        );
+        let ctx = ReqContext::local("r");
+        let mut s = m.step();
+        s.on_new_request(&ctx).unwrap();
+        let out = s.prepare_store(&[k(1), k(2), k(3)], &ctx).unwrap().unwrap();
+        assert_eq!(out.keys_to_store, vec![k(1), k(2), k(3)]);
+        s.complete_store(&[k(2), k(2), k(9)], &ctx, true).unwrap();
+        assert_eq!(s.lookup(&k(2), &ctx).unwrap(), LookupResult::Hit);
+        assert_eq!(s.lookup(&k(1), &ctx).unwrap(), LookupResult::HitPending);
+        let counters = s.stats().unwrap().manager;
+        assert_eq!(counters.duplicate_store_reports, 1);
+        assert_eq!(s.inspect(|st| st.unmatched_store_reports()).unwrap(), 2);
+        // The request finishes while its store is still open: it stays tracked until the
+        // store's last key is reported.
+        s.on_request_finished(&ctx).unwrap();
+        assert_eq!(s.inspect(|st| st.tracked_requests()).unwrap(), 1);
+        s.complete_store(&[k(3), k(1)], &ctx, false).unwrap();
+        assert_eq!(s.lookup(&k(1), &ctx).unwrap(), LookupResult::Miss);
+        assert_eq!(s.lookup(&k(3), &ctx).unwrap(), LookupResult::Miss);
+        assert_eq!(
+            s.inspect(|st| (st.tracked_requests(), st.unmatched_store_reports()))
+                .unwrap(),
+            (0, 0)
+        );
+
+        let other = ReqContext::local("o");
+        s.on_new_request(&other).unwrap();
+        assert!(matches!(
+            s.complete_store(&[k(2)], &other, true),
+            Err(ManagerError::NoPendingStore(_))
+        ));
+        assert_eq!(s.lookup(&k(2), &other).unwrap(), LookupResult::Hit);
     }
 }
