@@ -204,6 +204,7 @@ impl RedisTier {
             let rest = items.split_off(items.len().min(self.keys_per_batch));
             parts.push(make(Arc::clone(&job), std::mem::replace(&mut items, rest)));
         }
+        let n = parts.len();
         let mut q = self.shared.queue.lock();
         if kind == JobKind::Store {
             q.stores.extend(parts);
@@ -211,7 +212,14 @@ impl RedisTier {
             q.loads.extend(parts);
         }
         drop(q);
-        self.shared.queue_cond.notify_all();
+        // One worker per batch: waking every idle worker for one batch costs each of them a
+        // context switch that competes with the one that gets it (on a small machine, with
+        // the server, for the same cores).
+        for _ in 0..n {
+            if !self.shared.queue_cond.notify_one() {
+                break;
+            }
+        }
     }
 
     /// Fails every queued batch and answers every queued presence check as a miss.
