@@ -1,6 +1,7 @@
 //! The Redis tier in `kvtier bench tiers`: store and load throughput of the tier's cascade and
 //! promotion jobs against the `redis` crate's raw pipelined `SET`/`GET` of the same bytes on
-//! one connection to the same server, interleaved round by round; plus the latency of a lookup
+//! one connection to the same server (encoded and sent as the tier's workers do: see
+//! `RawRedis`), interleaved round by round; plus the latency of a lookup
 //! from its first `Retry` to its answer (one pipelined `EXISTS` batch per round, asked by a
 //! second tier instance with an empty presence cache so every answer comes from the server).
 //!
@@ -148,8 +149,14 @@ impl Bench<'_> {
         };
         Ok((
             vec![
-                row(&name, "store", &store, "redis-rs raw pipelined SET", &raw_w),
-                row(&name, "load", &load, "redis-rs raw pipelined GET", &raw_r),
+                row(
+                    &name,
+                    "store",
+                    &store,
+                    "redis-rs raw pipelined SET, packed",
+                    &raw_w,
+                ),
+                row(&name, "load", &load, "redis-rs raw pipelined GET, packed", &raw_r),
             ],
             lookup,
         ))
@@ -299,13 +306,31 @@ impl Bench<'_> {
     }
 }
 
-/// The reference: one connection, one pipeline per batch, the chunk bytes as plain values.
+/// The reference: one connection, one pipeline per batch, the chunk bytes as plain values. It
+/// drives the connection as the tier's workers do, so it is as good a client as the tier's:
+/// commands encoded once into a reused buffer, `SET`s sent every [`SEND_BYTES`] as they are
+/// encoded, replies read one by one (each `GET` value copied out as it arrives) — minus the
+/// tier's header, checksum, worker hand-off and job bookkeeping.
 struct RawRedis {
     conn: redis::Connection,
     prefix: String,
     keys: usize,
     /// The tier's keys this run stored (deleted at the end: the benchmark's data is not cache).
     stored: Vec<Vec<u8>>,
+    /// The encoded commands, reused from batch to batch.
+    buf: Vec<u8>,
+}
+
+/// Encoded `SET` bytes per write, as the tier's workers send them.
+const SEND_BYTES: usize = 256 << 10;
+
+/// Appends the RESP bulk string `data`.
+fn bulk(buf: &mut Vec<u8>, data: &[u8]) {
+    buf.push(b'$');
+    buf.extend_from_slice(data.len().to_string().as_bytes());
+    buf.extend_from_slice(b"\r\n");
+    buf.extend_from_slice(data);
+    buf.extend_from_slice(b"\r\n");
 }
 
 impl RawRedis {
@@ -335,33 +360,76 @@ impl RawRedis {
             prefix: format!("kvtier-bench-raw:{}:", std::process::id()),
             keys: 0,
             stored: Vec::new(),
+            buf: Vec::new(),
         })
+    }
+
+    fn key(&self, i: usize) -> String {
+        format!("{}{i}", self.prefix)
     }
 
     fn set_batch(&mut self, data: &[u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
-        let mut p = redis::pipe();
+        let n = data.len() / cb;
+        self.buf.clear();
         for (i, chunk) in data.chunks(cb).enumerate() {
-            p.cmd("SET")
-                .arg(format!("{}{i}", self.prefix))
-                .arg(chunk)
-                .ignore();
+            let key = self.key(i);
+            self.buf.extend_from_slice(b"*3\r\n$3\r\nSET\r\n");
+            bulk(&mut self.buf, key.as_bytes());
+            bulk(&mut self.buf, chunk);
+            if self.buf.len() >= SEND_BYTES {
+                self.conn
+                    .send_packed_command(&self.buf)
+                    .map_err(|e| raw_err(&e))?;
+                self.buf.clear();
+            }
         }
-        p.query::<()>(&mut self.conn).map_err(|e| raw_err(&e))?;
-        self.keys = self.keys.max(data.len() / cb);
+        if !self.buf.is_empty() {
+            self.conn
+                .send_packed_command(&self.buf)
+                .map_err(|e| raw_err(&e))?;
+        }
+        for _ in 0..n {
+            match self.conn.recv_response().map_err(|e| raw_err(&e))? {
+                redis::Value::Okay => {}
+                other => {
+                    return Err(raw_err(&redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "SET answered",
+                        format!("{other:?}"),
+                    ))));
+                }
+            }
+        }
+        self.keys = self.keys.max(n);
         Ok(t.elapsed())
     }
 
     fn get_batch(&mut self, out: &mut [u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
-        let mut p = redis::pipe();
+        self.buf.clear();
         for i in 0..out.len() / cb {
-            p.cmd("GET").arg(format!("{}{i}", self.prefix));
+            let key = self.key(i);
+            self.buf.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
+            bulk(&mut self.buf, key.as_bytes());
         }
-        let values: Vec<Vec<u8>> = p.query(&mut self.conn).map_err(|e| raw_err(&e))?;
-        for (dst, v) in out.chunks_mut(cb).zip(&values) {
-            if v.len() == cb {
-                dst.copy_from_slice(v);
+        self.conn
+            .send_packed_command(&self.buf)
+            .map_err(|e| raw_err(&e))?;
+        for dst in out.chunks_mut(cb) {
+            match self.conn.recv_response().map_err(|e| raw_err(&e))? {
+                redis::Value::BulkString(v) if v.len() == cb => dst.copy_from_slice(&v),
+                other => {
+                    let what = match other {
+                        redis::Value::BulkString(v) => format!("{} bytes", v.len()),
+                        other => format!("{other:?}"),
+                    };
+                    return Err(raw_err(&redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "GET of a reference chunk answered",
+                        what,
+                    ))));
+                }
             }
         }
         Ok(t.elapsed())
@@ -369,8 +437,9 @@ impl RawRedis {
 
     /// Deletes the reference's keys and the chunks the tier stored during the run.
     fn cleanup(&mut self) {
-        let raw = (0..self.keys).map(|i| format!("{}{i}", self.prefix).into_bytes());
-        let all: Vec<Vec<u8>> = raw.chain(std::mem::take(&mut self.stored)).collect();
+        let stored = std::mem::take(&mut self.stored);
+        let raw = (0..self.keys).map(|i| self.key(i).into_bytes());
+        let all: Vec<Vec<u8>> = raw.chain(stored).collect();
         for part in all.chunks(1000) {
             let mut p = redis::pipe();
             for k in part {
