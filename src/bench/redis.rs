@@ -1,18 +1,29 @@
 //! The Redis tier in `kvtier bench tiers`: store and load throughput of the tier's cascade and
 //! promotion jobs against the `redis` crate's raw pipelined `SET`/`GET` of the same bytes on
-//! one connection to the same server, interleaved round by round; plus the latency of a lookup
+//! one connection to the same server (encoded and sent as the tier's workers do: see
+//! `RawRedis`), interleaved round by round; plus the latency of a lookup
 //! from its first `Retry` to its answer (one pipelined `EXISTS` batch per round, asked by a
 //! second tier instance with an empty presence cache so every answer comes from the server).
 //!
+//! A job is timed from its submission to its result, awaited as the engine's control plane
+//! awaits it: asleep on the tier's waker, which the worker fires when the job ends. (A polling
+//! loop would steal the worker's core on a small machine and bill the tier for its own sleeps.)
+//!
 //! The ratio depends on the chunk size (per-command overhead vs bytes), the batch size (one
 //! pipeline per job up to the tier's `pipeline_bytes`), the tier's header and checksum work,
-//! and — since server and client share this machine — on how many cores are free.
+//! and — since server and client share this machine — on how many cores are free: a job
+//! passes through three thread wake-ups (worker, server reply, waiting thread) where the
+//! reference, on the waiting thread itself, passes through one (the reply); on a busy machine
+//! each can wait for a scheduler slice, which weighs most on small jobs (small chunks).
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tier_redis::{KeyScheme, RedisTier, RedisTierOptions};
-use tiering_core::{LookupResult, OffloadKey, PrimaryTier, ReqContext, SecondaryTier};
+use tiering_core::{
+    ControlWaker, JobId, JobKind, JobOutcome, JobResult, LookupResult, OffloadKey, PrimaryTier, ReqContext,
+    RowGrant, SecondaryTier, TransferJob,
+};
 
 use super::BenchError;
 use super::tiers::{Bench, Meter, TierBenchRow, row};
@@ -81,6 +92,10 @@ impl Bench<'_> {
         let (mut latencies, mut calls) = (Vec::new(), Vec::new());
         let mut staging = vec![0u8; self.batch * cb];
         tier.on_new_request(&self.ctx);
+        // Jobs are awaited as the engine's control plane awaits them: asleep until the tier's
+        // waker fires, not polling (a poller on a 2-core machine steals the worker's core).
+        let waker = ControlWaker::new();
+        tier.set_waker(waker.clone());
         let mut job_id = 1u64 << 41;
         let scheme = KeyScheme::new(&target.options.namespace, cb, &target.options.layout_fingerprint);
         for round in 0..=self.rounds {
@@ -100,14 +115,14 @@ impl Bench<'_> {
                 dst.copy_from_slice(&self.arena.read_row(*c)?);
             }
             job_id += 1;
-            let store_time = self.store_pinned(&name, tier, primary, &keys, &rows, job_id)?;
+            let store_time = self.store_awaited(&name, tier, primary, &keys, &rows, job_id, &waker)?;
             let write_time = raw.set_batch(&staging, cb)?;
 
             self.lookups(&mut prober, &keys, &mut latencies, &mut calls)?;
 
             primary.reset();
             job_id += 1;
-            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id)?;
+            let load_time = self.load_awaited(&name, tier, primary, &keys, job_id, &waker)?;
             let read_time = raw.get_batch(&mut staging, cb)?;
             primary.reset();
             if round > 0 {
@@ -134,11 +149,118 @@ impl Bench<'_> {
         };
         Ok((
             vec![
-                row(&name, "store", &store, "redis-rs raw pipelined SET", &raw_w),
-                row(&name, "load", &load, "redis-rs raw pipelined GET", &raw_r),
+                row(
+                    &name,
+                    "store",
+                    &store,
+                    "redis-rs raw pipelined SET, packed",
+                    &raw_w,
+                ),
+                row(&name, "load", &load, "redis-rs raw pipelined GET, packed", &raw_r),
             ],
             lookup,
         ))
+    }
+
+    /// Stores the primary rows `rows` (pinned for reading, holding `keys`) into `tier` as job
+    /// `job_id` and releases the pins; returns the time from submission to the result.
+    #[allow(clippy::too_many_arguments)]
+    fn store_awaited(
+        &self,
+        name: &str,
+        tier: &mut dyn SecondaryTier,
+        primary: &mut dyn PrimaryTier,
+        keys: &[OffloadKey],
+        rows: &[tiering_core::ChunkId],
+        job_id: u64,
+        waker: &ControlWaker,
+    ) -> Result<Duration, BenchError> {
+        let job = TransferJob {
+            id: JobId(job_id),
+            kind: JobKind::Store,
+            keys: keys.to_vec(),
+            chunk_ids: rows.to_vec(),
+            req: self.ctx.clone(),
+            rows: RowGrant::Read(self.arena.read_rows(rows)?),
+        };
+        let t = Instant::now();
+        tier.submit_store(job);
+        let r = self.await_job(tier, JobId(job_id), waker)?;
+        let store_time = t.elapsed();
+        primary
+            .complete_read(keys, &self.ctx)
+            .map_err(|e| Self::tier_err(name, e.to_string()))?;
+        if r.outcome != JobOutcome::Ok {
+            return Err(Self::tier_err(name, format!("store job failed: {:?}", r.outcome)));
+        }
+        Ok(store_time)
+    }
+
+    /// Loads `keys` back from `tier` into freshly reserved primary rows as job `job_id`;
+    /// checks every byte and returns the time from submission to the result.
+    fn load_awaited(
+        &self,
+        name: &str,
+        tier: &mut dyn SecondaryTier,
+        primary: &mut dyn PrimaryTier,
+        keys: &[OffloadKey],
+        job_id: u64,
+        waker: &ControlWaker,
+    ) -> Result<Duration, BenchError> {
+        let out = primary
+            .prepare_write(keys, &self.ctx)
+            .ok_or_else(|| Self::tier_err(name, "the primary has no room to load a batch"))?;
+        let job = TransferJob {
+            id: JobId(job_id),
+            kind: JobKind::Promotion,
+            keys: out.keys_to_store.clone(),
+            chunk_ids: out.chunk_ids.clone(),
+            req: self.ctx.clone(),
+            rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
+        };
+        let t = Instant::now();
+        tier.submit_load(job);
+        let r = self.await_job(tier, JobId(job_id), waker)?;
+        let load_time = t.elapsed();
+        let ok = r.outcome == JobOutcome::Ok;
+        primary.complete_write(&out.keys_to_store, &self.ctx, ok);
+        if !ok {
+            return Err(Self::tier_err(name, format!("load job failed: {:?}", r.outcome)));
+        }
+        for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
+            if !crate::sim::chunk_matches(k, &self.arena.read_row(*c)?) {
+                return Err(Self::tier_err(
+                    name,
+                    format!("chunk {k} came back with different bytes"),
+                ));
+            }
+        }
+        Ok(load_time)
+    }
+
+    /// Waits for job `id`'s result, asleep on `waker` between polls.
+    fn await_job(
+        &self,
+        tier: &mut dyn SecondaryTier,
+        id: JobId,
+        waker: &ControlWaker,
+    ) -> Result<JobResult, BenchError> {
+        let deadline = Instant::now() + self.cfg.job_timeout;
+        let mut out = Vec::new();
+        loop {
+            tier.poll_finished(&mut out);
+            if let Some(pos) = out.iter().position(|r| r.id == id) {
+                return Ok(out.swap_remove(pos));
+            }
+            let now = Instant::now();
+            if now > deadline {
+                return Err(Self::tier_err(
+                    &tier.info().name,
+                    format!("{id} not reported within {:?}", self.cfg.job_timeout),
+                ));
+            }
+            waker.wait(deadline - now);
+        }
     }
 
     /// Looks `keys` up on `prober` as a scheduler does: every key once (`Retry`), the step
@@ -184,13 +306,31 @@ impl Bench<'_> {
     }
 }
 
-/// The reference: one connection, one pipeline per batch, the chunk bytes as plain values.
+/// The reference: one connection, one pipeline per batch, the chunk bytes as plain values. It
+/// drives the connection as the tier's workers do, so it is as good a client as the tier's:
+/// commands encoded once into a reused buffer, `SET`s sent every [`SEND_BYTES`] as they are
+/// encoded, replies read one by one (each `GET` value copied out as it arrives) — minus the
+/// tier's header, checksum, worker hand-off and job bookkeeping.
 struct RawRedis {
     conn: redis::Connection,
     prefix: String,
     keys: usize,
     /// The tier's keys this run stored (deleted at the end: the benchmark's data is not cache).
     stored: Vec<Vec<u8>>,
+    /// The encoded commands, reused from batch to batch.
+    buf: Vec<u8>,
+}
+
+/// Encoded `SET` bytes per write, as the tier's workers send them.
+const SEND_BYTES: usize = 256 << 10;
+
+/// Appends the RESP bulk string `data`.
+fn bulk(buf: &mut Vec<u8>, data: &[u8]) {
+    buf.push(b'$');
+    buf.extend_from_slice(data.len().to_string().as_bytes());
+    buf.extend_from_slice(b"\r\n");
+    buf.extend_from_slice(data);
+    buf.extend_from_slice(b"\r\n");
 }
 
 impl RawRedis {
@@ -220,33 +360,76 @@ impl RawRedis {
             prefix: format!("kvtier-bench-raw:{}:", std::process::id()),
             keys: 0,
             stored: Vec::new(),
+            buf: Vec::new(),
         })
+    }
+
+    fn key(&self, i: usize) -> String {
+        format!("{}{i}", self.prefix)
     }
 
     fn set_batch(&mut self, data: &[u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
-        let mut p = redis::pipe();
+        let n = data.len() / cb;
+        self.buf.clear();
         for (i, chunk) in data.chunks(cb).enumerate() {
-            p.cmd("SET")
-                .arg(format!("{}{i}", self.prefix))
-                .arg(chunk)
-                .ignore();
+            let key = self.key(i);
+            self.buf.extend_from_slice(b"*3\r\n$3\r\nSET\r\n");
+            bulk(&mut self.buf, key.as_bytes());
+            bulk(&mut self.buf, chunk);
+            if self.buf.len() >= SEND_BYTES {
+                self.conn
+                    .send_packed_command(&self.buf)
+                    .map_err(|e| raw_err(&e))?;
+                self.buf.clear();
+            }
         }
-        p.query::<()>(&mut self.conn).map_err(|e| raw_err(&e))?;
-        self.keys = self.keys.max(data.len() / cb);
+        if !self.buf.is_empty() {
+            self.conn
+                .send_packed_command(&self.buf)
+                .map_err(|e| raw_err(&e))?;
+        }
+        for _ in 0..n {
+            match self.conn.recv_response().map_err(|e| raw_err(&e))? {
+                redis::Value::Okay => {}
+                other => {
+                    return Err(raw_err(&redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "SET answered",
+                        format!("{other:?}"),
+                    ))));
+                }
+            }
+        }
+        self.keys = self.keys.max(n);
         Ok(t.elapsed())
     }
 
     fn get_batch(&mut self, out: &mut [u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
-        let mut p = redis::pipe();
+        self.buf.clear();
         for i in 0..out.len() / cb {
-            p.cmd("GET").arg(format!("{}{i}", self.prefix));
+            let key = self.key(i);
+            self.buf.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
+            bulk(&mut self.buf, key.as_bytes());
         }
-        let values: Vec<Vec<u8>> = p.query(&mut self.conn).map_err(|e| raw_err(&e))?;
-        for (dst, v) in out.chunks_mut(cb).zip(&values) {
-            if v.len() == cb {
-                dst.copy_from_slice(v);
+        self.conn
+            .send_packed_command(&self.buf)
+            .map_err(|e| raw_err(&e))?;
+        for dst in out.chunks_mut(cb) {
+            match self.conn.recv_response().map_err(|e| raw_err(&e))? {
+                redis::Value::BulkString(v) if v.len() == cb => dst.copy_from_slice(&v),
+                other => {
+                    let what = match other {
+                        redis::Value::BulkString(v) => format!("{} bytes", v.len()),
+                        other => format!("{other:?}"),
+                    };
+                    return Err(raw_err(&redis::RedisError::from((
+                        redis::ErrorKind::Client,
+                        "GET of a reference chunk answered",
+                        what,
+                    ))));
+                }
             }
         }
         Ok(t.elapsed())
@@ -254,8 +437,9 @@ impl RawRedis {
 
     /// Deletes the reference's keys and the chunks the tier stored during the run.
     fn cleanup(&mut self) {
-        let raw = (0..self.keys).map(|i| format!("{}{i}", self.prefix).into_bytes());
-        let all: Vec<Vec<u8>> = raw.chain(std::mem::take(&mut self.stored)).collect();
+        let stored = std::mem::take(&mut self.stored);
+        let raw = (0..self.keys).map(|i| self.key(i).into_bytes());
+        let all: Vec<Vec<u8>> = raw.chain(stored).collect();
         for part in all.chunks(1000) {
             let mut p = redis::pipe();
             for k in part {

@@ -4,10 +4,14 @@
 use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection, ClusterPipeline};
-use redis::{Cmd, ConnectionInfo, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisResult, Value};
+use redis::{
+    Cmd, ConnectionInfo, ConnectionLike, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisResult,
+    Value,
+};
 
 use crate::error::RedisTierError;
 use crate::options::RedisTierOptions;
+use crate::packed::PackedPipeline;
 
 /// Where and how to connect: parsed URLs, credentials, timeouts.
 #[derive(Clone)]
@@ -235,6 +239,45 @@ pub(crate) enum Conn {
 }
 
 impl Conn {
+    /// Whether this connection takes encoded commands ([`Conn::pipeline_packed`],
+    /// [`Conn::send_packed`], [`Conn::recv`]): a standalone server. A cluster routes each
+    /// command to its slot's master, so it takes them as separate commands only.
+    pub(crate) fn takes_packed(&self) -> bool {
+        matches!(self, Self::Single(_))
+    }
+
+    fn single(&mut self) -> RedisResult<&mut redis::Connection> {
+        match self {
+            Self::Single(c) => Ok(c),
+            Self::Cluster(_) => Err(RedisError::from((
+                ErrorKind::Client,
+                "encoded commands need a standalone connection",
+            ))),
+        }
+    }
+
+    /// Sends already encoded commands as one pipeline and returns one reply per command (a
+    /// failing command is a `Value::ServerError` in its place). Standalone only.
+    pub(crate) fn pipeline_packed(&mut self, packed: &PackedPipeline) -> RedisResult<Vec<Value>> {
+        if packed.commands() == 0 {
+            return Ok(Vec::new());
+        }
+        self.single()?
+            .req_packed_commands(packed.bytes(), 0, packed.commands())
+    }
+
+    /// Sends encoded commands without reading their replies (which [`Conn::recv`] reads, one
+    /// per command, in order). Standalone only. A caller that stops before reading every reply
+    /// must drop the connection: the next reply read would be a stale one.
+    pub(crate) fn send_packed(&mut self, bytes: &[u8]) -> RedisResult<()> {
+        self.single()?.send_packed_command(bytes)
+    }
+
+    /// Reads the next reply of commands sent with [`Conn::send_packed`]. Standalone only.
+    pub(crate) fn recv(&mut self) -> RedisResult<Value> {
+        self.single()?.recv_response()
+    }
+
     /// Sends `cmds` as one pipeline and returns one reply per command. On a standalone server a
     /// failing command is a `Value::ServerError` in its place; in a cluster any failure fails
     /// the whole pipeline.

@@ -79,14 +79,26 @@ impl KeyScheme {
     /// The server key of `key`.
     #[must_use]
     pub fn name(&self, key: &OffloadKey) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.name_len());
+        self.write_name(key, &mut out);
+        out
+    }
+
+    /// The length of every server key of this scheme.
+    #[must_use]
+    pub fn name_len(&self) -> usize {
+        self.prefix.len() + 2 * KEY_BYTES
+    }
+
+    /// Appends the server key of `key` to `out`.
+    pub fn write_name(&self, key: &OffloadKey, out: &mut Vec<u8>) {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut out = Vec::with_capacity(self.prefix.len() + 2 * KEY_BYTES);
+        out.reserve(self.name_len());
         out.extend_from_slice(self.prefix.as_bytes());
         for b in key.to_bytes() {
             out.push(HEX[usize::from(b >> 4)]);
             out.push(HEX[usize::from(b & 15)]);
         }
-        out
     }
 
     /// The layout id.

@@ -17,7 +17,10 @@
 //!   unanswered for `lookup_timeout` becomes a `Miss`. A successful store marks its keys present.
 //! - **Stores and loads** are split into pipelined `SET`/`GET` batches of at most
 //!   `pipeline_bytes` and run by `workers` threads, each with its own connection. Queues are
-//!   bounded (`max_queued_jobs`): a job that does not fit is failed at once and counted.
+//!   bounded (`max_queued_jobs`): a job that does not fit is failed at once and counted. On a
+//!   standalone server a worker encodes a batch's commands itself, once, into a buffer it
+//!   reuses, sends a store's values as it encodes them, and checks each `GET` reply into its
+//!   row as it arrives.
 //! - **A slow or dead server degrades to misses**: every read and write is bounded by
 //!   `io_timeout` (connecting by `connect_timeout`); after a connection failure the workers
 //!   back off (`reconnect_backoff`, doubling up to `reconnect_backoff_max`) and fail work at
@@ -67,6 +70,7 @@ pub mod format;
 mod info;
 mod invalidate;
 pub mod options;
+mod packed;
 mod presence;
 mod registration;
 mod shared;

@@ -9,12 +9,13 @@ use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use redis::{RedisError, Value};
+use redis::{RedisError, RedisResult, Value};
 use tiering_core::{OffloadKey, RowRead, RowWrite};
 
 use crate::conn::Conn;
-use crate::format::{ValueArg, ValueDefect};
+use crate::format::{KeyScheme, ValueArg, ValueDefect};
 use crate::info;
+use crate::packed::PackedPipeline;
 use crate::shared::{Batch, Counters, JobState, Shared, Work};
 
 /// The worker threads.
@@ -36,6 +37,7 @@ impl Workers {
                     Worker {
                         shared: s,
                         conn: None,
+                        packed: PackedPipeline::default(),
                     }
                     .run();
                 });
@@ -62,6 +64,25 @@ impl Workers {
     }
 }
 
+/// Encoded `SET` bytes sent per write: small enough that the server starts on a batch's first
+/// values while the worker encodes the rest, large enough that a write's fixed cost is small.
+const SEND_BYTES: usize = 256 << 10;
+
+/// Checks `reply` as the value of `key` and copies its payload into `row` when it is intact
+/// (only a verified payload reaches the row).
+fn check_into(
+    scheme: &KeyScheme,
+    key: &OffloadKey,
+    reply: &Value,
+    row: &mut [u8],
+) -> Result<(), ValueDefect> {
+    match reply {
+        Value::Nil => Err(ValueDefect::Missing),
+        Value::BulkString(v) => scheme.decode(key, v).map(|payload| row.copy_from_slice(payload)),
+        _ => Err(ValueDefect::Type),
+    }
+}
+
 /// Whether `e` means the connection is unusable (rather than one command failing).
 fn breaks_connection(e: &RedisError) -> bool {
     e.is_io_error()
@@ -74,6 +95,8 @@ fn breaks_connection(e: &RedisError) -> bool {
 struct Worker {
     shared: Arc<Shared>,
     conn: Option<Conn>,
+    /// The next pipeline's bytes (standalone servers), reused from batch to batch.
+    packed: PackedPipeline,
 }
 
 impl Worker {
@@ -150,18 +173,33 @@ impl Worker {
         self.conn.as_mut()
     }
 
-    /// Runs `cmds` as one pipeline; `None` on a failure (the connection is dropped when the
-    /// failure was the connection's).
-    fn pipeline(&mut self, what: &str, cmds: Vec<redis::Cmd>) -> Option<Vec<Value>> {
-        let conn = self.conn()?;
-        match conn.pipeline(cmds) {
+    /// Whether the connection takes encoded commands (see [`PackedPipeline`]); `None` when
+    /// there is no connection.
+    fn packs(&mut self) -> Option<bool> {
+        self.conn().map(|c| c.takes_packed())
+    }
+
+    /// Runs `f` on the open connection and the worker's encoding buffer; `None` on a failure.
+    /// A connection-level failure drops the connection, and so does any failure when `strict`
+    /// (`f` streams replies and may have left some unread).
+    fn io<T>(
+        &mut self,
+        what: &str,
+        strict: bool,
+        f: impl FnOnce(&mut Conn, &mut PackedPipeline) -> RedisResult<T>,
+    ) -> Option<T> {
+        let conn = self.conn.as_mut()?;
+        match f(conn, &mut self.packed) {
             Ok(values) => {
                 self.shared.connection_ok();
                 Some(values)
             }
             Err(e) => {
-                if breaks_connection(&e) {
+                let broken = breaks_connection(&e);
+                if broken || strict {
                     self.conn = None;
+                }
+                if broken {
                     self.shared.connection_failed(what, &e);
                 } else {
                     Counters::add(&self.shared.counters.server_errors, 1);
@@ -176,17 +214,37 @@ impl Worker {
         }
     }
 
-    /// One pipelined `EXISTS` per key.
-    fn exists(&mut self, keys: &[OffloadKey]) -> Option<Vec<Value>> {
+    /// One pipelined `command <key>` per key (`EXISTS`, `UNLINK`, and `GET` on a cluster).
+    fn keyed<'k>(
+        &mut self,
+        command: &'static str,
+        keys: impl ExactSizeIterator<Item = &'k OffloadKey>,
+    ) -> Option<Vec<Value>> {
+        let shared = Arc::clone(&self.shared);
+        let scheme = &shared.scheme;
+        if self.packs()? {
+            return self.io(command, false, |conn, packed| {
+                packed.clear();
+                packed.reserve(keys.len(), scheme.name_len() + 32);
+                for k in keys {
+                    packed.keyed(command.as_bytes(), scheme, k);
+                }
+                conn.pipeline_packed(packed)
+            });
+        }
         let cmds = keys
-            .iter()
             .map(|k| {
-                let mut c = redis::cmd("EXISTS");
-                c.arg(self.shared.scheme.name(k));
+                let mut c = redis::cmd(command);
+                c.arg(scheme.name(k));
                 c
             })
             .collect();
-        self.pipeline("EXISTS", cmds)
+        self.io(command, false, |conn, _| conn.pipeline(cmds))
+    }
+
+    /// One pipelined `EXISTS` per key.
+    fn exists(&mut self, keys: &[OffloadKey]) -> Option<Vec<Value>> {
+        self.keyed("EXISTS", keys.iter())
     }
 
     /// Records the answers (no reply: the keys count as absent until the answer goes stale).
@@ -203,9 +261,33 @@ impl Worker {
         self.shared.wake();
     }
 
-    fn store(&mut self, job: &JobState, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
+    /// One `SET` per row; the rows are released once their bytes are sent. On a standalone
+    /// server the values are encoded into the worker's buffer and sent every [`SEND_BYTES`],
+    /// so the server parses the first values while the worker encodes the next (one
+    /// connection, one pipeline: the replies are read after the last value is sent).
+    fn set_all(&mut self, job: &JobState, items: Vec<(usize, RowRead)>) -> Option<Vec<Value>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
+        if self.packs()? {
+            return self.io("SET", true, |conn, packed| {
+                let n = items.len();
+                packed.clear();
+                packed.reserve(1, SEND_BYTES + PackedPipeline::set_len(scheme));
+                for (i, row) in &items {
+                    packed.set(scheme, &job.keys[*i], row);
+                    if packed.bytes().len() >= SEND_BYTES {
+                        conn.send_packed(packed.bytes())?;
+                        packed.clear();
+                    }
+                }
+                drop(items);
+                if !packed.bytes().is_empty() {
+                    conn.send_packed(packed.bytes())?;
+                }
+                packed.clear();
+                (0..n).map(|_| conn.recv()).collect()
+            });
+        }
         let cmds = items
             .iter()
             .map(|(i, row)| {
@@ -215,10 +297,14 @@ impl Worker {
                 c
             })
             .collect();
-        let indices: Vec<usize> = items.iter().map(|(i, _)| *i).collect();
         // The rows are copied into the commands: release them before the round trip.
         drop(items);
-        let replies = self.pipeline("SET", cmds);
+        self.io("SET", false, |conn, _| conn.pipeline(cmds))
+    }
+
+    fn store(&mut self, job: &JobState, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
+        let indices: Vec<usize> = items.iter().map(|(i, _)| *i).collect();
+        let replies = self.set_all(job, items);
         let now = Instant::now();
         let mut out = Vec::with_capacity(indices.len());
         let mut refused = None;
@@ -248,42 +334,61 @@ impl Worker {
         out
     }
 
-    fn load(&mut self, job: &JobState, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
+    /// `GET`s every key and checks each reply into its row; returns one check per reply
+    /// received, in order (fewer than the items when the round trip failed part way). On a
+    /// standalone server each reply is checked and copied as it arrives, while the server
+    /// still sends the next ones.
+    fn get_all(&mut self, job: &JobState, items: &mut [(usize, RowWrite)]) -> Vec<Result<(), ValueDefect>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
-        let cmds = items
-            .iter()
-            .map(|(i, _)| {
-                let mut c = redis::cmd("GET");
-                c.arg(scheme.name(&job.keys[*i]));
-                c
-            })
-            .collect();
-        let replies = self.pipeline("GET", cmds);
-        let Some(replies) = replies else {
-            return items.into_iter().map(|(i, _)| (i, false)).collect();
-        };
+        let mut checked = Vec::with_capacity(items.len());
+        match self.packs() {
+            None => {}
+            Some(true) => {
+                let _ = self.io("GET", true, |conn, packed| {
+                    packed.clear();
+                    packed.reserve(items.len(), scheme.name_len() + 32);
+                    for (i, _) in items.iter() {
+                        packed.keyed(b"GET", scheme, &job.keys[*i]);
+                    }
+                    conn.send_packed(packed.bytes())?;
+                    packed.clear();
+                    for (i, row) in items.iter_mut() {
+                        let reply = conn.recv()?;
+                        checked.push(check_into(scheme, &job.keys[*i], &reply, row));
+                    }
+                    Ok(())
+                });
+            }
+            Some(false) => {
+                let keys = items.iter().map(|(i, _)| &job.keys[*i]);
+                if let Some(replies) = self.keyed("GET", keys) {
+                    for ((i, row), reply) in items.iter_mut().zip(&replies) {
+                        checked.push(check_into(scheme, &job.keys[*i], reply, row));
+                    }
+                }
+            }
+        }
+        checked
+    }
+
+    fn load(&mut self, job: &JobState, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
+        let checked = self.get_all(job, &mut items);
         let mut out = Vec::with_capacity(items.len());
         let mut bad = Vec::new();
         let mut absent = Vec::new();
-        for (n, (i, row)) in items.iter_mut().enumerate() {
+        for (n, (i, _)) in items.iter().enumerate() {
             let key = job.keys[*i];
-            let checked = match replies.get(n) {
-                Some(Value::Nil) => Err(ValueDefect::Missing),
-                Some(Value::BulkString(v)) => scheme.decode(&key, v).map(|payload| {
-                    // Only a verified payload reaches the row.
-                    row.copy_from_slice(payload);
-                }),
-                _ => Err(ValueDefect::Type),
-            };
-            match checked {
-                Ok(()) => out.push((*i, true)),
-                Err(ValueDefect::Missing) => {
+            match checked.get(n) {
+                Some(Ok(())) => out.push((*i, true)),
+                // Not received: the round trip failed (already counted and logged).
+                None => out.push((*i, false)),
+                Some(Err(ValueDefect::Missing)) => {
                     Counters::add(&self.shared.counters.missing_values, 1);
                     absent.push(key);
                     out.push((*i, false));
                 }
-                Err(defect) => {
+                Some(Err(defect)) => {
                     Counters::add(&self.shared.counters.bad_values, 1);
                     self.shared.log.warn(
                         &self.shared.name,
@@ -308,15 +413,7 @@ impl Worker {
         }
         if !bad.is_empty() {
             // Best effort: a bad value would fail every later load of its key.
-            let cmds = bad
-                .iter()
-                .map(|k| {
-                    let mut c = redis::cmd("UNLINK");
-                    c.arg(scheme.name(k));
-                    c
-                })
-                .collect();
-            let _ = self.pipeline("UNLINK", cmds);
+            let _ = self.keyed("UNLINK", bad.iter());
         }
         out
     }

@@ -85,6 +85,43 @@ fn a_corrupted_value_fails_its_key_and_is_never_served() {
 }
 
 #[test]
+fn a_job_larger_than_one_write_keeps_every_reply_with_its_key() {
+    if !redis_installed() {
+        return;
+    }
+    let server = RedisServer::start();
+    // 48 chunks of 16 KiB: the values go out in several writes (the tier sends its encoded
+    // pipeline every 256 KiB) and come back as 48 replies read one by one.
+    let mut rig = Rig::new(&options(&server.url(), "streamed"), CHUNK, 48);
+    let ks = keys(100..148);
+    assert_eq!(rig.store(&ks).outcome, JobOutcome::Ok);
+    // One key in the middle disappears: its neighbours' replies must stay with their keys.
+    let mut c = server.client();
+    let _: i64 = c.del(rig.tier.key_name(&ks[20])).unwrap();
+    let (r, rows) = rig.load(&ks);
+    let mut expected = ks.clone();
+    expected.remove(20);
+    assert_eq!(r.outcome, JobOutcome::Partial(expected));
+    for (i, (k, row)) in ks.iter().zip(&rows).enumerate() {
+        if i == 20 {
+            assert!(row.iter().all(|&b| b == 0), "the missing key's row was written");
+        } else {
+            assert!(
+                *row == content(k, CHUNK),
+                "{k} (reply {i}) came back with other bytes"
+            );
+        }
+    }
+    assert_eq!(rig.stat("missing_values"), 1.0);
+    // The connection is still in step: the next round trip answers its own commands.
+    let (r, rows) = rig.load(&ks[..4]);
+    assert_eq!(r.outcome, JobOutcome::Ok);
+    assert!(rows[3] == content(&ks[3], CHUNK));
+    assert_eq!(rig.stat("connection_failures"), 0.0);
+    assert_eq!(rig.stat("server_errors"), 0.0);
+}
+
+#[test]
 fn a_corrupted_value_is_not_promoted_through_the_manager() {
     if !redis_installed() {
         return;
