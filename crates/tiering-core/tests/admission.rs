@@ -8,7 +8,9 @@ use std::time::Duration;
 use common::*;
 use tiering_core::admission::{AdmissionConfig, BackpressureConfig, Clock, ManualClock};
 use tiering_core::testing::Completion;
-use tiering_core::{JobKind, LookupResult, ManagerConfig, ReqContext, TierGateConfig, TierGateStats};
+use tiering_core::{
+    JobKind, LookupResult, ManagerConfig, OffloadPolicy, ReqContext, TierGateConfig, TierGateStats,
+};
 
 fn gated(admission: AdmissionConfig, backpressure: BackpressureConfig) -> ManagerConfig {
     let mut config = ManagerConfig::step_driven();
@@ -241,6 +243,40 @@ fn backpressure_drops_cascades_never_promotions_and_recovers_through_probes() {
     assert_eq!(cascaded(&r), [500, 501], "cascades flow again");
     finish_after(&mut r, &hand, Duration::ZERO);
     assert_eq!(r.primary.total_pins(), 0, "dropped cascades pinned nothing");
+}
+
+#[test]
+fn a_tier_the_request_routes_its_chunks_to_passes_no_gate_and_feeds_no_sample() {
+    let (mut r, hand) = pressured_rig();
+    let primary = r.primary.clone();
+    // A hand-off request: the tier takes its chunks at request level, and the job lasts until
+    // the remote side fetches them — 1 s for 64 bytes, which as a sample would be pressure.
+    r.tiers[0].set_policy(OffloadPolicy::RequestLevel);
+    let handoff = new_req(&mut r, "handoff");
+    r.tiers[0].set_policy(OffloadPolicy::ChunkLevel);
+    store(&mut r.m, &primary, &handoff, &[key(1)]);
+    assert_eq!(cascaded(&r), [1]);
+    finish_after(&mut r, &hand, Duration::from_secs(1));
+    let g = gate(&mut r);
+    assert!(!g.backpressure_active, "{g:?}");
+    assert_eq!(g.store_seconds_per_mib, None, "a routed job is no latency sample");
+
+    // A chunk-level request's slow cascade turns the pressure on …
+    let a = new_req(&mut r, "a");
+    store(&mut r.m, &primary, &a, &[key(2)]);
+    finish_after(&mut r, &hand, Duration::from_millis(1));
+    assert!(gate(&mut r).backpressure_active);
+    // … which drops that request's cascades, never the hand-off's.
+    store(&mut r.m, &primary, &a, &[key(3)]);
+    store(&mut r.m, &primary, &handoff, &[key(4)]);
+    assert_eq!(cascaded(&r), [4]);
+    let g = gate(&mut r);
+    assert_eq!(
+        (g.backpressure_dropped_jobs, g.backpressure_dropped_chunks),
+        (1, 1)
+    );
+    finish_after(&mut r, &hand, Duration::ZERO);
+    assert_eq!(r.primary.total_pins(), 0);
 }
 
 #[test]

@@ -69,33 +69,56 @@ impl TieringState {
     /// Cascades `keys` to tier `idx` through the tier's gates: the keys its admission policy
     /// refuses are remembered (a later access may let them through), and the whole job is
     /// dropped while the tier is under backpressure (except a periodic probe).
+    ///
+    /// A tier the request itself routes its chunks to (a request-level tier, e.g. a hand-off
+    /// to a decoder that will fetch them) passes no gate: the copy is what the request is for,
+    /// not a speculative cascade, and its job lasts until the remote side takes the chunks, so
+    /// its duration says nothing about the tier's speed and is no backpressure sample.
     pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
         if self.tiers[idx].tier.is_none() || keys.is_empty() {
             return;
         }
+        let routed = self
+            .requests
+            .get(ctx.id())
+            .is_some_and(|r| r.request_level.contains(&idx));
+        if routed {
+            self.submit_cascade(idx, keys, ctx, Gated::No);
+            return;
+        }
         let verdict = self.gates.check(idx, keys, true);
-        self.submit_cascade(idx, &verdict.admitted, ctx, verdict.probe, false);
+        self.submit_cascade(
+            idx,
+            &verdict.admitted,
+            ctx,
+            Gated::Yes {
+                probe: verdict.probe,
+                late: false,
+            },
+        );
     }
 
     /// Creates and submits a cascade job of `keys` to tier `idx`. A chunk that cannot be pinned
     /// is not cascaded (logged), never an engine-visible failure.
-    fn submit_cascade(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext, probe: bool, late: bool) {
+    fn submit_cascade(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext, gated: Gated) {
         if keys.is_empty() {
             return;
         }
         match self.create_store_job_unlocked(keys, ctx, idx) {
-            Ok(job) => self.submit_cascade_job(idx, job, probe, late),
+            Ok(job) => self.submit_cascade_job(idx, job, gated),
             Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
         }
     }
 
     /// Hands a registered cascade job to tier `idx`; a tier that panics while accepting it is
     /// handled by the failure policy.
-    fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, probe: bool, late: bool) {
+    fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, gated: Gated) {
         self.counters.cascade_jobs += 1;
         let id = job.id;
-        let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
-        self.gates.submitted(idx, id, &job.keys, bytes, probe, late);
+        if let Gated::Yes { probe, late } = gated {
+            let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
+            self.gates.submitted(idx, id, &job.keys, bytes, probe, late);
+        }
         if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
             self.gates.not_submitted(id);
             tracing::error!(error = %e, "cascade submission failed");
@@ -129,7 +152,14 @@ impl TieringState {
                 continue;
             }
             match self.store_job_from_pins(&pinned, chunk_ids, ctx, idx) {
-                Ok(job) => self.submit_cascade_job(idx, job, verdict.probe, true),
+                Ok(job) => self.submit_cascade_job(
+                    idx,
+                    job,
+                    Gated::Yes {
+                        probe: verdict.probe,
+                        late: true,
+                    },
+                ),
                 Err(e) => {
                     tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "late cascade skipped");
                 }
@@ -247,4 +277,14 @@ impl TieringState {
             self.maybe_finalize(&rid);
         }
     }
+}
+
+/// Whether a cascade went through its tier's gates, and how.
+#[derive(Clone, Copy)]
+enum Gated {
+    /// Admitted by the gates: a backpressure latency sample (`probe`: the periodic probe of a
+    /// pressured tier; `late`: admitted on a later access).
+    Yes { probe: bool, late: bool },
+    /// Routed to a request-level tier by the request: no gate, no sample.
+    No,
 }
