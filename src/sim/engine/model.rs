@@ -7,9 +7,14 @@ impl Engine<'_> {
     /// Runs the step's model work. Returns whether there was any, and the step's cost on the
     /// simulated clock: the measured scheduling time plus the modelled model time (an idle tick
     /// costs `step_base`), so other load on the machine does not leak into the TTFT proxy
-    /// beyond the scheduler's own work.
-    pub(super) fn execute_model(&mut self, scheduling: Duration) -> (bool, Duration) {
+    /// beyond the scheduler's own work. The model time is at least the modelled transfer time
+    /// of the step's device loads, which overlap it.
+    ///
+    /// # Errors
+    /// A device load of this step never finished, or the copy worker died.
+    pub(super) fn execute_model(&mut self, scheduling: Duration) -> Result<(bool, Duration), SimError> {
         let model_start = Instant::now();
+        self.wait_step_loads()?;
         let prefill: Vec<usize> = std::mem::take(&mut self.prefill_now);
         let decoding: Vec<usize> = self
             .running
@@ -18,20 +23,21 @@ impl Engine<'_> {
             .filter(|&r| self.reqs[r].generated > 0)
             .collect();
         if prefill.is_empty() && decoding.is_empty() {
-            let pending = !self.waiting.is_empty()
-                || self.loading > 0
-                || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
+            let pending =
+                !self.waiting.is_empty() || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
             if pending {
                 // An idle tick: let copies and promotions progress before the next look.
                 std::thread::sleep(self.cfg.step_base);
-                return (false, scheduling + self.cfg.step_base);
+                return Ok((false, scheduling + self.cfg.step_base));
             }
-            return (false, scheduling);
+            return Ok((false, scheduling));
         }
         let mut prefill_tokens = 0;
+        let mut loaded_bytes = 0;
         let mut first_tokens = Vec::with_capacity(prefill.len());
         for &r in &prefill {
             prefill_tokens += self.prefill_tokens(r);
+            loaded_bytes += self.reqs[r].loaded.len() * self.cfg.chunk_bytes;
             self.account_prefill(r);
             let req = &self.reqs[r];
             let from = req.device_hits + req.loaded.len();
@@ -51,7 +57,10 @@ impl Engine<'_> {
                 self.compute_chunks(r, c, c + 1);
             }
         }
-        let model = self.cfg.model_time(prefill_tokens, decoding.len());
+        let model = self
+            .cfg
+            .model_time(prefill_tokens, decoding.len())
+            .max(self.cfg.device_copy_time(loaded_bytes));
         self.m.model_time += model;
         if let Some(rest) = model.checked_sub(model_start.elapsed()) {
             std::thread::sleep(rest);
@@ -74,7 +83,7 @@ impl Engine<'_> {
                 self.finishing.push(r);
             }
         }
-        (true, scheduling + model)
+        Ok((true, scheduling + model))
     }
 
     pub(super) fn account_prefill(&mut self, r: usize) {

@@ -1,5 +1,5 @@
-//! Step phase (b): loaded requests start prefill; waiting requests are scanned (device prefix
-//! cache, then chunk-by-chunk lookups), admitted with device blocks, and loads prepared.
+//! Step phase (b): waiting requests are scanned (device prefix cache, then chunk-by-chunk
+//! lookups), admitted with device blocks and started, their loads prepared.
 
 use super::*;
 
@@ -10,22 +10,12 @@ impl Engine<'_> {
     }
 
     pub(super) fn active(&self) -> usize {
-        self.running.len() + self.ready.len() + self.loading
+        self.running.len()
     }
 
     pub(super) fn schedule(&mut self) -> Result<bool, SimError> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut progressed = false;
-        while let Some(&r) = self.ready.front() {
-            let t = self.prefill_tokens(r);
-            if !self.prefill_now.is_empty() && t > budget {
-                break;
-            }
-            self.ready.pop_front();
-            self.start_prefill(r);
-            budget = budget.saturating_sub(t);
-            progressed = true;
-        }
         let mut keep = VecDeque::with_capacity(self.waiting.len());
         while let Some(r) = self.waiting.pop_front() {
             if self.active() >= self.cfg.max_running {
@@ -76,7 +66,7 @@ impl Engine<'_> {
             return Ok(Admit::Deferred);
         }
         let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
-        if hits == 0 && !self.prefill_now.is_empty() && prefill > *budget {
+        if !self.prefill_now.is_empty() && prefill > *budget {
             return Ok(Admit::NoRoom);
         }
         let needed = blocks_for(self.reqs[r].prompt_len + self.reqs[r].output_len, self.tpc);
@@ -115,21 +105,18 @@ impl Engine<'_> {
             req.scheduled = true;
             self.new_this_step.push(req.ctx.id().clone());
         }
-        if hits == 0 {
-            *budget = budget.saturating_sub(prefill);
-            self.start_prefill(r);
-            return Ok(Admit::Admitted);
+        *budget = budget.saturating_sub(prefill);
+        if hits > 0
+            && let Some(off) = &mut self.off
+        {
+            let keys = req.keys[d..d + hits].to_vec();
+            let rows = off.prepare_load(&keys, &req.ctx)?;
+            req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
+            let blocks = req.blocks[d..d + hits].to_vec();
+            let job = self.submit(r, CopyKind::Load, keys, rows, blocks);
+            self.step_loads.push(job);
         }
-        let Some(off) = &mut self.off else {
-            return Ok(Admit::Admitted);
-        };
-        let keys = req.keys[d..d + hits].to_vec();
-        let rows = off.prepare_load(&keys, &req.ctx)?;
-        req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
-        let blocks = req.blocks[d..d + hits].to_vec();
-        req.phase = Phase::Loading;
-        self.loading += 1;
-        self.submit(r, CopyKind::Load, keys, rows, blocks);
+        self.start_prefill(r);
         Ok(Admit::Admitted)
     }
 
@@ -140,9 +127,13 @@ impl Engine<'_> {
         keys: Vec<OffloadKey>,
         rows: Vec<u32>,
         blocks: Vec<u32>,
-    ) {
+    ) -> u64 {
         let id = self.next_job;
         self.next_job += 1;
+        let link = &mut self.link_free[usize::from(kind == CopyKind::Store)];
+        let bytes = keys.len() * self.cfg.chunk_bytes;
+        let due = link.max(self.now) + self.cfg.device_copy_time(bytes).as_secs_f64();
+        *link = due;
         self.outbox.push(CopyJob {
             id,
             kind,
@@ -157,8 +148,10 @@ impl Engine<'_> {
                 kind,
                 keys,
                 blocks,
+                due,
             },
         );
+        id
     }
 
     pub(super) fn start_prefill(&mut self, r: usize) {
