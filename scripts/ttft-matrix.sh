@@ -5,7 +5,9 @@
 #   - every chain in config/ (default, cpu-only, cpu-disk-p2p, cpu-redis: the Redis chain gets a
 #     redis-server this script starts on a free loopback port and stops again, one namespace per
 #     run so no run sees another's chunks);
-#   - small-cpu: the scenario, a 64 MiB CPU tier above the default disk tier;
+#   - small-cpu: a CPU tier smaller than the working set above the default disk tier (the
+#     64 MiB of the 2000-request scenario this started from, scaled to the run's requests:
+#     16 MiB for 400), so the disk tier serves hits;
 #   - slow-disk: the same with every disk I/O delayed by 5 ms (the disk tier's
 #     `inject_io_delay` option);
 # × workloads chat, shared-prefix, scan × seeds 1..SEEDS, and prints one row per run: TTFT
@@ -19,6 +21,7 @@
 #   SEEDS      seeds per cell (default 5)
 #   CHAINS     chains to run, space separated (default: all six above)
 #   WORKLOADS  workloads (default: chat shared-prefix scan)
+#   SMALL_CPU  the CPU tier of small-cpu and slow-disk (default 16MiB)
 #   RUN_ARGS   extra `kvtier run` arguments (default: --model llama-3.1-8b, which gives the
 #              manager the engine's recompute cost; empty string for none)
 #   KVTIER     the binary (default: builds target/release/kvtier)
@@ -32,6 +35,7 @@ SEEDS=${SEEDS:-5}
 CHAINS=${CHAINS:-"default cpu-only cpu-disk-p2p cpu-redis small-cpu slow-disk"}
 WORKLOADS=${WORKLOADS:-"chat shared-prefix scan"}
 RUN_ARGS=${RUN_ARGS---model llama-3.1-8b}
+SMALL_CPU=${SMALL_CPU:-16MiB}
 
 if [[ -z "${KVTIER:-}" ]]; then
   cargo build --release --quiet --bin kvtier
@@ -86,8 +90,8 @@ chain_file() {
     -e "s|^namespace = .*|namespace = \"ttft-$run\"|" "$src" >"$out"
   case $name in
     small-cpu | slow-disk)
-      # The primary's capacity (the first `capacity` line) becomes 64 MiB.
-      sed -i '0,/^capacity = .*/s//capacity = "64MiB"/' "$out"
+      # The primary's capacity is the first `capacity` line.
+      sed -i "0,/^capacity = .*/s//capacity = \"$SMALL_CPU\"/" "$out"
       ;;
   esac
   if [[ $name == slow-disk ]]; then
@@ -103,7 +107,7 @@ for c in $CHAINS; do
   fi
 done
 
-echo "kvtier TTFT matrix: $REQUESTS requests per run (rate 300/s), seeds 1..$SEEDS, run args: ${RUN_ARGS:-(none)}"
+echo "kvtier TTFT matrix: $REQUESTS requests per run (rate 300/s), seeds 1..$SEEDS, run args: ${RUN_ARGS:-(none)}, small-cpu/slow-disk CPU tier $SMALL_CPU"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-13s %-13s %4s | %9s %9s | %9s %9s | %7s %s\n' \
   chain workload seed "p50 on" "p50 off" "p99 on" "p99 off" "saved" ""

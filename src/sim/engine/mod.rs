@@ -63,6 +63,8 @@ struct Req {
     generated: usize,
     stored_upto: usize,
     policy: OffloadPolicy,
+    /// When the request first waited for a lookup or promotion (simulated clock).
+    waiting_since: Option<f64>,
     scheduled: bool,
     phase: Phase,
 }
@@ -162,6 +164,7 @@ impl<'a> Engine<'a> {
                     generated: 0,
                     stored_upto: 0,
                     policy: OffloadPolicy::ChunkLevel,
+                    waiting_since: None,
                     scheduled: false,
                     phase: Phase::NotArrived,
                 }

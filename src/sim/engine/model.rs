@@ -5,9 +5,9 @@ use super::*;
 
 impl Engine<'_> {
     /// Runs the step's model work. Returns whether there was any, and the step's cost on the
-    /// simulated clock: the measured scheduling time plus the modelled model time (an idle tick
-    /// costs `step_base`), so other load on the machine does not leak into the TTFT proxy
-    /// beyond the scheduler's own work. The model time is at least the modelled transfer time
+    /// simulated clock: the scheduler thread's CPU time (scaled) plus the modelled model time
+    /// (an idle tick costs up to `step_base`), so other load on the machine does not leak into
+    /// the TTFT proxy beyond the scheduler's own work. The model time is at least the modelled transfer time
     /// of the step's device loads, which overlap it.
     ///
     /// # Errors
@@ -26,9 +26,12 @@ impl Engine<'_> {
             let pending =
                 !self.waiting.is_empty() || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
             if pending {
-                // An idle tick: let copies and promotions progress before the next look.
-                std::thread::sleep(self.cfg.step_base);
-                return Ok((false, scheduling + self.cfg.step_base));
+                // An idle tick: let copies and promotions progress before the next look. It
+                // ends early when a copy is due or a request arrives, which a real engine
+                // would act on at once.
+                let tick = self.idle_tick();
+                std::thread::sleep(tick);
+                return Ok((false, scheduling + tick));
             }
             return Ok((false, scheduling));
         }
@@ -84,6 +87,17 @@ impl Engine<'_> {
             }
         }
         Ok((true, scheduling + model))
+    }
+
+    /// An idle step's length: `step_base`, or less up to the next copy due or arrival (at
+    /// least 1 µs).
+    fn idle_tick(&self) -> Duration {
+        let now = self.now;
+        let next_due = self.jobs.values().map(|j| j.due).filter(|&t| t > now);
+        let next_arrival = self.reqs.get(self.next_arrival).map(|r| r.arrival);
+        let soonest = next_due.chain(next_arrival).fold(f64::INFINITY, f64::min);
+        let until = Duration::try_from_secs_f64(soonest - now).unwrap_or(Duration::MAX);
+        self.cfg.step_base.min(until).max(Duration::from_micros(1))
     }
 
     pub(super) fn account_prefill(&mut self, r: usize) {

@@ -40,6 +40,8 @@ impl Engine<'_> {
         let limit = self.reqs[r].hit_limit;
         let d = self.device.cached_prefix(&self.reqs[r].keys[..limit]);
         let mut hits = 0;
+        // Leading hits, before the first key the request would wait for.
+        let mut sure = 0;
         let mut defer = false;
         if let Some(off) = &mut self.off {
             let req = &self.reqs[r];
@@ -48,6 +50,7 @@ impl Engine<'_> {
                     LookupResult::Hit => {
                         if !defer {
                             hits += 1;
+                            sure += 1;
                         }
                     }
                     LookupResult::HitPending => {
@@ -62,8 +65,13 @@ impl Engine<'_> {
             off.touch(&req.keys, &req.ctx)?;
         }
         if defer {
-            self.m.deferrals += 1;
-            return Ok(Admit::Deferred);
+            if self.worth_waiting(r, limit - d - sure) {
+                self.m.deferrals += 1;
+                return Ok(Admit::Deferred);
+            }
+            // Waiting longer would cost more than recomputing what it could still save.
+            self.m.waits_given_up += 1;
+            hits = sure;
         }
         let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
         if !self.prefill_now.is_empty() && prefill > *budget {
@@ -118,6 +126,23 @@ impl Engine<'_> {
         }
         self.start_prefill(r);
         Ok(Admit::Admitted)
+    }
+
+    /// Whether request `r` should wait another step for lookups or promotions that could
+    /// still serve `at_stake` chunks. Only an engine that weighs loading against recomputing
+    /// (`SimConfig::recompute_cost`) asks: it waits no longer, in all, than recomputing those
+    /// chunks would take (counting the step it is about to wait), so a tier that answers
+    /// slowly costs a request at most about twice its recompute time, never an unbounded
+    /// stall; without it the request waits as long as the manager says so.
+    fn worth_waiting(&mut self, r: usize, at_stake: usize) -> bool {
+        if !self.cfg.recompute_cost {
+            return true;
+        }
+        let now = self.now;
+        let since = *self.reqs[r].waiting_since.get_or_insert(now);
+        let tokens = u32::try_from(at_stake * self.tpc).unwrap_or(u32::MAX);
+        let saving = (self.cfg.prefill_per_token * tokens).as_secs_f64();
+        now - since + self.cfg.step_base.as_secs_f64() <= saving
     }
 
     pub(super) fn submit(
