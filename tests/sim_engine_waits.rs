@@ -35,8 +35,9 @@ fn a_lookup_that_never_resolves_is_given_up_and_the_request_recomputes() {
     assert_eq!(report.requests, 1);
     assert!(report.lookups.retry > 0, "{report}");
     assert_eq!(report.waits_given_up, 1, "{report}");
-    // 10 chunks × 16 tokens × 2 µs = 320 µs of recompute at stake, 50 µs per step: the
-    // request waits a few steps, not until the drain timeout.
+    // 10 chunks × 16 tokens × 2 µs = 320 µs of recompute at stake, credited with even odds
+    // before any wait paid off, and 50 µs per step: the request waits a few steps, not until
+    // the drain timeout.
     assert!(report.deferrals >= 1 && report.deferrals <= 8, "{report}");
     assert_eq!(report.source_tokens("computed"), prompt.len() as u64, "{report}");
     assert_eq!(report.copy_jobs.completed, report.copy_jobs.submitted);

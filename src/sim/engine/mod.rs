@@ -36,6 +36,8 @@ use super::workload::RequestSpec;
 
 mod model;
 mod schedule;
+
+use schedule::INITIAL_WAIT_PAYOFF;
 mod store;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +67,8 @@ struct Req {
     policy: OffloadPolicy,
     /// When the request first waited for a lookup or promotion (simulated clock).
     waiting_since: Option<f64>,
+    /// The leading hits when it first waited: a wait paid off if the request loads more.
+    hits_before_wait: usize,
     scheduled: bool,
     phase: Phase,
 }
@@ -100,6 +104,9 @@ pub(crate) struct Engine<'a> {
     step_loads: Vec<u64>,
     /// Copies the model already waited for this step; the manager hears of them next step.
     landed: Vec<CopyDone>,
+    /// How often waiting for lookups or promotions served more chunks (a moving average over
+    /// requests that waited, starting at `INITIAL_WAIT_PAYOFF`).
+    wait_payoff: f64,
     /// When the modelled device link is free again, per direction (loads, stores).
     link_free: [f64; 2],
     prefill_now: Vec<usize>,
@@ -165,6 +172,7 @@ impl<'a> Engine<'a> {
                     stored_upto: 0,
                     policy: OffloadPolicy::ChunkLevel,
                     waiting_since: None,
+                    hits_before_wait: 0,
                     scheduled: false,
                     phase: Phase::NotArrived,
                 }
@@ -184,6 +192,7 @@ impl<'a> Engine<'a> {
             step_loads: Vec::new(),
             landed: Vec::new(),
             link_free: [0.0; 2],
+            wait_payoff: INITIAL_WAIT_PAYOFF,
             prefill_now: Vec::new(),
             new_this_step: Vec::new(),
             next_arrival: 0,

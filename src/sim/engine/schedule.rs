@@ -65,13 +65,17 @@ impl Engine<'_> {
             off.touch(&req.keys, &req.ctx)?;
         }
         if defer {
-            if self.worth_waiting(r, limit - d - sure) {
+            if self.worth_waiting(r, limit - d - sure, sure) {
                 self.m.deferrals += 1;
                 return Ok(Admit::Deferred);
             }
             // Waiting longer would cost more than recomputing what it could still save.
             self.m.waits_given_up += 1;
             hits = sure;
+        }
+        if self.reqs[r].waiting_since.take().is_some() {
+            let paid_off = hits > self.reqs[r].hits_before_wait;
+            self.wait_payoff += WAIT_PAYOFF_WEIGHT * (f64::from(u8::from(paid_off)) - self.wait_payoff);
         }
         let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
         if !self.prefill_now.is_empty() && prefill > *budget {
@@ -128,21 +132,29 @@ impl Engine<'_> {
         Ok(Admit::Admitted)
     }
 
-    /// Whether request `r` should wait another step for lookups or promotions that could
-    /// still serve `at_stake` chunks. Only an engine that weighs loading against recomputing
-    /// (`SimConfig::recompute_cost`) asks: it waits no longer, in all, than recomputing those
-    /// chunks would take (counting the step it is about to wait), so a tier that answers
-    /// slowly costs a request at most about twice its recompute time, never an unbounded
-    /// stall; without it the request waits as long as the manager says so.
-    fn worth_waiting(&mut self, r: usize, at_stake: usize) -> bool {
+    /// Whether request `r` (with `sure` leading hits) should wait another step for lookups or
+    /// promotions that could still serve `at_stake` chunks. Only an engine that weighs loading
+    /// against recomputing (`SimConfig::recompute_cost`) asks: it waits no longer, in all, than
+    /// the recompute time of those chunks it can expect to save — the recompute time × how
+    /// often waiting has paid off lately (at least `MIN_WAIT_PAYOFF`) — counting the step it
+    /// is about to wait. A tier that answers slowly thus costs a request at most about twice
+    /// the recompute it could save, never an unbounded stall, and a tier whose answers are
+    /// all misses stops being waited for; without the weighing the request waits as long as
+    /// the manager says so.
+    fn worth_waiting(&mut self, r: usize, at_stake: usize, sure: usize) -> bool {
         if !self.cfg.recompute_cost {
             return true;
         }
         let now = self.now;
-        let since = *self.reqs[r].waiting_since.get_or_insert(now);
+        let req = &mut self.reqs[r];
+        if req.waiting_since.is_none() {
+            req.hits_before_wait = sure;
+        }
+        let since = *req.waiting_since.get_or_insert(now);
         let tokens = u32::try_from(at_stake * self.tpc).unwrap_or(u32::MAX);
         let saving = (self.cfg.prefill_per_token * tokens).as_secs_f64();
-        now - since + self.cfg.step_base.as_secs_f64() <= saving
+        let expected = saving * self.wait_payoff.max(MIN_WAIT_PAYOFF);
+        now - since + self.cfg.step_base.as_secs_f64() <= expected
     }
 
     pub(super) fn submit(
@@ -185,6 +197,16 @@ impl Engine<'_> {
         self.prefill_now.push(r);
     }
 }
+
+/// Weight of one request's outcome in `Engine::wait_payoff`.
+const WAIT_PAYOFF_WEIGHT: f64 = 0.1;
+
+/// The payoff credited before any request waited: even odds.
+pub(super) const INITIAL_WAIT_PAYOFF: f64 = 0.5;
+
+/// The lowest payoff a wait is credited with, so a tier that had only misses is still waited
+/// for when the saving at stake is large (and its recovery can be noticed).
+const MIN_WAIT_PAYOFF: f64 = 0.05;
 
 enum Admit {
     Admitted,
