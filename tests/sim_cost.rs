@@ -39,7 +39,14 @@ fn a_stalled_promotion_is_abandoned_and_the_request_recomputes() {
     };
 
     let tiers: Vec<Box<dyn SecondaryTier>> = vec![Box::new(tier)];
-    let report = run_one_request(tiers, &prompt, &output, |c| c.recompute_cost = true);
+    let report = run_one_request(tiers, &prompt, &output, |c| {
+        c.recompute_cost = true;
+        // The engine itself stops waiting once waiting costs more than the recompute it can
+        // expect to save (6 chunks × 16 tokens here, × the even odds it credits a first
+        // wait); at 40 µs per token that is ≈ 1.9 ms, later than the manager's deadline (1 ms
+        // floor for the first chunk), so the manager's abandonment is what this test sees.
+        c.prefill_per_token = Duration::from_micros(40);
+    });
     assert!(releaser.join().unwrap(), "the engine never recomputed: {report}");
     println!("{report}");
 

@@ -33,6 +33,20 @@ pub struct SimConfig {
     /// Model time per decoding request per step.
     #[serde(serialize_with = "ser_duration_us")]
     pub decode_per_request: Duration,
+    /// Bandwidth of the device link each way (device copies), bytes per second. A copy is done
+    /// on the simulated clock after its transfer, behind the copies before it in the same
+    /// direction; a step that loads chunks lasts at least their transfer time (the loads
+    /// overlap the forward pass). Applied to the simulator's scaled-down chunk bytes as is, so
+    /// that, like `prefill_per_token` under a model profile, it keeps the real time per KV
+    /// byte.
+    pub device_link_bandwidth: f64,
+    /// The factor the scheduler thread's measured CPU time is charged with on the simulated
+    /// clock. 1 by default; a model profile sets it to the simulator's KV bytes per token over
+    /// the real model's, the factor the profile shrinks model time by: the scheduler's work
+    /// (the manager's calls, per chunk and per step) does not shrink with the scaled-down KV
+    /// bytes, so charging it unscaled would weigh it against model time over a hundred times
+    /// more than on the real engine.
+    pub scheduler_time_scale: f64,
     /// Also run the workload with offloading off, in the same invocation, to count the tokens
     /// offloading saved.
     pub compare_baseline: bool,
@@ -61,6 +75,10 @@ impl Default for SimConfig {
             step_base: Duration::from_micros(100),
             prefill_per_token: Duration::from_micros(2),
             decode_per_request: Duration::from_micros(10),
+            // A PCIe Gen4 x16 link's practical host-to-device rate (an H100's Gen5 link is
+            // about twice as fast): the cautious figure.
+            device_link_bandwidth: 25e9,
+            scheduler_time_scale: 1.0,
             compare_baseline: true,
             verify_loads: true,
             progress: true,
@@ -98,6 +116,18 @@ impl SimConfig {
                 reason: format!("{} does not fit in 32 bits", self.device_blocks),
             });
         }
+        if !(self.scheduler_time_scale.is_finite() && self.scheduler_time_scale > 0.0) {
+            return Err(SimError::InvalidSetting {
+                name: "scheduler_time_scale",
+                reason: format!("must be a positive number, found {}", self.scheduler_time_scale),
+            });
+        }
+        if !(self.device_link_bandwidth.is_finite() && self.device_link_bandwidth > 0.0) {
+            return Err(SimError::InvalidSetting {
+                name: "device_link_bandwidth",
+                reason: format!("must be a positive number, found {}", self.device_link_bandwidth),
+            });
+        }
         let pool = self.device_blocks.checked_mul(self.chunk_bytes);
         if pool.is_none_or(|b| b > (64usize << 30)) {
             return Err(SimError::InvalidSetting {
@@ -117,6 +147,7 @@ impl SimConfig {
     pub fn with_model(mut self, profile: super::profile::ModelProfile) -> Self {
         let per_token = self.chunk_bytes as f64 / self.tokens_per_chunk.max(1) as f64;
         self.prefill_per_token = profile.sim_prefill_per_token(per_token);
+        self.scheduler_time_scale = (per_token / profile.kv_bytes_per_token() as f64).min(1.0);
         self.model = Some(profile);
         self.recompute_cost = true;
         self
@@ -136,6 +167,20 @@ impl SimConfig {
         let tokens = u32::try_from(prefill_tokens).unwrap_or(u32::MAX);
         let decoding = u32::try_from(decoding).unwrap_or(u32::MAX);
         self.step_base + self.prefill_per_token * tokens + self.decode_per_request * decoding
+    }
+}
+
+impl SimConfig {
+    /// What `cpu` of the scheduler thread's CPU time costs on the simulated clock.
+    #[must_use]
+    pub fn scheduler_time(&self, cpu: Duration) -> Duration {
+        cpu.mul_f64(self.scheduler_time_scale)
+    }
+
+    /// The modelled transfer time of `bytes` of device copies in one direction.
+    #[must_use]
+    pub fn device_copy_time(&self, bytes: usize) -> Duration {
+        Duration::try_from_secs_f64(bytes as f64 / self.device_link_bandwidth).unwrap_or(Duration::MAX)
     }
 }
 
@@ -179,5 +224,23 @@ mod tests {
         };
         assert_eq!(cfg.model_time(0, 0), Duration::from_micros(100));
         assert_eq!(cfg.model_time(1000, 3), Duration::from_micros(100 + 500 + 30));
+    }
+
+    #[test]
+    fn device_copies_take_their_bytes_over_the_bandwidth_and_a_bad_bandwidth_is_named() {
+        let cfg = SimConfig {
+            device_link_bandwidth: 1e9,
+            ..SimConfig::default()
+        };
+        assert_eq!(cfg.device_copy_time(1_000_000), Duration::from_millis(1));
+        assert_eq!(cfg.device_copy_time(0), Duration::ZERO);
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let cfg = SimConfig {
+                device_link_bandwidth: bad,
+                ..SimConfig::default()
+            };
+            let err = cfg.validate().unwrap_err().to_string();
+            assert!(err.contains("device_link_bandwidth"), "{err}");
+        }
     }
 }

@@ -23,6 +23,9 @@ pub struct RunMetrics {
     pub computed_tokens: u64,
     /// Requests deferred by a lookup (`HitPending` or `Retry`), counted per step.
     pub deferrals: u64,
+    /// Times a request stopped waiting for lookups or promotions because recomputing was
+    /// cheaper than waiting longer (with `SimConfig::recompute_cost`).
+    pub waits_given_up: u64,
     /// Lookup verdicts.
     pub lookups: LookupCounts,
     /// Keys in the KV-cache events drained.
@@ -61,8 +64,9 @@ pub struct RunMetrics {
     pub model_time: Duration,
     /// Wall-clock time of the run.
     pub wall: Duration,
-    /// Simulated time: per step the measured scheduling time plus the modelled model time,
-    /// plus the idle gaps skipped between arrivals.
+    /// Simulated time: per step the scheduler thread's CPU time (scaled by
+    /// `SimConfig::scheduler_time_scale`) plus the modelled model time, plus the idle gaps
+    /// skipped between arrivals.
     pub simulated: f64,
     /// Device blocks still referenced after the run (must be 0).
     pub leaked_device_blocks: u64,

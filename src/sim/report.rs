@@ -36,12 +36,15 @@ pub struct Report {
     /// Manager time on the scheduler thread per step, in microseconds.
     pub manager_step_us: Percentiles,
     /// Time-to-first-token proxy (arrival → end of the prefill step on the simulated clock:
-    /// measured scheduling time plus modelled model time per step), in milliseconds.
+    /// the scheduler thread's CPU time plus modelled model time per step), in milliseconds.
     pub ttft_ms: Percentiles,
     /// Lookup verdicts the engine received.
     pub lookups: LookupCounts,
     /// Requests deferred by a pending or unknown lookup, counted per step.
     pub deferrals: u64,
+    /// Times a request stopped waiting and recomputed instead, because waiting longer would
+    /// cost more than recomputing (only when the engine weighs the two).
+    pub waits_given_up: u64,
     /// Keys in the KV-cache events the engine drained.
     pub events: EventCounts,
     /// Device-copy jobs.
@@ -172,7 +175,7 @@ pub struct Timing {
     pub steps: u64,
     /// Wall time of the offloading run, seconds.
     pub wall_s: f64,
-    /// Simulated time (measured scheduling plus modelled model time per step, plus skipped idle
+    /// Simulated time (scheduler CPU time plus modelled model time per step, plus skipped idle
     /// gaps), seconds.
     pub simulated_s: f64,
     /// Modelled model-execution time, seconds.
@@ -394,6 +397,7 @@ impl Report {
             ttft_ms: ms(&m.ttft),
             lookups: m.lookups,
             deferrals: m.deferrals,
+            waits_given_up: m.waits_given_up,
             events: m.events,
             copy_jobs: CopyJobs {
                 submitted: m.copy_jobs_submitted,
@@ -511,13 +515,15 @@ impl fmt::Display for Report {
         let l = &self.lookups;
         writeln!(
             f,
-            "  lookups {} (hit {}, pending {}, retry {}, miss {}); deferrals {}; events: {} keys stored, {} removed",
+            "  lookups {} (hit {}, pending {}, retry {}, miss {}); deferrals {} ({} waits given up for \
+             recompute); events: {} keys stored, {} removed",
             l.total(),
             l.hit,
             l.hit_pending,
             l.retry,
             l.miss,
             self.deferrals,
+            self.waits_given_up,
             self.events.stored,
             self.events.removed
         )?;

@@ -141,6 +141,10 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
     let load = matches!(items.first().map(|i| &i.op), Some(TaskOp::Load(_)));
     let bytes = (items.len() * shared.slab.layout().chunk_bytes) as u64;
     let started = Instant::now();
+    if !shared.io_delay.is_zero() {
+        // An emulated slow device: the delay is part of the I/O time the meters see.
+        std::thread::sleep(shared.io_delay);
+    }
     if load {
         let read = catch_unwind(AssertUnwindSafe(|| {
             read_run(shared, scratch, &job.keys, &mut items)

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use tiering_core::ChunkArena;
-use tiering_core::config::ByteSize;
+use tiering_core::config::{ByteSize, HumanDuration};
 
 /// When the tier calls `fdatasync` on the slab file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -119,6 +119,11 @@ pub struct DiskTierOptions {
     /// (default) refuses to open; `true` deletes its contents and starts empty.
     #[serde(default)]
     pub wipe_on_mismatch: bool,
+    /// Fault injection for benchmarks: every slot read or write submission sleeps this long
+    /// on its I/O thread before it touches the file, emulating a slow device (`"5ms"`). Zero,
+    /// the default, adds nothing; a production chain never sets it.
+    #[serde(default)]
+    pub inject_io_delay: HumanDuration,
 }
 
 impl DiskTierOptions {
@@ -134,6 +139,7 @@ impl DiskTierOptions {
             name: default_name(),
             preallocate: true,
             wipe_on_mismatch: false,
+            inject_io_delay: HumanDuration::default(),
         }
     }
 }
@@ -181,6 +187,16 @@ mod tests {
         assert_eq!(opts.name, "disk");
         assert!(opts.preallocate);
         assert!(!opts.wipe_on_mismatch);
+        assert_eq!(opts.inject_io_delay.get(), std::time::Duration::ZERO);
+    }
+
+    #[test]
+    fn an_injected_io_delay_is_read_with_its_unit() {
+        let opts: DiskTierOptions =
+            toml::from_str("path = \"/x\"\ncapacity = 1\ninject_io_delay = \"5ms\"").unwrap();
+        assert_eq!(opts.inject_io_delay.get(), std::time::Duration::from_millis(5));
+        let bare = toml::from_str::<DiskTierOptions>("path = \"/x\"\ncapacity = 1\ninject_io_delay = 5");
+        assert!(bare.is_err(), "a delay needs a unit");
     }
 
     #[test]

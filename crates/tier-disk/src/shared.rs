@@ -185,6 +185,8 @@ pub(crate) struct Shared {
     pub(crate) max_run: usize,
     /// Measured cost of loads and stores.
     pub(crate) meters: Mutex<(DirectionCost, DirectionCost)>,
+    /// Sleep before each submission's I/O (the `inject_io_delay` option; zero: none).
+    pub(crate) io_delay: Duration,
 }
 
 impl Shared {
@@ -194,6 +196,7 @@ impl Shared {
         index: Index,
         sync: SyncPolicy,
         max_run: usize,
+        io_delay: Duration,
     ) -> std::io::Result<Self> {
         Ok(Self {
             name,
@@ -209,6 +212,7 @@ impl Shared {
             zero_block: AlignedBuf::zeroed(crate::format::BLOCK)?,
             max_run: max_run.max(1),
             meters: Mutex::new((DirectionCost::default(), DirectionCost::default())),
+            io_delay,
         })
     }
 

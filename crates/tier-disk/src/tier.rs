@@ -176,8 +176,15 @@ impl DiskTier {
         let max_run =
             usize::try_from((MAX_RUN_BYTES / layout.slot_bytes).clamp(1, MAX_RUN_SLOTS)).unwrap_or(1);
         let shared = Arc::new(
-            Shared::new(opts.name.clone(), slab, index, opts.sync, max_run)
-                .map_err(io("allocating buffers for"))?,
+            Shared::new(
+                opts.name.clone(),
+                slab,
+                index,
+                opts.sync,
+                max_run,
+                opts.inject_io_delay.get(),
+            )
+            .map_err(io("allocating buffers for"))?,
         );
         shared.event(recovered_keys, false);
         let pool = Pool::start(&shared, opts.io_threads).map_err(io("starting I/O threads for"))?;

@@ -3,13 +3,19 @@
 //! Per step:
 //! 1. arrivals (`on_new_request`);
 //! 2. (a) finished device copies → `complete_store` / `complete_load`;
-//! 3. (b) scheduling: loaded requests start prefill; waiting requests are scanned — device
-//!    prefix cache first, then `lookup` chunk by chunk (Hit counts; HitPending counts and
-//!    defers; Retry defers but keeps scanning; Miss stops), `touch`, and `prepare_load` for hits;
+//! 3. (b) scheduling: waiting requests are scanned — device prefix cache first, then `lookup`
+//!    chunk by chunk (Hit counts; HitPending counts and defers; Retry defers but keeps
+//!    scanning; Miss stops), `touch`, and `prepare_load` for hits; an admitted request starts
+//!    its prefill in this step, its hits loading while the model runs;
 //! 4. (c) `prepare_store` for chunks computed last step, `on_request_finished` for requests
 //!    that finished, then `on_schedule_end` — the last manager call of the step;
 //! 5. (d) the model "runs" for its modelled time while the copy worker moves bytes and the
-//!    manager's control thread sweeps.
+//!    manager's control thread sweeps. A request's loads land within the step that prefills
+//!    it, as with a connector whose layer-wise loads overlap the forward pass: the step lasts
+//!    at least the loads' transfer time on the device link (`SimConfig::device_link_bandwidth`)
+//!    and the model waits for the copies before it counts the loaded chunks, recomputing the
+//!    chunks of a load that failed. (Loading in a later step instead would cost every request
+//!    with a hit one whole step, more than recomputing a short prefix.)
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -20,6 +26,7 @@ use tiering_core::{LookupResult, OffloadKey, OffloadPolicy, ReqContext, RequestI
 
 use super::config::SimConfig;
 use super::copier::{Copier, CopyDone, CopyJob, CopyKind};
+use super::cpu_clock::thread_cpu_time;
 use super::device::{DeviceMemory, DevicePool};
 use super::error::SimError;
 use super::hash::{chunk_keys, fill_chunk};
@@ -29,14 +36,14 @@ use super::workload::RequestSpec;
 
 mod model;
 mod schedule;
+
+use schedule::INITIAL_WAIT_PAYOFF;
 mod store;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     NotArrived,
     Waiting,
-    Loading,
-    Ready,
     Running,
     Finishing,
     Done,
@@ -58,6 +65,10 @@ struct Req {
     generated: usize,
     stored_upto: usize,
     policy: OffloadPolicy,
+    /// When the request first waited for a lookup or promotion (simulated clock).
+    waiting_since: Option<f64>,
+    /// The leading hits when it first waited: a wait paid off if the request loads more.
+    hits_before_wait: usize,
     scheduled: bool,
     phase: Phase,
 }
@@ -67,6 +78,9 @@ struct Job {
     kind: CopyKind,
     keys: Vec<OffloadKey>,
     blocks: Vec<u32>,
+    /// When the copy is done on the simulated clock: its transfer on the modelled device link,
+    /// after the copies submitted before it in the same direction.
+    due: f64,
 }
 
 /// Blocks a request of `tokens` tokens occupies.
@@ -84,10 +98,17 @@ pub(crate) struct Engine<'a> {
     off: Option<Offload>,
     copier: Option<Copier>,
     waiting: VecDeque<usize>,
-    ready: VecDeque<usize>,
     running: Vec<usize>,
     finishing: Vec<usize>,
-    loading: usize,
+    /// Load jobs of this step's prefills, not landed yet: the model waits for them.
+    step_loads: Vec<u64>,
+    /// Copies the model already waited for this step; the manager hears of them next step.
+    landed: Vec<CopyDone>,
+    /// How often waiting for lookups or promotions served more chunks (a moving average over
+    /// requests that waited, starting at `INITIAL_WAIT_PAYOFF`).
+    wait_payoff: f64,
+    /// When the modelled device link is free again, per direction (loads, stores).
+    link_free: [f64; 2],
     prefill_now: Vec<usize>,
     new_this_step: Vec<RequestId>,
     next_arrival: usize,
@@ -150,6 +171,8 @@ impl<'a> Engine<'a> {
                     generated: 0,
                     stored_upto: 0,
                     policy: OffloadPolicy::ChunkLevel,
+                    waiting_since: None,
+                    hits_before_wait: 0,
                     scheduled: false,
                     phase: Phase::NotArrived,
                 }
@@ -164,10 +187,12 @@ impl<'a> Engine<'a> {
             off,
             copier,
             waiting: VecDeque::new(),
-            ready: VecDeque::new(),
             running: Vec::new(),
             finishing: Vec::new(),
-            loading: 0,
+            step_loads: Vec::new(),
+            landed: Vec::new(),
+            link_free: [0.0; 2],
+            wait_payoff: INITIAL_WAIT_PAYOFF,
             prefill_now: Vec::new(),
             new_this_step: Vec::new(),
             next_arrival: 0,
@@ -187,13 +212,19 @@ impl<'a> Engine<'a> {
         let start = Instant::now();
         let mut last_progress = Instant::now();
         while self.done < self.reqs.len() {
-            let step_start = Instant::now();
+            // The scheduler's own work is its CPU time: not the time it spends preempted on a
+            // busy machine, nor waiting for copies the simulated clock says are done.
+            let step_start = thread_cpu_time();
             let mut progressed = self.arrivals()?;
             progressed |= self.apply_copies()?;
             progressed |= self.schedule()?;
             progressed |= self.stores_and_finishes()?;
             self.end_schedule()?;
-            let (worked, cost) = self.execute_model(step_start.elapsed());
+            let scheduling = self
+                .cfg
+                .scheduler_time(thread_cpu_time().saturating_sub(step_start));
+            let (worked, cost) = self.execute_model(scheduling)?;
+
             progressed |= worked;
             self.m.steps += 1;
             self.now += cost.as_secs_f64();
@@ -208,11 +239,10 @@ impl<'a> Engine<'a> {
                 last_progress = Instant::now();
             } else if last_progress.elapsed() > self.cfg.drain_timeout {
                 return Err(SimError::Stalled(format!(
-                    "no request made progress for {:?}: {} waiting, {} loading, {} copy jobs \
-                     outstanding, {} of {} device blocks free",
+                    "no request made progress for {:?}: {} waiting, {} copy jobs outstanding, \
+                     {} of {} device blocks free",
                     self.cfg.drain_timeout,
                     self.waiting.len(),
-                    self.loading,
                     self.copier.as_ref().map_or(0, Copier::outstanding),
                     self.device.free_blocks(),
                     self.cfg.device_blocks
@@ -238,10 +268,8 @@ impl<'a> Engine<'a> {
 
     fn idle(&self) -> bool {
         self.waiting.is_empty()
-            && self.ready.is_empty()
             && self.running.is_empty()
             && self.finishing.is_empty()
-            && self.loading == 0
             && self.copier.as_ref().is_none_or(|c| c.outstanding() == 0)
     }
 
@@ -268,8 +296,31 @@ impl<'a> Engine<'a> {
         let Some(copier) = &mut self.copier else {
             return Ok(false);
         };
-        let mut done = Vec::new();
+        let mut done = std::mem::take(&mut self.landed);
         copier.collect(&mut done)?;
+        // A copy due on the simulated clock has finished on the modelled link: wait for the
+        // worker's real bytes, so how busy this machine is does not decide when blocks free up.
+        let deadline = Instant::now() + self.cfg.drain_timeout;
+        loop {
+            let now = self.now;
+            let overdue = self
+                .jobs
+                .iter()
+                .filter(|(id, j)| j.due <= now && !done.iter().any(|d| d.id == **id))
+                .count();
+            if overdue == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(SimError::Stalled(format!(
+                    "{overdue} device copies did not finish within {:?}",
+                    self.cfg.drain_timeout
+                )));
+            }
+            if let Some(d) = copier.wait_one(Duration::from_millis(50))? {
+                done.push(d);
+            }
+        }
         let any = !done.is_empty();
         for d in done {
             self.apply_copy(&d)?;
@@ -304,25 +355,62 @@ impl<'a> Engine<'a> {
                 }
             }
             CopyKind::Load => {
+                // The model already used (or recomputed) the chunks when the copy landed.
                 off.complete_load(&job.keys, &req.ctx)?;
                 if d.ok {
                     self.m.load_chunks += job.keys.len() as u64;
                     self.m.bytes_primary_to_device += d.bytes;
-                    for (&b, k) in job.blocks.iter().zip(&job.keys) {
-                        self.device.register(b, *k);
-                    }
-                } else {
-                    // The chunks did not arrive intact: the model recomputes them.
-                    self.m.load_chunks_failed += job.keys.len() as u64;
-                    req.loaded.clear();
-                    if req.policy == OffloadPolicy::ChunkLevel {
-                        req.stored_upto = req.device_hits;
-                    }
                 }
-                req.phase = Phase::Ready;
-                self.loading -= 1;
-                self.ready.push_back(job.req);
             }
+        }
+        Ok(())
+    }
+
+    /// A load of this step's prefills landed: its blocks hold the chunks (or, when the copy
+    /// failed, the model recomputes them in this step).
+    fn land_load(&mut self, d: &CopyDone) {
+        let Some(job) = self.jobs.get(&d.id) else {
+            return;
+        };
+        let req = &mut self.reqs[job.req];
+        if d.ok {
+            for (&b, k) in job.blocks.iter().zip(&job.keys) {
+                self.device.register(b, *k);
+            }
+        } else {
+            // The chunks did not arrive intact: the model recomputes them.
+            self.m.load_chunks_failed += job.keys.len() as u64;
+            req.loaded.clear();
+            if req.policy == OffloadPolicy::ChunkLevel {
+                req.stored_upto = req.device_hits;
+            }
+        }
+    }
+
+    /// Waits for this step's loads (the model cannot use a chunk before it arrives). Every copy
+    /// that finishes meanwhile is kept for the manager's next step.
+    fn wait_step_loads(&mut self) -> Result<(), SimError> {
+        let deadline = Instant::now() + self.cfg.drain_timeout;
+        while !self.step_loads.is_empty() {
+            let Some(copier) = &mut self.copier else {
+                self.step_loads.clear();
+                return Ok(());
+            };
+            if Instant::now() > deadline {
+                return Err(SimError::Stalled(format!(
+                    "{} device loads did not finish within {:?}",
+                    self.step_loads.len(),
+                    self.cfg.drain_timeout
+                )));
+            }
+            let Some(d) = copier.wait_one(Duration::from_millis(50))? else {
+                continue;
+            };
+            if let Some(i) = self.step_loads.iter().position(|&id| id == d.id) {
+                self.step_loads.swap_remove(i);
+                self.land_load(&d);
+            }
+            self.landed.push(d);
         }
         Ok(())
     }

@@ -5,11 +5,16 @@ use super::*;
 
 impl Engine<'_> {
     /// Runs the step's model work. Returns whether there was any, and the step's cost on the
-    /// simulated clock: the measured scheduling time plus the modelled model time (an idle tick
-    /// costs `step_base`), so other load on the machine does not leak into the TTFT proxy
-    /// beyond the scheduler's own work.
-    pub(super) fn execute_model(&mut self, scheduling: Duration) -> (bool, Duration) {
+    /// simulated clock: the scheduler thread's CPU time (scaled) plus the modelled model time
+    /// (an idle tick costs up to `step_base`), so other load on the machine does not leak into
+    /// the TTFT proxy beyond the scheduler's own work. The model time is at least the modelled transfer time
+    /// of the step's device loads, which overlap it.
+    ///
+    /// # Errors
+    /// A device load of this step never finished, or the copy worker died.
+    pub(super) fn execute_model(&mut self, scheduling: Duration) -> Result<(bool, Duration), SimError> {
         let model_start = Instant::now();
+        self.wait_step_loads()?;
         let prefill: Vec<usize> = std::mem::take(&mut self.prefill_now);
         let decoding: Vec<usize> = self
             .running
@@ -18,20 +23,24 @@ impl Engine<'_> {
             .filter(|&r| self.reqs[r].generated > 0)
             .collect();
         if prefill.is_empty() && decoding.is_empty() {
-            let pending = !self.waiting.is_empty()
-                || self.loading > 0
-                || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
+            let pending =
+                !self.waiting.is_empty() || self.copier.as_ref().is_some_and(|c| c.outstanding() > 0);
             if pending {
-                // An idle tick: let copies and promotions progress before the next look.
-                std::thread::sleep(self.cfg.step_base);
-                return (false, scheduling + self.cfg.step_base);
+                // An idle tick: let copies and promotions progress before the next look. It
+                // ends early when a copy is due or a request arrives, which a real engine
+                // would act on at once.
+                let tick = self.idle_tick();
+                std::thread::sleep(tick);
+                return Ok((false, scheduling + tick));
             }
-            return (false, scheduling);
+            return Ok((false, scheduling));
         }
         let mut prefill_tokens = 0;
+        let mut loaded_bytes = 0;
         let mut first_tokens = Vec::with_capacity(prefill.len());
         for &r in &prefill {
             prefill_tokens += self.prefill_tokens(r);
+            loaded_bytes += self.reqs[r].loaded.len() * self.cfg.chunk_bytes;
             self.account_prefill(r);
             let req = &self.reqs[r];
             let from = req.device_hits + req.loaded.len();
@@ -51,7 +60,10 @@ impl Engine<'_> {
                 self.compute_chunks(r, c, c + 1);
             }
         }
-        let model = self.cfg.model_time(prefill_tokens, decoding.len());
+        let model = self
+            .cfg
+            .model_time(prefill_tokens, decoding.len())
+            .max(self.cfg.device_copy_time(loaded_bytes));
         self.m.model_time += model;
         if let Some(rest) = model.checked_sub(model_start.elapsed()) {
             std::thread::sleep(rest);
@@ -74,7 +86,18 @@ impl Engine<'_> {
                 self.finishing.push(r);
             }
         }
-        (true, scheduling + model)
+        Ok((true, scheduling + model))
+    }
+
+    /// An idle step's length: `step_base`, or less up to the next copy due or arrival (at
+    /// least 1 µs).
+    fn idle_tick(&self) -> Duration {
+        let now = self.now;
+        let next_due = self.jobs.values().map(|j| j.due).filter(|&t| t > now);
+        let next_arrival = self.reqs.get(self.next_arrival).map(|r| r.arrival);
+        let soonest = next_due.chain(next_arrival).fold(f64::INFINITY, f64::min);
+        let until = Duration::try_from_secs_f64(soonest - now).unwrap_or(Duration::MAX);
+        self.cfg.step_base.min(until).max(Duration::from_micros(1))
     }
 
     pub(super) fn account_prefill(&mut self, r: usize) {

@@ -1,5 +1,5 @@
-//! Step phase (b): loaded requests start prefill; waiting requests are scanned (device prefix
-//! cache, then chunk-by-chunk lookups), admitted with device blocks, and loads prepared.
+//! Step phase (b): waiting requests are scanned (device prefix cache, then chunk-by-chunk
+//! lookups), admitted with device blocks and started, their loads prepared.
 
 use super::*;
 
@@ -10,22 +10,12 @@ impl Engine<'_> {
     }
 
     pub(super) fn active(&self) -> usize {
-        self.running.len() + self.ready.len() + self.loading
+        self.running.len()
     }
 
     pub(super) fn schedule(&mut self) -> Result<bool, SimError> {
         let mut budget = self.cfg.max_batch_tokens;
         let mut progressed = false;
-        while let Some(&r) = self.ready.front() {
-            let t = self.prefill_tokens(r);
-            if !self.prefill_now.is_empty() && t > budget {
-                break;
-            }
-            self.ready.pop_front();
-            self.start_prefill(r);
-            budget = budget.saturating_sub(t);
-            progressed = true;
-        }
         let mut keep = VecDeque::with_capacity(self.waiting.len());
         while let Some(r) = self.waiting.pop_front() {
             if self.active() >= self.cfg.max_running {
@@ -50,6 +40,8 @@ impl Engine<'_> {
         let limit = self.reqs[r].hit_limit;
         let d = self.device.cached_prefix(&self.reqs[r].keys[..limit]);
         let mut hits = 0;
+        // Leading hits, before the first key the request would wait for.
+        let mut sure = 0;
         let mut defer = false;
         if let Some(off) = &mut self.off {
             let req = &self.reqs[r];
@@ -58,6 +50,7 @@ impl Engine<'_> {
                     LookupResult::Hit => {
                         if !defer {
                             hits += 1;
+                            sure += 1;
                         }
                     }
                     LookupResult::HitPending => {
@@ -72,11 +65,20 @@ impl Engine<'_> {
             off.touch(&req.keys, &req.ctx)?;
         }
         if defer {
-            self.m.deferrals += 1;
-            return Ok(Admit::Deferred);
+            if self.worth_waiting(r, limit - d - sure, sure) {
+                self.m.deferrals += 1;
+                return Ok(Admit::Deferred);
+            }
+            // Waiting longer would cost more than recomputing what it could still save.
+            self.m.waits_given_up += 1;
+            hits = sure;
+        }
+        if self.reqs[r].waiting_since.take().is_some() {
+            let paid_off = hits > self.reqs[r].hits_before_wait;
+            self.wait_payoff += WAIT_PAYOFF_WEIGHT * (f64::from(u8::from(paid_off)) - self.wait_payoff);
         }
         let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
-        if hits == 0 && !self.prefill_now.is_empty() && prefill > *budget {
+        if !self.prefill_now.is_empty() && prefill > *budget {
             return Ok(Admit::NoRoom);
         }
         let needed = blocks_for(self.reqs[r].prompt_len + self.reqs[r].output_len, self.tpc);
@@ -115,22 +117,44 @@ impl Engine<'_> {
             req.scheduled = true;
             self.new_this_step.push(req.ctx.id().clone());
         }
-        if hits == 0 {
-            *budget = budget.saturating_sub(prefill);
-            self.start_prefill(r);
-            return Ok(Admit::Admitted);
+        *budget = budget.saturating_sub(prefill);
+        if hits > 0
+            && let Some(off) = &mut self.off
+        {
+            let keys = req.keys[d..d + hits].to_vec();
+            let rows = off.prepare_load(&keys, &req.ctx)?;
+            req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
+            let blocks = req.blocks[d..d + hits].to_vec();
+            let job = self.submit(r, CopyKind::Load, keys, rows, blocks);
+            self.step_loads.push(job);
         }
-        let Some(off) = &mut self.off else {
-            return Ok(Admit::Admitted);
-        };
-        let keys = req.keys[d..d + hits].to_vec();
-        let rows = off.prepare_load(&keys, &req.ctx)?;
-        req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
-        let blocks = req.blocks[d..d + hits].to_vec();
-        req.phase = Phase::Loading;
-        self.loading += 1;
-        self.submit(r, CopyKind::Load, keys, rows, blocks);
+        self.start_prefill(r);
         Ok(Admit::Admitted)
+    }
+
+    /// Whether request `r` (with `sure` leading hits) should wait another step for lookups or
+    /// promotions that could still serve `at_stake` chunks. Only an engine that weighs loading
+    /// against recomputing (`SimConfig::recompute_cost`) asks: it waits no longer, in all, than
+    /// the recompute time of those chunks it can expect to save — the recompute time × how
+    /// often waiting has paid off lately (at least `MIN_WAIT_PAYOFF`) — counting the step it
+    /// is about to wait. A tier that answers slowly thus costs a request at most about twice
+    /// the recompute it could save, never an unbounded stall, and a tier whose answers are
+    /// all misses stops being waited for; without the weighing the request waits as long as
+    /// the manager says so.
+    fn worth_waiting(&mut self, r: usize, at_stake: usize, sure: usize) -> bool {
+        if !self.cfg.recompute_cost {
+            return true;
+        }
+        let now = self.now;
+        let req = &mut self.reqs[r];
+        if req.waiting_since.is_none() {
+            req.hits_before_wait = sure;
+        }
+        let since = *req.waiting_since.get_or_insert(now);
+        let tokens = u32::try_from(at_stake * self.tpc).unwrap_or(u32::MAX);
+        let saving = (self.cfg.prefill_per_token * tokens).as_secs_f64();
+        let expected = saving * self.wait_payoff.max(MIN_WAIT_PAYOFF);
+        now - since + self.cfg.step_base.as_secs_f64() <= expected
     }
 
     pub(super) fn submit(
@@ -140,9 +164,13 @@ impl Engine<'_> {
         keys: Vec<OffloadKey>,
         rows: Vec<u32>,
         blocks: Vec<u32>,
-    ) {
+    ) -> u64 {
         let id = self.next_job;
         self.next_job += 1;
+        let link = &mut self.link_free[usize::from(kind == CopyKind::Store)];
+        let bytes = keys.len() * self.cfg.chunk_bytes;
+        let due = link.max(self.now) + self.cfg.device_copy_time(bytes).as_secs_f64();
+        *link = due;
         self.outbox.push(CopyJob {
             id,
             kind,
@@ -157,8 +185,10 @@ impl Engine<'_> {
                 kind,
                 keys,
                 blocks,
+                due,
             },
         );
+        id
     }
 
     pub(super) fn start_prefill(&mut self, r: usize) {
@@ -167,6 +197,16 @@ impl Engine<'_> {
         self.prefill_now.push(r);
     }
 }
+
+/// Weight of one request's outcome in `Engine::wait_payoff`.
+const WAIT_PAYOFF_WEIGHT: f64 = 0.1;
+
+/// The payoff credited before any request waited: even odds.
+pub(super) const INITIAL_WAIT_PAYOFF: f64 = 0.5;
+
+/// The lowest payoff a wait is credited with, so a tier that had only misses is still waited
+/// for when the saving at stake is large (and its recovery can be noticed).
+const MIN_WAIT_PAYOFF: f64 = 0.05;
 
 enum Admit {
     Admitted,
