@@ -20,10 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tier_redis::{KeyScheme, RedisTier, RedisTierOptions};
-use tiering_core::{
-    ControlWaker, JobId, JobKind, JobOutcome, JobResult, LookupResult, OffloadKey, PrimaryTier, ReqContext,
-    RowGrant, SecondaryTier, TransferJob,
-};
+use tiering_core::{ControlWaker, LookupResult, OffloadKey, PrimaryTier, ReqContext, SecondaryTier};
 
 use super::BenchError;
 use super::tiers::{Bench, Meter, TierBenchRow, row};
@@ -115,14 +112,14 @@ impl Bench<'_> {
                 dst.copy_from_slice(&self.arena.read_row(*c)?);
             }
             job_id += 1;
-            let store_time = self.store_awaited(&name, tier, primary, &keys, &rows, job_id, &waker)?;
+            let store_time = self.store_pinned(&name, tier, primary, (&keys, &rows), job_id, &waker)?;
             let write_time = raw.set_batch(&staging, cb)?;
 
             self.lookups(&mut prober, &keys, &mut latencies, &mut calls)?;
 
             primary.reset();
             job_id += 1;
-            let load_time = self.load_awaited(&name, tier, primary, &keys, job_id, &waker)?;
+            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id, &waker)?;
             let read_time = raw.get_batch(&mut staging, cb)?;
             primary.reset();
             if round > 0 {
@@ -160,107 +157,6 @@ impl Bench<'_> {
             ],
             lookup,
         ))
-    }
-
-    /// Stores the primary rows `rows` (pinned for reading, holding `keys`) into `tier` as job
-    /// `job_id` and releases the pins; returns the time from submission to the result.
-    #[allow(clippy::too_many_arguments)]
-    fn store_awaited(
-        &self,
-        name: &str,
-        tier: &mut dyn SecondaryTier,
-        primary: &mut dyn PrimaryTier,
-        keys: &[OffloadKey],
-        rows: &[tiering_core::ChunkId],
-        job_id: u64,
-        waker: &ControlWaker,
-    ) -> Result<Duration, BenchError> {
-        let job = TransferJob {
-            id: JobId(job_id),
-            kind: JobKind::Store,
-            keys: keys.to_vec(),
-            chunk_ids: rows.to_vec(),
-            req: self.ctx.clone(),
-            rows: RowGrant::Read(self.arena.read_rows(rows)?),
-        };
-        let t = Instant::now();
-        tier.submit_store(job);
-        let r = self.await_job(tier, JobId(job_id), waker)?;
-        let store_time = t.elapsed();
-        primary
-            .complete_read(keys, &self.ctx)
-            .map_err(|e| Self::tier_err(name, e.to_string()))?;
-        if r.outcome != JobOutcome::Ok {
-            return Err(Self::tier_err(name, format!("store job failed: {:?}", r.outcome)));
-        }
-        Ok(store_time)
-    }
-
-    /// Loads `keys` back from `tier` into freshly reserved primary rows as job `job_id`;
-    /// checks every byte and returns the time from submission to the result.
-    fn load_awaited(
-        &self,
-        name: &str,
-        tier: &mut dyn SecondaryTier,
-        primary: &mut dyn PrimaryTier,
-        keys: &[OffloadKey],
-        job_id: u64,
-        waker: &ControlWaker,
-    ) -> Result<Duration, BenchError> {
-        let out = primary
-            .prepare_write(keys, &self.ctx)
-            .ok_or_else(|| Self::tier_err(name, "the primary has no room to load a batch"))?;
-        let job = TransferJob {
-            id: JobId(job_id),
-            kind: JobKind::Promotion,
-            keys: out.keys_to_store.clone(),
-            chunk_ids: out.chunk_ids.clone(),
-            req: self.ctx.clone(),
-            rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
-        };
-        let t = Instant::now();
-        tier.submit_load(job);
-        let r = self.await_job(tier, JobId(job_id), waker)?;
-        let load_time = t.elapsed();
-        let ok = r.outcome == JobOutcome::Ok;
-        primary.complete_write(&out.keys_to_store, &self.ctx, ok);
-        if !ok {
-            return Err(Self::tier_err(name, format!("load job failed: {:?}", r.outcome)));
-        }
-        for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
-            if !crate::sim::chunk_matches(k, &self.arena.read_row(*c)?) {
-                return Err(Self::tier_err(
-                    name,
-                    format!("chunk {k} came back with different bytes"),
-                ));
-            }
-        }
-        Ok(load_time)
-    }
-
-    /// Waits for job `id`'s result, asleep on `waker` between polls.
-    fn await_job(
-        &self,
-        tier: &mut dyn SecondaryTier,
-        id: JobId,
-        waker: &ControlWaker,
-    ) -> Result<JobResult, BenchError> {
-        let deadline = Instant::now() + self.cfg.job_timeout;
-        let mut out = Vec::new();
-        loop {
-            tier.poll_finished(&mut out);
-            if let Some(pos) = out.iter().position(|r| r.id == id) {
-                return Ok(out.swap_remove(pos));
-            }
-            let now = Instant::now();
-            if now > deadline {
-                return Err(Self::tier_err(
-                    &tier.info().name,
-                    format!("{id} not reported within {:?}", self.cfg.job_timeout),
-                ));
-            }
-            waker.wait(deadline - now);
-        }
     }
 
     /// Looks `keys` up on `prober` as a scheduler does: every key once (`Retry`), the step

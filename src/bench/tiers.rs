@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tiering_core::{
-    ChunkArena, ChunkId, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey, PrimaryTier,
-    ReqContext, RowGrant, SecondaryTier, TransferJob,
+    ChunkArena, ChunkId, ControlWaker, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey,
+    PrimaryTier, ReqContext, RowGrant, SecondaryTier, TransferJob,
 };
 
 use super::BenchError;
@@ -358,6 +358,10 @@ impl Bench<'_> {
             Meter::default(),
             Meter::default(),
         );
+        // Await each job asleep on the tier's waker, which it fires when a job ends, not in a
+        // poll loop (a poller on a 2-core machine steals a core from the tier's workers).
+        let waker = ControlWaker::new();
+        tier.set_waker(waker.clone());
         tier.on_new_request(&self.ctx);
         let mut job_id = 1u64 << 40;
         for round in 0..=self.rounds {
@@ -374,12 +378,12 @@ impl Bench<'_> {
                 .prepare_read(&keys, &self.ctx)
                 .map_err(|e| Self::tier_err(&name, e.to_string()))?;
             job_id += 1;
-            let store_time = self.store_pinned(&name, tier, primary, &keys, &rows, job_id)?;
+            let store_time = self.store_pinned(&name, tier, primary, (&keys, &rows), job_id, &waker)?;
             let write_time = reference.write_batch()?;
             // Drop the primary copies so the load really comes from the tier.
             primary.reset();
             job_id += 1;
-            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id)?;
+            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id, &waker)?;
             let read_time = reference.read_batch()?;
             primary.reset();
             if round > 0 {
@@ -411,9 +415,9 @@ impl Bench<'_> {
         name: &str,
         tier: &mut dyn SecondaryTier,
         primary: &mut dyn PrimaryTier,
-        keys: &[OffloadKey],
-        rows: &[ChunkId],
+        (keys, rows): (&[OffloadKey], &[ChunkId]),
         job_id: u64,
+        waker: &ControlWaker,
     ) -> Result<Duration, BenchError> {
         let job = TransferJob {
             id: JobId(job_id),
@@ -425,7 +429,7 @@ impl Bench<'_> {
         };
         let t = Instant::now();
         tier.submit_store(job);
-        let r = self.wait(tier, JobId(job_id))?;
+        let r = self.await_job(tier, JobId(job_id), waker)?;
         let store_time = t.elapsed();
         primary
             .complete_read(keys, &self.ctx)
@@ -445,6 +449,7 @@ impl Bench<'_> {
         primary: &mut dyn PrimaryTier,
         keys: &[OffloadKey],
         job_id: u64,
+        waker: &ControlWaker,
     ) -> Result<Duration, BenchError> {
         let out = primary
             .prepare_write(keys, &self.ctx)
@@ -459,7 +464,7 @@ impl Bench<'_> {
         };
         let t = Instant::now();
         tier.submit_load(job);
-        let r = self.wait(tier, JobId(job_id))?;
+        let r = self.await_job(tier, JobId(job_id), waker)?;
         let load_time = t.elapsed();
         let ok = r.outcome == JobOutcome::Ok;
         primary.complete_write(&out.keys_to_store, &self.ctx, ok);
@@ -477,7 +482,13 @@ impl Bench<'_> {
         Ok(load_time)
     }
 
-    pub(super) fn wait(&self, tier: &mut dyn SecondaryTier, id: JobId) -> Result<JobResult, BenchError> {
+    /// Waits for job `id`'s result, asleep on `waker` (set on the tier) between polls.
+    pub(super) fn await_job(
+        &self,
+        tier: &mut dyn SecondaryTier,
+        id: JobId,
+        waker: &ControlWaker,
+    ) -> Result<JobResult, BenchError> {
         let deadline = Instant::now() + self.cfg.job_timeout;
         let mut out = Vec::new();
         loop {
@@ -485,13 +496,15 @@ impl Bench<'_> {
             if let Some(pos) = out.iter().position(|r| r.id == id) {
                 return Ok(out.swap_remove(pos));
             }
-            if Instant::now() > deadline {
+            let now = Instant::now();
+            if now > deadline {
                 return Err(Self::tier_err(
                     &tier.info().name,
                     format!("{id} not reported within {:?}", self.cfg.job_timeout),
                 ));
             }
-            std::thread::sleep(Duration::from_micros(20));
+            // A tier that never fires its waker still gets polled every millisecond.
+            waker.wait((deadline - now).min(Duration::from_millis(1)));
         }
     }
 }
