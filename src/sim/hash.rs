@@ -3,7 +3,7 @@
 
 use tiering_core::OffloadKey;
 use tiering_core::key::KEY_HASH_BYTES;
-use xxhash_rust::xxh3::xxh3_128_with_seed;
+use twox_hash::XxHash3_128;
 
 /// The keys of every full chunk of `tokens`, for KV-cache group `group`.
 #[must_use]
@@ -17,8 +17,8 @@ pub fn chunk_keys(tokens: &[u32], tokens_per_chunk: usize, group: u32) -> Vec<Of
         for t in chunk {
             buf.extend_from_slice(&t.to_le_bytes());
         }
-        let lo = xxh3_128_with_seed(&buf, 0x6b76_7469_6572);
-        let hi = xxh3_128_with_seed(&buf, 0x6b76_7469_6573);
+        let lo = XxHash3_128::oneshot_with_seed(0x6b76_7469_6572, &buf);
+        let hi = XxHash3_128::oneshot_with_seed(0x6b76_7469_6573, &buf);
         prev[..16].copy_from_slice(&lo.to_le_bytes());
         prev[16..].copy_from_slice(&hi.to_le_bytes());
         keys.push(OffloadKey::new(prev, group));

@@ -22,9 +22,11 @@
 
 use std::fmt;
 
+use std::hash::Hasher as _;
 use tiering_core::OffloadKey;
 use tiering_core::key::KEY_BYTES;
-use xxhash_rust::xxh3::{Xxh3Default, xxh3_64};
+
+use twox_hash::XxHash3_64;
 
 /// The alignment and size of the superblock and the seal block.
 pub const BLOCK: usize = 4096;
@@ -156,7 +158,7 @@ impl Superblock {
         out[16..24].copy_from_slice(&self.chunk_bytes.to_le_bytes());
         out[24..32].copy_from_slice(&self.slot_bytes.to_le_bytes());
         out[32..40].copy_from_slice(&self.num_slots.to_le_bytes());
-        let crc = xxh3_64(&out[..40]);
+        let crc = XxHash3_64::oneshot(&out[..40]);
         out[40..SUPER_LEN].copy_from_slice(&crc.to_le_bytes());
     }
 
@@ -172,7 +174,7 @@ impl Superblock {
         if block[0..8] != SUPER_MAGIC {
             return SuperblockRead::Foreign("bad magic".to_owned());
         }
-        if xxh3_64(&block[..40]) != u64_at(block, 40) {
+        if XxHash3_64::oneshot(&block[..40]) != u64_at(block, 40) {
             return SuperblockRead::Foreign("superblock checksum mismatch".to_owned());
         }
         SuperblockRead::Valid(Self {
@@ -218,7 +220,7 @@ impl SlotSeal {
         let end = out.len().min(BLOCK);
         out[..end].fill(0);
         let payload_len = payload.len() as u64;
-        let head_checksum = xxh3_64(head_of(payload));
+        let head_checksum = XxHash3_64::oneshot(head_of(payload));
         out[0..8].copy_from_slice(&SEAL_MAGIC);
         out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
         out[16..24].copy_from_slice(&seq.to_le_bytes());
@@ -227,7 +229,7 @@ impl SlotSeal {
         out[72..80].copy_from_slice(&head_checksum.to_le_bytes());
         let checksum = content_checksum(&out[..SEAL_CHECKED], payload);
         out[80..88].copy_from_slice(&checksum.to_le_bytes());
-        let crc = xxh3_64(&out[..88]);
+        let crc = XxHash3_64::oneshot(&out[..88]);
         out[88..SEAL_LEN].copy_from_slice(&crc.to_le_bytes());
         Self {
             seq,
@@ -245,7 +247,7 @@ impl SlotSeal {
         if block.len() < SEAL_LEN || block[0..8] != SEAL_MAGIC || u32_at(block, 8) != FORMAT_VERSION {
             return None;
         }
-        if xxh3_64(&block[..88]) != u64_at(block, 88) {
+        if XxHash3_64::oneshot(&block[..88]) != u64_at(block, 88) {
             return None;
         }
         Some(Self {
@@ -262,7 +264,7 @@ impl SlotSeal {
     #[must_use]
     pub fn head_matches(&self, first_block: &[u8]) -> bool {
         let n = usize::try_from(self.payload_len).unwrap_or(usize::MAX).min(BLOCK);
-        first_block.len() >= n && xxh3_64(&first_block[..n]) == self.head_checksum
+        first_block.len() >= n && XxHash3_64::oneshot(&first_block[..n]) == self.head_checksum
     }
 
     /// Whether `payload` (read along with this seal from `block`) matches the checksum.
@@ -278,10 +280,10 @@ fn head_of(payload: &[u8]) -> &[u8] {
 }
 
 fn content_checksum(seal_fields: &[u8], payload: &[u8]) -> u64 {
-    let mut h = Xxh3Default::new();
-    h.update(seal_fields);
-    h.update(payload);
-    h.digest()
+    let mut h = XxHash3_64::new();
+    h.write(seal_fields);
+    h.write(payload);
+    h.finish()
 }
 
 /// Why a slot read was rejected.
