@@ -18,4 +18,8 @@ fi
 (cd "$root/crates/kvtier-py" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
     "$venv/bin/maturin" develop --release --quiet)
 cd "$root/crates/kvtier-py"
-exec "$venv/bin/python" -m pytest -q tests "$@"
+# pytest's temporary directories go under one of ours, removed on exit (its default,
+# /tmp/pytest-of-$USER, outlives the run).
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+"$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp "$scratch/pytest" tests "$@"
