@@ -209,6 +209,13 @@ fn bench_tiers_measures_redis_against_a_raw_pipeline() {
         2 * 1024 * 1024 / 65536 + 8,
         "{t}"
     );
+    // The benchmark's chunks and the reference's values are not cache: none are left.
+    let mut conn = redis::Client::open(server.url().as_str())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let left: u64 = redis::cmd("DBSIZE").query(&mut conn).unwrap();
+    assert_eq!(left, 0, "the benchmark left {left} keys on the server");
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use redis::cluster::{ClusterClientBuilder, ClusterConnection, ClusterPipeline};
+use redis::io::tcp::TcpSettings;
 use redis::{
     Cmd, ConnectionInfo, ConnectionLike, ErrorKind, IntoConnectionInfo, Pipeline, RedisError, RedisResult,
     Value,
@@ -105,7 +106,7 @@ impl Endpoint {
 
     /// Opens a standalone connection to `info` with the timeouts set.
     pub(crate) fn connect_node(&self, info: &ConnectionInfo) -> RedisResult<redis::Connection> {
-        let client = redis::Client::open(self.with_credentials(info.clone()))?;
+        let client = redis::Client::open(with_nodelay(self.with_credentials(info.clone())))?;
         let conn = client.get_connection_with_timeout(self.connect_timeout)?;
         conn.set_read_timeout(Some(self.io_timeout))?;
         conn.set_write_timeout(Some(self.io_timeout))?;
@@ -120,6 +121,7 @@ impl Endpoint {
         let mut builder = ClusterClientBuilder::new(self.infos.clone())
             .connection_timeout(self.connect_timeout)
             .response_timeout(self.io_timeout)
+            .tcp_settings(TcpSettings::default().set_nodelay(true))
             .retries(1);
         if let Some(p) = &self.password {
             builder = builder.password(p);
@@ -303,6 +305,16 @@ impl Conn {
             }
         }
     }
+}
+
+/// `info` with Nagle's algorithm off, as the tier's connections use it. A pipeline is written
+/// whole (or in large slices) and then waits for its replies, so holding back a short last
+/// segment until the server acknowledges the one before only adds latency; Redis turns Nagle
+/// off on its side for the same reason.
+#[must_use]
+pub fn with_nodelay(info: ConnectionInfo) -> ConnectionInfo {
+    let tcp = info.tcp_settings().clone().set_nodelay(true);
+    info.set_tcp_settings(tcp)
 }
 
 #[cfg(test)]

@@ -15,9 +15,12 @@
 //!   queue goes to a worker as one pipelined `EXISTS` batch at the end of the step (or once it
 //!   reaches `max_lookup_batch`); the answer is cached for `presence_ttl`. A question left
 //!   unanswered for `lookup_timeout` becomes a `Miss`. A successful store marks its keys present.
-//! - **Stores and loads** are split into pipelined `SET`/`GET` batches of at most
-//!   `pipeline_bytes` and run by `workers` threads, each with its own connection. Queues are
-//!   bounded (`max_queued_jobs`): a job that does not fit is failed at once and counted. On a
+//! - **Stores and loads** are split into pipelined `SET`/`GET` batches run by `workers`
+//!   threads, each with its own connection: a job is spread over every worker (one batch each)
+//!   down to 512 KiB per batch and up to `pipeline_bytes`, so the server parses one batch
+//!   while the others' replies travel. Connections turn Nagle's algorithm off. Queues are
+//!   bounded (`max_queued_jobs` per worker, in batches): a job that does not fit is failed at
+//!   once and counted. On a
 //!   standalone server a worker encodes a batch's commands itself, once, into a buffer it
 //!   reuses, sends a store's values as it encodes them, and checks each `GET` reply into its
 //!   row as it arrives.
@@ -74,9 +77,11 @@ mod packed;
 mod presence;
 mod registration;
 mod shared;
+mod split;
 mod tier;
 mod worker;
 
+pub use conn::with_nodelay;
 pub use error::RedisTierError;
 pub use format::{KeyScheme, LayoutId};
 pub use info::ServerFigures;

@@ -104,13 +104,15 @@ pub struct RedisTierOptions {
     /// Worker threads, each with its own connection (1 to 64).
     #[serde(default = "default_workers")]
     pub workers: usize,
-    /// Store and load jobs queued before new ones are refused (failed at once, counted).
+    /// Store and load jobs queued per worker before new ones are refused (failed at once,
+    /// counted); the queue counts batches, and a job takes one per worker it is spread over.
     #[serde(default = "default_max_queued_jobs")]
     pub max_queued_jobs: usize,
     /// Presence checks sent in one pipelined `EXISTS` batch.
     #[serde(default = "default_max_lookup_batch")]
     pub max_lookup_batch: usize,
-    /// Value bytes per pipelined round trip (a job larger than this is split across workers).
+    /// Most value bytes per pipelined round trip. A job is spread over the workers (one batch
+    /// each, none smaller than 512 KiB) and never sends more than this in one batch.
     #[serde(default = "default_pipeline_bytes")]
     pub pipeline_bytes: u64,
     /// Connecting to a server gives up after this long.

@@ -15,6 +15,7 @@ use crate::format::{HEADER_LEN, KeyScheme, LayoutId};
 use crate::options::RedisTierOptions;
 use crate::presence::{Answer, Presence};
 use crate::shared::{Batch, Counters, JobState, Shared, Timing};
+use crate::split;
 use crate::worker::Workers;
 
 /// The shared remote tier. See the crate documentation.
@@ -24,7 +25,12 @@ pub struct RedisTier {
     info: TierInfo,
     max_queued: usize,
     max_lookup_batch: usize,
-    keys_per_batch: usize,
+    /// Value bytes per key (chunk and header).
+    value_bytes: u64,
+    /// Worker threads (each with its own connection).
+    workers_n: usize,
+    /// Most value bytes in one batch.
+    pipeline_bytes: u64,
     shut_down: bool,
 }
 
@@ -63,8 +69,6 @@ impl RedisTier {
         let shared = Arc::new(Shared::new(opts.name.clone(), scheme, endpoint, timing, presence));
         let workers = Workers::start(&shared, opts.workers)?;
         shared.request_info_if_due();
-        let value_bytes = (chunk_bytes + HEADER_LEN) as u64;
-        let keys_per_batch = usize::try_from((opts.pipeline_bytes / value_bytes).max(1)).unwrap_or(1);
         tracing::info!(
             tier = %opts.name,
             servers = %shared.endpoint.display(),
@@ -80,7 +84,9 @@ impl RedisTier {
             info: TierInfo::new(opts.name.clone(), Some(Medium::Cpu), Some(Locality::Remote)),
             max_queued: opts.max_queued_jobs,
             max_lookup_batch: opts.max_lookup_batch,
-            keys_per_batch,
+            value_bytes: (chunk_bytes + HEADER_LEN) as u64,
+            workers_n: opts.workers,
+            pipeline_bytes: opts.pipeline_bytes,
             shut_down: false,
         })
     }
@@ -177,7 +183,11 @@ impl RedisTier {
             self.shared.finalize(&job);
             return;
         }
-        let batches = keys.len().div_ceil(self.keys_per_batch);
+        let per_batch =
+            split::keys_per_batch(keys.len(), self.value_bytes, self.workers_n, self.pipeline_bytes);
+        let batches = keys.len().div_ceil(per_batch);
+        // The bound counts batches: a job takes one per worker it is spread over.
+        let capacity = self.max_queued.saturating_mul(self.workers_n.max(1));
         let full = {
             let q = self.shared.queue.lock();
             let queue = if kind == JobKind::Store {
@@ -185,7 +195,7 @@ impl RedisTier {
             } else {
                 &q.loads
             };
-            queue.len() + batches > self.max_queued.max(batches)
+            queue.len() + batches > capacity.max(batches)
         };
         if full {
             Counters::add(&self.shared.counters.rejected_jobs, 1);
@@ -202,7 +212,7 @@ impl RedisTier {
         let mut items: Vec<(usize, R)> = rows.into_iter().enumerate().collect();
         let mut parts = Vec::with_capacity(batches);
         while !items.is_empty() {
-            let rest = items.split_off(items.len().min(self.keys_per_batch));
+            let rest = items.split_off(items.len().min(per_batch));
             parts.push(make(Arc::clone(&job), std::mem::replace(&mut items, rest)));
         }
         let mut q = self.shared.queue.lock();
