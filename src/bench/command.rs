@@ -116,6 +116,24 @@ fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super:
         .collect()
 }
 
+/// The chain's `disk` tiers with their I/O threads.
+fn disk_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::DiskTarget>> {
+    chain
+        .secondaries
+        .iter()
+        .filter(|s| s.tier_type == "disk")
+        .map(|s| {
+            let options: tier_disk::DiskTierOptions = tiering_core::config::parse_options(&s.options)
+                .with_context(|| format!("{}: {}", chain.source, s.describe()))?;
+            Ok(super::DiskTarget {
+                name: options.name,
+                io_threads: options.io_threads,
+                capacity: options.capacity.bytes(),
+            })
+        })
+        .collect()
+}
+
 /// Runs a `kvtier bench` subcommand and prints its figures.
 ///
 /// # Errors
@@ -142,6 +160,7 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
                 total_bytes: mib.saturating_mul(1 << 20),
                 scratch_dir,
                 redis: redis_targets(&chain)?,
+                disk: disk_targets(&chain)?,
                 ..TierBenchConfig::default()
             };
             let tiers = BuiltTiers::from_config(&chain, registry()?, cfg.chunk_bytes)

@@ -12,6 +12,7 @@
 
 pub mod command;
 pub mod fetch_rtt;
+mod raw_file;
 pub mod redis;
 pub mod tiers;
 
@@ -21,7 +22,7 @@ pub use fetch_rtt::{
     copy_worker, fetch_rtt,
 };
 pub use redis::{LookupLatency, RedisTarget};
-pub use tiers::{TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
+pub use tiers::{DiskTarget, TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]

@@ -7,26 +7,28 @@
 //!   as the data moved.
 //! - Storage tiers: a cascade job (`submit_store` of granted rows) and a promotion job
 //!   (`submit_load` into reserved rows, verified byte for byte), against raw `O_DIRECT`
-//!   `pwrite`/`pread` of the same bytes in the same directory (buffered I/O when the filesystem
-//!   refuses `O_DIRECT`, and the report says so).
+//!   `pwrite`/`pread` in the same directory (buffered I/O when the filesystem refuses
+//!   `O_DIRECT`, and the report says so): for a disk tier the same calls it makes (calls in
+//!   flight × slots per call), for another storage tier one call per job (see
+//!   [`super::raw_file`]).
 //! - Redis tiers: the same cascade and promotion jobs against the `redis` crate's raw pipelined
 //!   `SET`/`GET` of the same bytes to the same server, plus lookup latency (see [`super::redis`]).
 //! - Remote tiers (peers) move data only between nodes: `kvtier bench fetch-rtt` measures them.
 
 use std::fmt;
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tier_disk::IoShape;
 use tiering_core::{
     ChunkArena, ChunkId, ControlWaker, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey,
     PrimaryTier, ReqContext, RowGrant, SecondaryTier, TransferJob,
 };
 
 use super::BenchError;
+use super::raw_file::RawFile;
 use super::redis::{LookupLatency, RedisTarget};
 use crate::sim::{BuiltTiers, SimRng, chunk_matches, fill_chunk};
 
@@ -49,6 +51,20 @@ pub struct TierBenchConfig {
     /// The chain's Redis tiers, measured against a raw pipeline to the same server.
     #[serde(skip)]
     pub redis: Vec<RedisTarget>,
+    /// The chain's disk tiers: their reference makes the same calls as they do.
+    #[serde(skip)]
+    pub disk: Vec<DiskTarget>,
+}
+
+/// A disk tier of the chain and what shapes its I/O.
+#[derive(Clone, Debug)]
+pub struct DiskTarget {
+    /// The tier's name.
+    pub name: String,
+    /// Its I/O threads (calls in flight).
+    pub io_threads: usize,
+    /// Its slab's size: past it the tier overwrites slots, so the reference rewrites too.
+    pub capacity: u64,
 }
 
 impl Default for TierBenchConfig {
@@ -61,6 +77,7 @@ impl Default for TierBenchConfig {
             job_timeout: Duration::from_secs(30),
             seed: 0,
             redis: Vec::new(),
+            disk: Vec::new(),
         }
     }
 }
@@ -351,7 +368,15 @@ impl Bench<'_> {
     ) -> Result<Vec<TierBenchRow>, BenchError> {
         let name = tier.info().name;
         let cb = self.cfg.chunk_bytes;
-        let mut reference = RawFile::open(&self.cfg.scratch_dir, self.batch, cb)?;
+        let disk = self.cfg.disk.iter().find(|d| d.name == name);
+        let shape = disk.and_then(|d| IoShape::for_job(cb, d.io_threads, self.batch));
+        // The reference writes as many distinct bytes of file as the tier can.
+        let moved = self
+            .rounds
+            .saturating_add(1)
+            .saturating_mul((self.batch * cb) as u64);
+        let spread = disk.map_or(moved, |d| moved.min(d.capacity));
+        let mut reference = RawFile::open(&self.cfg.scratch_dir, self.batch, cb, shape.as_ref(), spread)?;
         let (mut store, mut load, mut raw_w, mut raw_r) = (
             Meter::default(),
             Meter::default(),
@@ -377,14 +402,33 @@ impl Bench<'_> {
             let rows = primary
                 .prepare_read(&keys, &self.ctx)
                 .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+            // The sides take turns going first: the first after an idle spell also pays for
+            // waking the machine.
+            let tier_first = round % 2 == 0;
             job_id += 1;
-            let store_time = self.store_pinned(&name, tier, primary, (&keys, &rows), job_id, &waker)?;
-            let write_time = reference.write_batch()?;
+            let (store_time, write_time) = if tier_first {
+                let s = self.store_pinned(&name, tier, primary, (&keys, &rows), job_id, &waker)?;
+                (s, reference.write_batch()?)
+            } else {
+                let w = reference.write_batch()?;
+                (
+                    self.store_pinned(&name, tier, primary, (&keys, &rows), job_id, &waker)?,
+                    w,
+                )
+            };
             // Drop the primary copies so the load really comes from the tier.
             primary.reset();
             job_id += 1;
-            let load_time = self.load_back_verified(&name, tier, primary, &keys, job_id, &waker)?;
-            let read_time = reference.read_batch()?;
+            let (load_time, read_time) = if tier_first {
+                let l = self.load_back_verified(&name, tier, primary, &keys, job_id, &waker)?;
+                (l, reference.read_batch()?)
+            } else {
+                let r = reference.read_batch()?;
+                (
+                    self.load_back_verified(&name, tier, primary, &keys, job_id, &waker)?,
+                    r,
+                )
+            };
             primary.reset();
             if round > 0 {
                 let b = (keys.len() * cb) as u64;
@@ -395,16 +439,9 @@ impl Bench<'_> {
             }
         }
         tier.on_request_finished(&self.ctx);
-        let label = reference.label();
         Ok(vec![
-            row(
-                &name,
-                "store",
-                &store,
-                &format!("{label} write, 1 call/job"),
-                &raw_w,
-            ),
-            row(&name, "load", &load, &format!("{label} read, 1 call/job"), &raw_r),
+            row(&name, "store", &store, &reference.label("write"), &raw_w),
+            row(&name, "load", &load, &reference.label("read"), &raw_r),
         ])
     }
 
@@ -505,95 +542,6 @@ impl Bench<'_> {
             }
             // A tier that never fires its waker still gets polled every millisecond.
             waker.wait((deadline - now).min(Duration::from_millis(1)));
-        }
-    }
-}
-
-/// The storage reference: one batch of bytes written to and read from a scratch file with one
-/// `O_DIRECT` `pwrite`/`pread` per batch (buffered I/O where the filesystem refuses direct I/O).
-struct RawFile {
-    file: File,
-    path: PathBuf,
-    /// Over-allocated so that `buf[offset..offset + len]` is page aligned, as direct I/O needs.
-    buf: Vec<u8>,
-    offset: usize,
-    len: usize,
-    direct: bool,
-}
-
-const ALIGN: usize = 4096;
-
-impl RawFile {
-    fn open(dir: &Path, batch: usize, chunk_bytes: usize) -> Result<Self, BenchError> {
-        let path = dir.join(format!("kvtier-bench-raw-{}.tmp", std::process::id()));
-        let err = |error| BenchError::Reference {
-            reference: format!("scratch file {}", path.display()),
-            error,
-        };
-        let open = |flags: i32| {
-            OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .custom_flags(flags)
-                .open(&path)
-        };
-        let len = batch * chunk_bytes;
-        // Direct I/O needs block-aligned lengths as well as aligned buffers.
-        let aligned = len % ALIGN == 0;
-        let (file, direct) = match open(if aligned { libc::O_DIRECT } else { 0 }) {
-            Ok(f) => (f, aligned),
-            Err(e) if aligned && e.raw_os_error() == Some(libc::EINVAL) => (open(0).map_err(err)?, false),
-            Err(e) => return Err(err(e)),
-        };
-        let buf = vec![0xA5u8; len + ALIGN];
-        let offset = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Ok(Self {
-            file,
-            path,
-            buf,
-            offset,
-            len,
-            direct,
-        })
-    }
-
-    fn label(&self) -> &'static str {
-        if self.direct {
-            "raw O_DIRECT"
-        } else {
-            "raw buffered (no O_DIRECT)"
-        }
-    }
-
-    fn io_err(&self, error: std::io::Error) -> BenchError {
-        BenchError::Reference {
-            reference: format!("{} on {}", self.label(), self.path.display()),
-            error,
-        }
-    }
-
-    fn write_batch(&mut self) -> Result<Duration, BenchError> {
-        let t = Instant::now();
-        let data = &self.buf[self.offset..self.offset + self.len];
-        self.file.write_all_at(data, 0).map_err(|e| self.io_err(e))?;
-        Ok(t.elapsed())
-    }
-
-    fn read_batch(&mut self) -> Result<Duration, BenchError> {
-        let t = Instant::now();
-        let (offset, len) = (self.offset, self.len);
-        let result = self.file.read_exact_at(&mut self.buf[offset..offset + len], 0);
-        result.map_err(|e| self.io_err(e))?;
-        Ok(t.elapsed())
-    }
-}
-
-impl Drop for RawFile {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.path) {
-            tracing::warn!(path = %self.path.display(), error = %e, "cannot remove the benchmark scratch file");
         }
     }
 }

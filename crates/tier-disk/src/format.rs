@@ -73,7 +73,7 @@ impl SlabLayout {
     #[must_use]
     pub fn for_capacity(chunk_bytes: usize, capacity: u64) -> Option<Self> {
         let payload_span = chunk_bytes.checked_next_multiple_of(BLOCK)?;
-        let slot_bytes = u64::try_from(payload_span).ok()?.checked_add(BLOCK as u64)?;
+        let slot_bytes = Self::slot_bytes_for(chunk_bytes)?;
         let slots = capacity.checked_sub(BLOCK as u64)? / slot_bytes;
         let num_slots = u32::try_from(slots.min(u64::from(u32::MAX))).ok()?;
         (num_slots > 0 && chunk_bytes > 0).then_some(Self {
@@ -82,6 +82,14 @@ impl SlabLayout {
             slot_bytes,
             num_slots,
         })
+    }
+
+    /// Bytes per slot for chunks of `chunk_bytes`: the payload rounded up to a block, then one
+    /// seal block (`None` when that overflows).
+    #[must_use]
+    pub fn slot_bytes_for(chunk_bytes: usize) -> Option<u64> {
+        let payload_span = chunk_bytes.checked_next_multiple_of(BLOCK)?;
+        u64::try_from(payload_span).ok()?.checked_add(BLOCK as u64)
     }
 
     /// The file offset of slot `slot` (its payload).

@@ -60,6 +60,7 @@ pub mod options;
 mod pool;
 mod recover;
 mod registration;
+pub mod shape;
 mod shared;
 mod slab;
 #[cfg(feature = "test-utils")]
@@ -73,6 +74,7 @@ pub use format::SlabLayout;
 pub use meter::{DirectionCost, IoCost};
 pub use options::{DirectIo, DiskGeometry, DiskTierOptions, SyncPolicy};
 pub use pool::LOADS_PER_STORE;
+pub use shape::IoShape;
 pub use slab::SLAB_FILE;
 pub use tier::{DiskTier, RecoveryReport, SlotLocation};
 pub use tiering_core::config::ByteSize;

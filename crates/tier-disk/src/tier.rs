@@ -19,6 +19,7 @@ use crate::meter::IoCost;
 use crate::options::{DiskGeometry, DiskTierOptions};
 use crate::pool::Pool;
 use crate::recover;
+use crate::shape;
 use crate::shared::{Counters, JobState, KeyOutcome, Run, RunItem, Shared, TaskOp};
 use crate::slab::Slab;
 
@@ -49,12 +50,6 @@ pub struct SlotLocation {
     /// File offset of the seal block.
     pub seal_offset: u64,
 }
-
-/// Most bytes one vectored read or write moves: long enough to amortise a system call over
-/// many small chunks, short enough that a long store does not hold a thread for long.
-const MAX_RUN_BYTES: u64 = 1 << 20;
-/// Most slots one vectored read or write covers.
-const MAX_RUN_SLOTS: u64 = 64;
 
 /// The persistent, bounded disk tier. See the crate documentation.
 pub struct DiskTier {
@@ -173,8 +168,7 @@ impl DiskTier {
         };
         let recovered_keys = index.live_keys();
         let layout = *slab.layout();
-        let max_run =
-            usize::try_from((MAX_RUN_BYTES / layout.slot_bytes).clamp(1, MAX_RUN_SLOTS)).unwrap_or(1);
+        let max_run = shape::max_slots_per_submission(layout.slot_bytes);
         let shared = Arc::new(
             Shared::new(
                 opts.name.clone(),
@@ -337,11 +331,7 @@ impl DiskTier {
         }
         debug_assert!(!job.settled());
         // Consecutive slots go in one submission, but a job keeps every thread busy.
-        let max_len = self
-            .shared
-            .max_run
-            .min(tasks.len().div_ceil(self.io_threads))
-            .max(1);
+        let max_len = shape::slots_per_submission(self.shared.max_run, tasks.len(), self.io_threads);
         let items = tasks
             .into_iter()
             .map(|(idx, slot, seq, op)| RunItem { idx, slot, seq, op })
