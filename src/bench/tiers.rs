@@ -97,8 +97,11 @@ pub struct TierBenchRow {
     pub reference: String,
     /// The reference's throughput, GiB/s.
     pub reference_gib_per_s: f64,
-    /// Tier ÷ reference.
+    /// Tier ÷ reference, over all the bytes.
     pub ratio: f64,
+    /// The median over rounds of tier ÷ reference, each round's pair measured back to back:
+    /// steadier than `ratio` when the machine's load drifts during the run.
+    pub paired_ratio: f64,
 }
 
 /// Every figure, plus the tiers that were not measured and why.
@@ -125,14 +128,14 @@ impl fmt::Display for TierBenchReport {
         )?;
         writeln!(
             f,
-            "  {:<10} {:<6} {:>10}   {:<34} {:>10} {:>7}",
-            "tier", "op", "GiB/s", "reference", "GiB/s", "ratio"
+            "  {:<10} {:<6} {:>10}   {:<34} {:>10} {:>7} {:>9}",
+            "tier", "op", "GiB/s", "reference", "GiB/s", "ratio", "pair p50"
         )?;
         for r in &self.rows {
             writeln!(
                 f,
-                "  {:<10} {:<6} {:>10.2}   {:<34} {:>10.2} {:>7.2}",
-                r.tier, r.op, r.gib_per_s, r.reference, r.reference_gib_per_s, r.ratio
+                "  {:<10} {:<6} {:>10.2}   {:<34} {:>10.2} {:>7.2} {:>9.2}",
+                r.tier, r.op, r.gib_per_s, r.reference, r.reference_gib_per_s, r.ratio, r.paired_ratio
             )?;
         }
         for l in &self.lookups {
@@ -154,12 +157,15 @@ impl fmt::Display for TierBenchReport {
 pub(super) struct Meter {
     bytes: u64,
     time: Duration,
+    /// Each round's time, in order (rounds move equal bytes on both sides of a row).
+    rounds: Vec<Duration>,
 }
 
 impl Meter {
     pub(super) fn add(&mut self, bytes: u64, time: Duration) {
         self.bytes += bytes;
         self.time += time;
+        self.rounds.push(time);
     }
 
     fn gib_per_s(&self) -> f64 {
@@ -169,6 +175,24 @@ impl Meter {
         } else {
             self.bytes as f64 / s / f64::from(1u32 << 30)
         }
+    }
+}
+
+/// The median over rounds of the reference's time ÷ the tier's (a throughput ratio).
+fn paired_ratio(tier: &Meter, reference: &Meter) -> f64 {
+    let mut ratios: Vec<f64> = (tier.rounds.iter().zip(&reference.rounds))
+        .filter(|(t, _)| !t.is_zero())
+        .map(|(t, r)| r.as_secs_f64() / t.as_secs_f64())
+        .collect();
+    if ratios.is_empty() {
+        return 0.0;
+    }
+    ratios.sort_by(f64::total_cmp);
+    let mid = ratios.len() / 2;
+    if ratios.len() % 2 == 1 {
+        ratios[mid]
+    } else {
+        f64::midpoint(ratios[mid - 1], ratios[mid])
     }
 }
 
@@ -182,6 +206,7 @@ pub(super) fn row(tier: &str, op: &'static str, m: &Meter, reference: &str, r: &
         reference: reference.to_owned(),
         reference_gib_per_s: b,
         ratio: if b > 0.0 { a / b } else { 0.0 },
+        paired_ratio: paired_ratio(m, r),
     }
 }
 
@@ -319,33 +344,46 @@ impl Bench<'_> {
         // One untimed round first, so page faults of fresh rows do not count.
         for round in 0..=self.rounds {
             let keys = self.fresh_keys();
-            let t = Instant::now();
-            let out = primary
-                .prepare_store(&keys, &self.ctx)
-                .ok_or_else(|| Self::tier_err(&name, "prepare_store found no room for one batch"))?;
-            for (c, src) in out.chunk_ids.iter().zip(device.chunks(cb)) {
-                self.arena.write_row(*c)?.copy_from_slice(src);
-            }
-            primary.complete_store(&out.keys_to_store, &self.ctx, true);
-            let store_time = t.elapsed();
             let region = (round as usize % regions) * batch_len;
-            let t = Instant::now();
-            cold[region..region + batch_len].copy_from_slice(&device);
-            let copy_time = t.elapsed();
-            let t = Instant::now();
-            let rows = primary
-                .prepare_load(&keys, &self.ctx)
-                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
-            for (c, dst) in rows.iter().zip(scratch.chunks_mut(cb)) {
-                dst.copy_from_slice(&self.arena.read_row(*c)?);
+            // The sides take turns going first: whichever copies second finds its source or
+            // destination already in cache from the first.
+            let tier_first = round % 2 == 0;
+            let (mut store_time, mut copy_time) = (Duration::ZERO, Duration::ZERO);
+            for side in [tier_first, !tier_first] {
+                let t = Instant::now();
+                if side {
+                    let out = primary
+                        .prepare_store(&keys, &self.ctx)
+                        .ok_or_else(|| Self::tier_err(&name, "prepare_store found no room for one batch"))?;
+                    for (c, src) in out.chunk_ids.iter().zip(device.chunks(cb)) {
+                        self.arena.write_row(*c)?.copy_from_slice(src);
+                    }
+                    primary.complete_store(&out.keys_to_store, &self.ctx, true);
+                    store_time = t.elapsed();
+                } else {
+                    cold[region..region + batch_len].copy_from_slice(&device);
+                    copy_time = t.elapsed();
+                }
             }
-            primary
-                .complete_load(&keys, &self.ctx)
-                .map_err(|e| Self::tier_err(&name, e.to_string()))?;
-            let load_time = t.elapsed();
-            let t = Instant::now();
-            scratch.copy_from_slice(&cold[region..region + batch_len]);
-            let back_time = t.elapsed();
+            let (mut load_time, mut back_time) = (Duration::ZERO, Duration::ZERO);
+            for side in [tier_first, !tier_first] {
+                let t = Instant::now();
+                if side {
+                    let rows = primary
+                        .prepare_load(&keys, &self.ctx)
+                        .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+                    for (c, dst) in rows.iter().zip(scratch.chunks_mut(cb)) {
+                        dst.copy_from_slice(&self.arena.read_row(*c)?);
+                    }
+                    primary
+                        .complete_load(&keys, &self.ctx)
+                        .map_err(|e| Self::tier_err(&name, e.to_string()))?;
+                    load_time = t.elapsed();
+                } else {
+                    scratch.copy_from_slice(&cold[region..region + batch_len]);
+                    back_time = t.elapsed();
+                }
+            }
             if round > 0 {
                 let b = (keys.len() * cb) as u64;
                 store.add(b, store_time);
@@ -543,5 +581,32 @@ impl Bench<'_> {
             // A tier that never fires its waker still gets polled every millisecond.
             waker.wait((deadline - now).min(Duration::from_millis(1)));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meter(ms: &[u64]) -> Meter {
+        let mut m = Meter::default();
+        for &t in ms {
+            m.add(1 << 20, Duration::from_millis(t));
+        }
+        m
+    }
+
+    #[test]
+    fn the_paired_ratio_is_the_median_of_per_round_ratios() {
+        // The tier took 2 ms per round, the reference 1 ms, except one round where a stall
+        // hit the reference: the total ratio moves, the paired median does not.
+        let tier = meter(&[2, 2, 2, 2, 2]);
+        let reference = meter(&[1, 1, 1, 1, 50]);
+        let r = row("t", "store", &tier, "ref", &reference);
+        assert!((r.paired_ratio - 0.5).abs() < 1e-9, "{}", r.paired_ratio);
+        assert!(r.ratio > 5.0, "{}", r.ratio);
+        // An even count takes the midpoint of the middle two.
+        assert!((paired_ratio(&meter(&[1, 1, 1, 1]), &meter(&[1, 1, 3, 3])) - 2.0).abs() < 1e-9);
+        assert!(paired_ratio(&Meter::default(), &Meter::default()).abs() < f64::EPSILON);
     }
 }
