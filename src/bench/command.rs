@@ -99,39 +99,43 @@ fn write_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> Result<()> {
     Ok(())
 }
 
-/// The chain's `redis` tiers with their options.
-fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::RedisTarget>> {
+/// The options of the chain's tiers of type `tier_type`, each made into a bench target.
+fn targets<O: serde::de::DeserializeOwned, T>(
+    chain: &tiering_core::config::ChainConfig,
+    tier_type: &str,
+    target: fn(O) -> T,
+) -> Result<Vec<T>> {
     chain
         .secondaries
         .iter()
-        .filter(|s| s.tier_type == "redis")
+        .filter(|s| s.tier_type == tier_type)
         .map(|s| {
-            let options: tier_redis::RedisTierOptions = tiering_core::config::parse_options(&s.options)
+            let options: O = tiering_core::config::parse_options(&s.options)
                 .with_context(|| format!("{}: {}", chain.source, s.describe()))?;
-            Ok(super::RedisTarget {
-                name: options.name.clone(),
-                options,
-            })
+            Ok(target(options))
         })
         .collect()
 }
 
-/// The chain's `disk` tiers with their I/O threads.
+/// The chain's `redis` tiers with their options.
+fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::RedisTarget>> {
+    targets(chain, "redis", |options: tier_redis::RedisTierOptions| {
+        super::RedisTarget {
+            name: options.name.clone(),
+            options,
+        }
+    })
+}
+
+/// The chain's `disk` tiers with their I/O threads and capacity.
 fn disk_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::DiskTarget>> {
-    chain
-        .secondaries
-        .iter()
-        .filter(|s| s.tier_type == "disk")
-        .map(|s| {
-            let options: tier_disk::DiskTierOptions = tiering_core::config::parse_options(&s.options)
-                .with_context(|| format!("{}: {}", chain.source, s.describe()))?;
-            Ok(super::DiskTarget {
-                name: options.name,
-                io_threads: options.io_threads,
-                capacity: options.capacity.bytes(),
-            })
-        })
-        .collect()
+    targets(chain, "disk", |options: tier_disk::DiskTierOptions| {
+        super::DiskTarget {
+            name: options.name,
+            io_threads: options.io_threads,
+            capacity: options.capacity.bytes(),
+        }
+    })
 }
 
 /// Runs a `kvtier bench` subcommand and prints its figures.
