@@ -65,6 +65,10 @@ pub struct RunArgs {
     /// Skip the offloading-off comparison run.
     #[arg(long)]
     pub no_baseline: bool,
+    /// Model a synchronous engine (scheduling, then the model, in turn) instead of vLLM's
+    /// default asynchronous scheduling, which prepares the next step while the model runs.
+    #[arg(long)]
+    pub sync_scheduling: bool,
     /// Run this many simulated engines at once in this process, each with its own manager and
     /// primary tier, over one chain whose shared tier (`type = "redis"`) they all use; the
     /// workload is dealt round-robin and the report shows, per node, the tokens served from
@@ -207,6 +211,7 @@ fn run_and_report(args: &RunArgs, default_name: &str, default_text: &str) -> Res
         step_base: Duration::from_micros(args.step_us),
         prefill_per_token: Duration::from_nanos(args.prefill_ns_per_token),
         compare_baseline: !args.no_baseline,
+        async_scheduling: !args.sync_scheduling,
         recompute_cost: args.cost_model,
         ..SimConfig::default()
     };

@@ -47,6 +47,12 @@ pub struct SimConfig {
     /// bytes, so charging it unscaled would weigh it against model time over a hundred times
     /// more than on the real engine.
     pub scheduler_time_scale: f64,
+    /// Schedule step k+1 while step k's model runs, as vLLM does by default since 0.14
+    /// (`--async-scheduling`): a step's model starts once its scheduling and the previous
+    /// model are both done, so scheduling costs time only when it outlasts the model step (or
+    /// the device was idle); a request arriving while a step is being scheduled joins the one
+    /// after. `false` models a synchronous engine: scheduling, then the model, in turn.
+    pub async_scheduling: bool,
     /// Also run the workload with offloading off, in the same invocation, to count the tokens
     /// offloading saved.
     pub compare_baseline: bool,
@@ -79,6 +85,7 @@ impl Default for SimConfig {
             // about twice as fast): the cautious figure.
             device_link_bandwidth: 25e9,
             scheduler_time_scale: 1.0,
+            async_scheduling: true,
             compare_baseline: true,
             verify_loads: true,
             progress: true,

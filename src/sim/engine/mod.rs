@@ -113,6 +113,9 @@ pub(crate) struct Engine<'a> {
     new_this_step: Vec<RequestId>,
     next_arrival: usize,
     now: f64,
+    /// The model time of the step launched last, still running when the next step is
+    /// scheduled (asynchronous scheduling; zero otherwise and after an idle step).
+    model_in_flight: Duration,
     next_job: u64,
     jobs: HashMap<u64, Job>,
     outbox: Vec<CopyJob>,
@@ -197,6 +200,7 @@ impl<'a> Engine<'a> {
             new_this_step: Vec::new(),
             next_arrival: 0,
             now: 0.0,
+            model_in_flight: Duration::ZERO,
             next_job: 0,
             jobs: HashMap::new(),
             outbox: Vec::new(),
@@ -232,8 +236,14 @@ impl<'a> Engine<'a> {
                 p.set_position(self.done as u64);
             }
             if self.idle() && self.next_arrival < self.reqs.len() {
-                // Nothing to do until the next arrival: skip the gap instead of sleeping it.
-                self.now = self.now.max(self.reqs[self.next_arrival].arrival);
+                // Nothing to do until the next arrival: skip the gap instead of sleeping it
+                // (the model still in flight runs on through it).
+                let arrival = self.reqs[self.next_arrival].arrival;
+                if arrival > self.now {
+                    let gap = Duration::try_from_secs_f64(arrival - self.now).unwrap_or(Duration::MAX);
+                    self.model_in_flight = self.model_in_flight.saturating_sub(gap);
+                    self.now = arrival;
+                }
             }
             if progressed {
                 last_progress = Instant::now();
@@ -249,6 +259,8 @@ impl<'a> Engine<'a> {
                 )));
             }
         }
+        // The last step's model ends the run.
+        self.now += std::mem::take(&mut self.model_in_flight).as_secs_f64();
         self.drain()?;
         self.m.wall = start.elapsed();
         self.m.simulated = self.now;

@@ -4,11 +4,13 @@
 use super::*;
 
 impl Engine<'_> {
-    /// Runs the step's model work. Returns whether there was any, and the step's cost on the
-    /// simulated clock: the scheduler thread's CPU time (scaled) plus the modelled model time
-    /// (an idle tick costs up to `step_base`), so other load on the machine does not leak into
-    /// the TTFT proxy beyond the scheduler's own work. The model time is at least the modelled transfer time
-    /// of the step's device loads, which overlap it.
+    /// Runs the step's model work. Returns whether there was any, and how far the simulated
+    /// clock moves before the next step is scheduled: the scheduler thread's CPU time (scaled)
+    /// plus the modelled model time, or, with asynchronous scheduling, until this model starts
+    /// (the next step is scheduled while it runs); an idle tick costs up to `step_base`. Other
+    /// load on the machine does not leak into the TTFT proxy beyond the scheduler's own work.
+    /// The model time is at least the modelled transfer time of the step's device loads, which
+    /// overlap it.
     ///
     /// # Errors
     /// A device load of this step never finished, or the copy worker died.
@@ -31,9 +33,10 @@ impl Engine<'_> {
                 // would act on at once.
                 let tick = self.idle_tick();
                 std::thread::sleep(tick);
-                return Ok((false, scheduling + tick));
+                let lead = self.model_start_after(scheduling);
+                return Ok((false, lead + tick));
             }
-            return Ok((false, scheduling));
+            return Ok((false, self.model_start_after(scheduling)));
         }
         let mut prefill_tokens = 0;
         let mut loaded_bytes = 0;
@@ -68,7 +71,9 @@ impl Engine<'_> {
         if let Some(rest) = model.checked_sub(model_start.elapsed()) {
             std::thread::sleep(rest);
         }
-        let end = self.now + (scheduling + model).as_secs_f64();
+        let timing = StepTiming::of(self.cfg.async_scheduling, scheduling, self.model_in_flight, model);
+        self.model_in_flight = timing.in_flight;
+        let end = self.now + (timing.model_start + model).as_secs_f64();
         for r in first_tokens {
             self.m.ttft.push(end - self.reqs[r].arrival);
         }
@@ -86,7 +91,13 @@ impl Engine<'_> {
                 self.finishing.push(r);
             }
         }
-        Ok((true, scheduling + model))
+        Ok((true, timing.advance))
+    }
+
+    /// How long after the step's start its model starts when the step has no model work:
+    /// after the scheduling and after the model still in flight, which it takes.
+    fn model_start_after(&mut self, scheduling: Duration) -> Duration {
+        scheduling.max(std::mem::take(&mut self.model_in_flight))
     }
 
     /// An idle step's length: `step_base`, or less up to the next copy due or arrival (at
@@ -154,5 +165,76 @@ impl Engine<'_> {
             self.m.steps += 1;
             self.now += (scheduling + self.cfg.step_base).as_secs_f64();
         }
+    }
+}
+
+/// Where one step's model falls on the simulated clock, counted from the step's start (when
+/// its scheduling began).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct StepTiming {
+    /// When the model starts: after the scheduling, and not before the model in flight ends.
+    model_start: Duration,
+    /// How far the clock moves before the next step is scheduled: to the end of this model
+    /// (synchronous), or to its start, since the next step is scheduled while it runs.
+    advance: Duration,
+    /// The model the next step is scheduled alongside.
+    in_flight: Duration,
+}
+
+impl StepTiming {
+    fn of(asynchronous: bool, scheduling: Duration, in_flight: Duration, model: Duration) -> Self {
+        let model_start = scheduling.max(in_flight);
+        if asynchronous {
+            Self {
+                model_start,
+                advance: model_start,
+                in_flight: model,
+            }
+        } else {
+            Self {
+                model_start,
+                advance: model_start + model,
+                in_flight: Duration::ZERO,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn synchronous_steps_pay_scheduling_then_the_model() {
+        let t = StepTiming::of(false, us(5), Duration::ZERO, us(100));
+        assert_eq!(
+            (t.model_start, t.advance, t.in_flight),
+            (us(5), us(105), Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn asynchronous_scheduling_hides_behind_the_model_in_flight() {
+        // Three steps of 100 us models, scheduled in 5, 30 and 150 us: only the part of the
+        // scheduling that outlasts the model in flight moves a model's start.
+        let first = StepTiming::of(true, us(5), Duration::ZERO, us(100));
+        assert_eq!((first.model_start, first.advance), (us(5), us(5)));
+        let second = StepTiming::of(true, us(30), first.in_flight, us(100));
+        assert_eq!((second.model_start, second.advance), (us(100), us(100)));
+        let third = StepTiming::of(true, us(150), second.in_flight, us(100));
+        assert_eq!(third.model_start, us(150));
+        // Models back to back: the second starts when the first ends, 100 us apart.
+        let ends = [
+            first.model_start + us(100),
+            first.advance + second.model_start + us(100),
+        ];
+        assert_eq!(ends[1] - ends[0], us(100));
+        // A scheduling cost added to every step changes nothing while it stays under the model.
+        let slower = StepTiming::of(true, us(30) + us(20), first.in_flight, us(100));
+        assert_eq!(slower, second);
     }
 }
