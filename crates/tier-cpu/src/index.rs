@@ -163,6 +163,25 @@ impl KeyIndex {
         }
     }
 
+    /// Makes the slot holding `old`, for a key whose digest has the tag `tag`, hold `new`
+    /// instead, in place: the slot's position depends on the tag alone, so nothing moves.
+    /// Whether `old` was there.
+    pub(crate) fn replace_tagged(&mut self, tag: u32, old: u32, new: u32) -> bool {
+        let want = pack(tag, old);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return false;
+            }
+            if slot == want {
+                self.slots[i] = pack(tag, new);
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     fn place(&mut self, slot: u64) {
         let mut i = self.home((slot >> 32) as u32);
         while self.slots[i] != EMPTY {
@@ -281,6 +300,31 @@ mod tests {
             assert_eq!(index.find(digest(n), |id| id == n), Some(n));
         }
         assert_eq!(index.len(), 100);
+    }
+
+    #[test]
+    fn replace_renames_an_id_in_place_and_only_that_id() {
+        let mut index = KeyIndex::with_capacity(4);
+        for n in 0..40 {
+            index.insert(digest(n), n);
+        }
+        assert!(index.replace_tagged(KeyIndex::tag(digest(7)), 7, 1000));
+        assert!(
+            !index.replace_tagged(KeyIndex::tag(digest(7)), 7, 1001),
+            "7 is gone"
+        );
+        assert!(
+            !index.replace_tagged(KeyIndex::tag(digest(8)), 9, 1002),
+            "wrong tag"
+        );
+        assert_eq!(index.find(digest(7), |id| id == 1000), Some(1000));
+        assert_eq!(index.find(digest(7), |id| id == 7), None);
+        assert_eq!(index.len(), 40);
+        // The renamed id is removable under its key's tag, and the others are untouched.
+        assert!(index.remove_tagged(KeyIndex::tag(digest(7)), 1000));
+        for n in (0..40).filter(|&n| n != 7) {
+            assert_eq!(index.find(digest(n), |id| id == n), Some(n));
+        }
     }
 
     #[test]

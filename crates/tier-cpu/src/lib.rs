@@ -60,6 +60,7 @@
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
+mod ghost_lists;
 mod index;
 mod memory;
 mod ops;

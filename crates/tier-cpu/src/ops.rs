@@ -9,8 +9,9 @@ use tiering_core::{
 };
 
 use crate::access::RequestAccess;
+use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
-use crate::slots::WRITING;
+use crate::slots::{Probe, WRITING};
 use crate::tier::CpuTier;
 
 /// Batches up to this size check duplicates by scanning instead of hashing.
@@ -32,17 +33,34 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `out`.
-    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>) {
+    /// Resolves keys to their resident rows into `out`, and the ghost ids of the keys that
+    /// are ghosts into `ghosts` ([`NO_GHOST`] for the others): one probe per key.
+    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
-        out.extend(
-            keys.iter()
-                .zip(&digests)
-                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
-        );
+        ghosts.clear();
+        for (k, &d) in keys.iter().zip(&digests) {
+            let (chunk, ghost) = match self.table.probe(k, d) {
+                Probe::Absent => (None, NO_GHOST),
+                Probe::Resident(e) => (Some(e.chunk), NO_GHOST),
+                Probe::Ghost(g) => (None, g),
+            };
+            out.push(chunk);
+            ghosts.push(ghost);
+        }
         self.buf_digests = digests;
+    }
+
+    /// Reports hits of the ghosts `ghosts` (in reverse order, [`NO_GHOST`] skipped) to the
+    /// policy, each followed by the ghost's move to the back of its list.
+    fn ghost_hits(&mut self, ghosts: impl DoubleEndedIterator<Item = u32>) {
+        for g in ghosts.rev().filter(|&g| g != NO_GHOST) {
+            let view = self.table.ghosts();
+            let list = view.list(g);
+            self.policy.on_ghost_hit(list, [view.len(0), view.len(1)]);
+            self.table.ghost_to_back(g);
+        }
     }
 
     /// Tells the policy about keys a request observed for the first time; `refs` are already
@@ -207,14 +225,24 @@ impl CpuTier {
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
-        self.policy.prefetch_for_offer(&digests);
-        // The digests of `to_store`, side by side, for their insertion.
+        if let Some(bound) = self.policy.ghost_bound() {
+            self.table.prefetch_ghost_trims(keys.len(), bound);
+        }
+        // The digests and ghost ids of `to_store`, side by side, for their insertion, and the
+        // ghost id of every observed key.
         self.buf_store_digests.clear();
+        self.buf_store_ghosts.clear();
+        self.buf_observed_ghosts.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
         for (k, &d) in keys.iter().zip(&digests) {
-            match self.table.get_digested(k, d) {
+            let (found, ghost) = match self.table.probe(k, d) {
+                Probe::Absent => (None, NO_GHOST),
+                Probe::Resident(e) => (Some(e), NO_GHOST),
+                Probe::Ghost(g) => (None, g),
+            };
+            match found {
                 None => {
                     // Deviation: a key repeated in one offer is stored once.
                     let repeat = match offered.as_mut() {
@@ -235,12 +263,14 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                         self.buf_store_digests.push(d);
+                        self.buf_store_ghosts.push(ghost);
                     }
                     observed.push(KeyRef {
                         key: *k,
                         chunk: None,
                         position: None,
                     });
+                    self.buf_observed_ghosts.push(ghost);
                 }
                 Some(e) if e.ref_cnt != WRITING => {
                     observed.push(KeyRef {
@@ -248,6 +278,7 @@ impl CpuTier {
                         chunk: Some(e.chunk),
                         position: None,
                     });
+                    self.buf_observed_ghosts.push(NO_GHOST);
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -298,11 +329,19 @@ impl CpuTier {
         }
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_rows(&victims, &mut digests);
+        let ghost_lists = self.policy.victim_ghost_lists();
         let evicted: Vec<OffloadKey> = victims
             .iter()
             .zip(&digests)
-            .map(|(&c, &d)| self.table.release_digested(c, d))
+            .enumerate()
+            .map(|(i, (&c, &d))| match ghost_lists.get(i) {
+                Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
+                None => self.table.release_digested(c, d),
+            })
             .collect();
+        if let Some(bound) = self.policy.ghost_bound() {
+            self.table.trim_ghosts(bound);
+        }
         self.buf_digests = digests;
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
@@ -324,6 +363,11 @@ impl CpuTier {
         self.counters.alloc_chunks += to_store.len() as u64;
 
         let need = to_store.len().saturating_sub(self.table.num_free());
+        if need > 0
+            && let Some(bound) = self.policy.ghost_bound()
+        {
+            self.table.prefetch_ghost_trims(need, bound);
+        }
         let evicted = if need > 0 {
             self.make_room(need, ready_rows)?
         } else {
@@ -347,14 +391,21 @@ impl CpuTier {
         positions.clear();
         ctx.key_positions_into(&to_store, &mut positions);
         let digests = std::mem::take(&mut self.buf_store_digests);
+        let ghosts = std::mem::take(&mut self.buf_store_ghosts);
         debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
-        for (((k, &chunk), &position), &digest) in
-            to_store.iter().zip(&chunk_ids).zip(&positions).zip(&digests)
+        debug_assert_eq!(ghosts.len(), to_store.len(), "a ghost id per key to store");
+        for ((((k, &chunk), &position), &digest), &ghost) in to_store
+            .iter()
+            .zip(&chunk_ids)
+            .zip(&positions)
+            .zip(&digests)
+            .zip(&ghosts)
         {
-            self.table.insert_writing(*k, digest, chunk);
+            self.table.insert_writing(*k, digest, chunk, ghost);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_store_digests = digests;
+        self.buf_store_ghosts = ghosts;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -397,8 +448,13 @@ impl PrimaryTier for CpuTier {
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         let mut chunks = std::mem::take(&mut self.buf_resolved);
-        self.resolve_into(keys, &mut chunks);
+        let mut ghosts = std::mem::take(&mut self.buf_observed_ghosts);
+        self.resolve_into(keys, &mut chunks, &mut ghosts);
         self.policy.touch(keys, &chunks, self.table.view(), ctx);
+        if self.policy.ghost_bound().is_some() {
+            self.ghost_hits(ghosts.iter().copied());
+        }
+        self.buf_observed_ghosts = ghosts;
         self.buf_resolved = chunks;
     }
 
@@ -422,11 +478,13 @@ impl PrimaryTier for CpuTier {
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
             rec.record_store(&observed, &mut misses, &mut new, &mut absent);
         });
-        // ARC learns from ghost hits before insertion drops the ghosts (once per key per
-        // request), then the policy sees first observations; both before any early return, as
-        // upstream does.
-        if !misses.is_empty() {
-            self.policy.on_store_miss(&misses, ctx);
+        // ARC learns from ghost hits before insertion revives the ghosts (once per key per
+        // request, last miss first), then the policy sees first observations; both before any
+        // early return, as upstream does.
+        if !misses.is_empty() && self.policy.ghost_bound().is_some() {
+            let ghosts = std::mem::take(&mut self.buf_observed_ghosts);
+            self.ghost_hits(misses.iter().map(|&j| ghosts[j]));
+            self.buf_observed_ghosts = ghosts;
         }
         if !new.is_empty() && self.policy.observes_request_access() {
             // First observations, in offer order: compact them to the front of `observed`.

@@ -8,11 +8,33 @@
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
+//!
+//! The index also holds the ghosts of a policy that keeps [`GhostLists`]: an index id with the
+//! [`GHOST`] bit names a ghost, not a row. A key is resident or a ghost, never both, so it has
+//! at most one index slot, and moving between the two renames that slot in place.
 
 use tiering_core::{ChunkId, OffloadKey, TierError};
 
+use crate::ghost_lists::GhostLists;
 use crate::index::{KeyIndex, digest_of};
 use crate::policy::SlotView;
+
+/// The bit of an index id that makes it a ghost id (see the module docs); rows stay below it.
+pub(crate) const GHOST: u32 = 1 << 31;
+
+/// The most rows a table holds (ids with the [`GHOST`] bit name ghosts).
+pub(crate) const MAX_ROWS: u64 = GHOST as u64;
+
+/// What one probe of the index found for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// Neither resident nor a ghost.
+    Absent,
+    /// Resident.
+    Resident(Entry),
+    /// A ghost, with its id.
+    Ghost(u32),
+}
 
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
@@ -58,6 +80,7 @@ pub(crate) struct Entry {
 pub(crate) struct ChunkTable {
     index: KeyIndex,
     rows: Vec<Row>,
+    ghosts: GhostLists,
     free: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
@@ -68,7 +91,7 @@ pub(crate) struct ChunkTable {
 }
 
 impl ChunkTable {
-    /// A table of `capacity` rows (`capacity` ≤ `u32::MAX`, checked by the arena).
+    /// A table of `capacity` rows (`capacity` ≤ [`MAX_ROWS`], checked by the tier).
     pub(crate) fn new(capacity: u32) -> Self {
         let n = capacity as usize;
         Self {
@@ -80,6 +103,7 @@ impl ChunkTable {
                     ref_cnt: FREE,
                 },
             ),
+            ghosts: GhostLists::new(),
             free: Vec::new(),
             num_allocated: 0,
             capacity,
@@ -104,8 +128,10 @@ impl ChunkTable {
             self.index.prefetch(d);
         }
         for &d in window {
-            if let Some(row) = self.index.likely(d) {
-                crate::memory::prefetch(&self.rows[row as usize]);
+            match self.index.likely(d) {
+                Some(id) if id & GHOST == 0 => crate::memory::prefetch(&self.rows[id as usize]),
+                Some(id) => self.ghosts.prefetch(id & !GHOST),
+                None => {}
             }
         }
     }
@@ -123,8 +149,62 @@ impl ChunkTable {
     /// The row holding `key`, whose digest is `digest`.
     #[inline]
     fn find(&self, key: &OffloadKey, digest: u64) -> Option<ChunkId> {
-        self.index
-            .find(digest, |row| same_key(&self.rows[row as usize].key, key))
+        self.index.find(digest, |id| {
+            id & GHOST == 0 && same_key(&self.rows[id as usize].key, key)
+        })
+    }
+
+    /// Whether index id `id` (a row or a ghost) holds `key`.
+    #[inline]
+    fn holds(&self, id: u32, key: &OffloadKey) -> bool {
+        if id & GHOST == 0 {
+            same_key(&self.rows[id as usize].key, key)
+        } else {
+            same_key(self.ghosts.key(id & !GHOST), key)
+        }
+    }
+
+    /// Whether `key`, whose digest is `digest`, is resident, a ghost or neither: one probe run.
+    #[inline]
+    pub(crate) fn probe(&self, key: &OffloadKey, digest: u64) -> Probe {
+        match self.index.find(digest, |id| self.holds(id, key)) {
+            None => Probe::Absent,
+            Some(id) if id & GHOST != 0 => Probe::Ghost(id & !GHOST),
+            Some(chunk) => Probe::Resident(Entry {
+                chunk,
+                ref_cnt: self.rows[chunk as usize].ref_cnt,
+            }),
+        }
+    }
+
+    /// The ghost lists.
+    #[inline]
+    pub(crate) fn ghosts(&self) -> &GhostLists {
+        &self.ghosts
+    }
+
+    /// Moves live ghost `g` to the back of its list.
+    #[inline]
+    pub(crate) fn ghost_to_back(&mut self, g: u32) {
+        self.ghosts.move_to_back(g);
+    }
+
+    /// Starts loading what the ghost lists will touch when `n` more victims join them and each
+    /// is then trimmed to `bound`: the records new ghosts take and the index slots of the ghosts
+    /// the trims drop. A hint only.
+    pub(crate) fn prefetch_ghost_trims(&self, n: usize, bound: usize) {
+        self.ghosts.prefetch_free(n);
+        let mut oldest = [(0u32, 0u32); 32];
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            let after = self.ghosts.len(l) + n;
+            if after > bound {
+                let want = (after - bound).min(oldest.len());
+                let got = self.ghosts.oldest(l, &mut oldest[..want]);
+                for &(_, tag) in &oldest[..got] {
+                    self.index.prefetch_tag(tag);
+                }
+            }
+        }
     }
 
     /// Rows in the tier.
@@ -134,7 +214,7 @@ impl ChunkTable {
 
     /// Resident keys.
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.index.len() - self.ghosts.total()
     }
 
     /// Rows available without eviction.
@@ -183,7 +263,7 @@ impl ChunkTable {
     /// The policies' view of the rows.
     #[inline]
     pub(crate) fn view(&self) -> SlotView<'_> {
-        SlotView::new(&self.rows, &self.index)
+        SlotView::new(&self.rows, &self.index, &self.ghosts)
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
@@ -331,8 +411,21 @@ impl ChunkTable {
     }
 
     /// Makes `key`, whose digest is `digest`, resident in `chunk` with a write in flight.
-    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId) {
-        self.index.insert(digest, chunk);
+    /// `ghost` is the ghost id a probe of this key found earlier ([`NO_GHOST`] if none): when
+    /// it still is `key`'s ghost (an eviction since may have dropped it), the ghost is revived
+    /// in place, its index slot renamed to `chunk`.
+    ///
+    /// [`NO_GHOST`]: crate::ghost_lists::NO_GHOST
+    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId, ghost: u32) {
+        if self.ghosts.is_live_ghost_of(ghost, &key)
+            && self
+                .index
+                .replace_tagged(KeyIndex::tag(digest), ghost | GHOST, chunk)
+        {
+            self.ghosts.remove(ghost);
+        } else {
+            self.index.insert(digest, chunk);
+        }
         self.rows[chunk as usize] = Row {
             key,
             ref_cnt: WRITING,
@@ -361,9 +454,57 @@ impl ChunkTable {
         key
     }
 
+    /// [`ChunkTable::release_digested`] that keeps the key as a ghost at the back of ghost list
+    /// `list`: its index slot is renamed to the ghost in place.
+    pub(crate) fn release_to_ghost(&mut self, chunk: ChunkId, digest: u64, list: usize) -> OffloadKey {
+        let row = &mut self.rows[chunk as usize];
+        let key = row.key;
+        match row.ref_cnt {
+            WRITING => self.num_write_pending -= 1,
+            0 => self.num_evictable -= 1,
+            _ => {}
+        }
+        row.ref_cnt = FREE;
+        let tag = KeyIndex::tag(digest);
+        match self.ghosts.push(list, key, tag) {
+            Some(g) => {
+                if !self.index.replace_tagged(tag, chunk, g | GHOST) {
+                    // Unreachable (a resident row has its index slot); stay consistent anyway.
+                    self.ghosts.remove(g);
+                }
+            }
+            None => {
+                self.index.remove(digest, chunk);
+            }
+        }
+        self.free.push(chunk);
+        key
+    }
+
+    /// Drops the oldest ghosts of every list until each holds at most `bound`, a batch at a
+    /// time: the batch is read from the front of the list's log, its index slots requested, and
+    /// only then removed.
+    pub(crate) fn trim_ghosts(&mut self, bound: usize) {
+        let mut batch = [(0u32, 0u32); 32];
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            while self.ghosts.len(l) > bound {
+                let excess = (self.ghosts.len(l) - bound).min(batch.len());
+                let got = self.ghosts.oldest(l, &mut batch[..excess]);
+                for &(_, tag) in &batch[..got] {
+                    self.index.prefetch_tag(tag);
+                }
+                for &(g, tag) in &batch[..got] {
+                    self.ghosts.remove(g);
+                    self.index.remove_tagged(tag, g | GHOST);
+                }
+            }
+        }
+    }
+
     /// Forgets every key and every allocation.
     pub(crate) fn clear(&mut self) {
         self.index.clear();
+        self.ghosts.clear();
         for row in &mut self.rows[..self.num_allocated as usize] {
             row.ref_cnt = FREE;
         }
@@ -397,9 +538,19 @@ impl ChunkTable {
                 r => return Err(format!("{key} has ref count {r}")),
             }
         }
-        if resident != self.index.len() {
+        self.ghosts.check()?;
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            for g in self.ghosts.iter(l) {
+                let key = *self.ghosts.key(g);
+                if self.probe(&key, digest_of(&key)) != Probe::Ghost(g) {
+                    return Err(format!("the index does not lead {key} to its ghost {g}"));
+                }
+            }
+        }
+        if resident + self.ghosts.total() != self.index.len() {
             return Err(format!(
-                "{resident} resident rows, {} index entries",
+                "{resident} resident rows and {} ghosts, {} index entries",
+                self.ghosts.total(),
                 self.index.len()
             ));
         }
@@ -446,7 +597,7 @@ mod tests {
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
             let key = OffloadKey::from_u64(i as u64);
-            t.insert_writing(key, digest_of(&key), c);
+            t.insert_writing(key, digest_of(&key), c, crate::ghost_lists::NO_GHOST);
         }
         t.release(0);
         t.release(1);

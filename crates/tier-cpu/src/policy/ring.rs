@@ -86,6 +86,12 @@ impl<const N: usize> Rings<N> {
         log.buf.get(log.head).map_or(NIL, |&e| node_of(e))
     }
 
+    /// Whether node `n` is a member of some set.
+    #[inline]
+    pub(crate) fn contains(&self, n: u32) -> bool {
+        self.pos.get(n as usize).is_some_and(|&p| p != NIL)
+    }
+
     /// Whether `n` is the newest member of set `l`.
     #[inline]
     fn is_back(&self, l: usize, n: u32) -> bool {
