@@ -125,6 +125,15 @@ impl GhostLists {
         self.free.push(g);
     }
 
+    /// Removes the oldest ghost of list `l`: its id and index tag (its index slot is the
+    /// caller's business), or `None` when the list is empty.
+    #[inline]
+    pub(crate) fn pop_oldest(&mut self, l: usize) -> Option<(u32, u32)> {
+        let (g, tag) = self.order.pop_front(l)?;
+        self.free.push(g);
+        Some((g, tag))
+    }
+
     /// The up to `out.len()` oldest ghosts of list `l` with their index tags, into `out`;
     /// how many.
     pub(crate) fn oldest(&self, l: usize, out: &mut [(u32, u32)]) -> usize {

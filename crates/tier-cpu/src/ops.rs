@@ -363,11 +363,6 @@ impl CpuTier {
         self.counters.alloc_chunks += to_store.len() as u64;
 
         let need = to_store.len().saturating_sub(self.table.num_free());
-        if need > 0
-            && let Some(bound) = self.policy.ghost_bound()
-        {
-            self.table.prefetch_ghost_trims(need, bound);
-        }
         let evicted = if need > 0 {
             self.make_room(need, ready_rows)?
         } else {

@@ -493,9 +493,10 @@ impl ChunkTable {
                 for &(_, tag) in &batch[..got] {
                     self.index.prefetch_tag(tag);
                 }
-                for &(g, tag) in &batch[..got] {
-                    self.ghosts.remove(g);
-                    self.index.remove_tagged(tag, g | GHOST);
+                for _ in 0..got {
+                    if let Some((g, tag)) = self.ghosts.pop_oldest(l) {
+                        self.index.remove_tagged(tag, g | GHOST);
+                    }
                 }
             }
         }
