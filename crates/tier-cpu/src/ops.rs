@@ -33,21 +33,30 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `out`, and the ghost ids of the keys that
-    /// are ghosts into `ghosts` ([`NO_GHOST`] for the others): one probe per key.
+    /// Resolves keys to their resident rows into `out`, and, when the policy keeps ghosts in
+    /// the table, the ghost ids of the keys that are ghosts into `ghosts` ([`NO_GHOST`] for the
+    /// others; left empty otherwise): one probe per key.
     fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
         ghosts.clear();
-        for (k, &d) in keys.iter().zip(&digests) {
-            let (chunk, ghost) = match self.table.probe(k, d) {
-                Probe::Absent => (None, NO_GHOST),
-                Probe::Resident(e) => (Some(e.chunk), NO_GHOST),
-                Probe::Ghost(g) => (None, g),
-            };
-            out.push(chunk);
-            ghosts.push(ghost);
+        if self.policy.ghost_bound().is_some() {
+            for (k, &d) in keys.iter().zip(&digests) {
+                let (chunk, ghost) = match self.table.probe(k, d) {
+                    Probe::Absent => (None, NO_GHOST),
+                    Probe::Resident(e) => (Some(e.chunk), NO_GHOST),
+                    Probe::Ghost(g) => (None, g),
+                };
+                out.push(chunk);
+                ghosts.push(ghost);
+            }
+        } else {
+            out.extend(
+                keys.iter()
+                    .zip(&digests)
+                    .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
+            );
         }
         self.buf_digests = digests;
     }
@@ -446,9 +455,7 @@ impl PrimaryTier for CpuTier {
         let mut ghosts = std::mem::take(&mut self.buf_observed_ghosts);
         self.resolve_into(keys, &mut chunks, &mut ghosts);
         self.policy.touch(keys, &chunks, self.table.view(), ctx);
-        if self.policy.ghost_bound().is_some() {
-            self.ghost_hits(ghosts.iter().copied());
-        }
+        self.ghost_hits(ghosts.iter().copied());
         self.buf_observed_ghosts = ghosts;
         self.buf_resolved = chunks;
     }

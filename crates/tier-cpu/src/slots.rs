@@ -155,7 +155,7 @@ impl ChunkTable {
     }
 
     /// Whether index id `id` (a row or a ghost) holds `key`.
-    #[inline]
+    #[inline(always)]
     fn holds(&self, id: u32, key: &OffloadKey) -> bool {
         if id & GHOST == 0 {
             same_key(&self.rows[id as usize].key, key)
@@ -165,7 +165,7 @@ impl ChunkTable {
     }
 
     /// Whether `key`, whose digest is `digest`, is resident, a ghost or neither: one probe run.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn probe(&self, key: &OffloadKey, digest: u64) -> Probe {
         match self.index.find(digest, |id| self.holds(id, key)) {
             None => Probe::Absent,
@@ -576,6 +576,7 @@ impl ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ghost_lists::NO_GHOST;
 
     #[test]
     fn same_key_tells_every_field_apart() {
@@ -590,6 +591,95 @@ mod tests {
         }
     }
 
+    /// A table of `n` rows holding keys `0..n`, written.
+    fn full_table(n: u32) -> ChunkTable {
+        let mut t = ChunkTable::new(n);
+        let mut rows = Vec::new();
+        assert!(t.allocate(n as usize, &mut rows));
+        for (i, &c) in rows.iter().enumerate() {
+            let key = OffloadKey::from_u64(i as u64);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
+            assert_eq!(t.mark_written(&key, digest_of(&key)), Some(c));
+        }
+        t
+    }
+
+    fn ghost_of(t: &ChunkTable, key: &OffloadKey) -> Option<u32> {
+        match t.probe(key, digest_of(key)) {
+            Probe::Ghost(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_victim_becomes_a_ghost_in_place_and_a_stored_ghost_is_revived_in_place() {
+        let mut t = full_table(4);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        let released = t.release_to_ghost(0, digest_of(&k(0)), 0);
+        assert_eq!(released, k(0));
+        t.release_to_ghost(1, digest_of(&k(1)), 1);
+        assert_eq!((t.len(), t.num_free(), t.num_evictable), (2, 2, 2));
+        assert!(t.get(&k(0)).is_none(), "a ghost is not resident");
+        let g0 = ghost_of(&t, &k(0)).unwrap();
+        assert!(ghost_of(&t, &k(1)).is_some() && ghost_of(&t, &k(2)).is_none());
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
+        t.check().unwrap();
+        // Storing k(0) again, with the ghost id its probe found: the ghost leaves its list.
+        let mut rows = Vec::new();
+        assert!(t.allocate(1, &mut rows));
+        t.insert_writing(k(0), digest_of(&k(0)), rows[0], g0);
+        assert_eq!(
+            t.probe(&k(0), digest_of(&k(0))),
+            Probe::Resident(Entry {
+                chunk: rows[0],
+                ref_cnt: WRITING
+            })
+        );
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1), t.len()), (0, 1, 3));
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn a_stale_ghost_id_is_not_revived_for_another_key() {
+        let mut t = full_table(4);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        t.release_to_ghost(2, digest_of(&k(2)), 0);
+        let stale = ghost_of(&t, &k(2)).unwrap();
+        // An eviction drops k(2)'s ghost, and the next victim's ghost takes its id.
+        t.trim_ghosts(0);
+        assert_eq!(ghost_of(&t, &k(2)), None);
+        t.release_to_ghost(3, digest_of(&k(3)), 0);
+        assert_eq!(ghost_of(&t, &k(3)), Some(stale), "ghost ids are recycled");
+        let mut rows = Vec::new();
+        assert!(t.allocate(1, &mut rows));
+        t.insert_writing(k(2), digest_of(&k(2)), rows[0], stale);
+        assert_eq!(ghost_of(&t, &k(3)), Some(stale), "k(3) stays a ghost");
+        assert_eq!(t.get(&k(2)).map(|e| e.chunk), Some(rows[0]));
+        assert_eq!(t.ghosts().len(0), 1);
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn trims_drop_the_oldest_ghosts_of_each_list_and_clear_forgets_them() {
+        let mut t = full_table(8);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        for n in 0..6u32 {
+            t.release_to_ghost(n, digest_of(&k(u64::from(n))), (n % 2) as usize);
+        }
+        t.ghost_to_back(ghost_of(&t, &k(0)).unwrap());
+        // List 0 is 2, 4, 0; list 1 is 1, 3, 5.
+        t.trim_ghosts(1);
+        assert_eq!(ghost_of(&t, &k(2)).or(ghost_of(&t, &k(4))), None);
+        assert!(ghost_of(&t, &k(0)).is_some() && ghost_of(&t, &k(5)).is_some());
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
+        assert_eq!(t.view().ghost_keys(0), vec![k(0)]);
+        t.check().unwrap();
+        t.clear();
+        assert_eq!((t.len(), t.ghosts().total()), (0, 0));
+        assert_eq!(ghost_of(&t, &k(0)), None);
+        t.check().unwrap();
+    }
+
     #[test]
     fn fresh_rows_ascend_then_freed_rows_come_back_lifo() {
         let mut t = ChunkTable::new(4);
@@ -598,7 +688,7 @@ mod tests {
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
             let key = OffloadKey::from_u64(i as u64);
-            t.insert_writing(key, digest_of(&key), c, crate::ghost_lists::NO_GHOST);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
         }
         t.release(0);
         t.release(1);
