@@ -215,25 +215,24 @@ impl KeyIndex {
             i = (i + 1) & self.mask;
         }
         // Backward shift: move each later member of the run into the hole unless its home lies
-        // cyclically in (hole, j], where it would then be unreachable.
+        // cyclically in (hole, j], where it would then be unreachable; that is, unless it sits
+        // closer to its home than to the hole. Written without a branch per member (the
+        // outcome is a coin flip a predictor cannot learn): a member that stays is rewritten
+        // in place.
+        let mask = self.mask;
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & self.mask;
+            j = (j + 1) & mask;
             let slot = self.slots[j];
             if slot == EMPTY {
                 break;
             }
             let home = self.home((slot >> 32) as u32);
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.slots[hole] = slot;
-                hole = j;
-            }
+            let moves = (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask);
+            let kept = self.slots[hole];
+            self.slots[hole] = if moves { slot } else { kept };
+            hole = if moves { j } else { hole };
         }
         self.slots[hole] = EMPTY;
         self.len -= 1;
