@@ -34,35 +34,38 @@ impl CpuTier {
     }
 
     /// Resolves keys to their resident rows into `out`, and, when the policy keeps ghosts in
-    /// the table, the ghost ids of the keys that are ghosts into `ghosts` ([`NO_GHOST`] for the
-    /// others; left empty otherwise): one probe per key.
+    /// the table, appends the ghost ids of the keys that are ghosts to `ghosts`, in key order.
+    /// One probe per resident key, which is what a touch mostly sees (the probe that confirms
+    /// only rows is the tighter loop); a key that is not resident is probed again for a ghost.
     fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
         ghosts.clear();
+        out.extend(
+            keys.iter()
+                .zip(&digests)
+                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
+        );
         if self.policy.ghost_bound().is_some() {
-            for (k, &d) in keys.iter().zip(&digests) {
-                let (chunk, ghost) = match self.table.probe(k, d) {
-                    Probe::Absent => (None, NO_GHOST),
-                    Probe::Resident(e) => (Some(e.chunk), NO_GHOST),
-                    Probe::Ghost(g) => (None, g),
-                };
-                out.push(chunk);
-                ghosts.push(ghost);
+            for ((k, &d), _) in keys
+                .iter()
+                .zip(&digests)
+                .zip(out.iter())
+                .filter(|(_, c)| c.is_none())
+            {
+                if let Probe::Ghost(g) = self.table.probe(k, d) {
+                    ghosts.push(g);
+                }
             }
-        } else {
-            out.extend(
-                keys.iter()
-                    .zip(&digests)
-                    .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
-            );
         }
         self.buf_digests = digests;
     }
 
     /// Reports hits of the ghosts `ghosts` (in reverse order, [`NO_GHOST`] skipped) to the
-    /// policy, each followed by the ghost's move to the back of its list.
+    /// policy, each followed by the ghost's move to the back of its list. Hits and resident
+    /// moves touch disjoint state, so reporting a batch's hits after its moves keeps the order
+    /// that matters: among the hits.
     fn ghost_hits(&mut self, ghosts: impl DoubleEndedIterator<Item = u32>) {
         for g in ghosts.rev().filter(|&g| g != NO_GHOST) {
             let view = self.table.ghosts();

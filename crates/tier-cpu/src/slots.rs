@@ -149,8 +149,9 @@ impl ChunkTable {
     /// The row holding `key`, whose digest is `digest`.
     #[inline]
     fn find(&self, key: &OffloadKey, digest: u64) -> Option<ChunkId> {
+        // A ghost id (GHOST bit set) is beyond every row, so the bounds check rejects it.
         self.index.find(digest, |id| {
-            id & GHOST == 0 && same_key(&self.rows[id as usize].key, key)
+            self.rows.get(id as usize).is_some_and(|r| same_key(&r.key, key))
         })
     }
 
