@@ -237,11 +237,13 @@ impl CpuTier {
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
-        if let Some(bound) = self.policy.ghost_bound() {
+        let ghost_bound = self.policy.ghost_bound();
+        if let Some(bound) = ghost_bound {
             self.table.prefetch_ghost_trims(keys.len(), bound);
         }
         // The digests and ghost ids of `to_store`, side by side, for their insertion, and the
-        // ghost id of every observed key.
+        // ghost id of every observed key (no ghost ids when the policy keeps no ghosts here: its
+        // probes confirm rows only, the tighter loop).
         self.buf_store_digests.clear();
         self.buf_store_ghosts.clear();
         self.buf_observed_ghosts.clear();
@@ -249,10 +251,14 @@ impl CpuTier {
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
         for (k, &d) in keys.iter().zip(&digests) {
-            let (found, ghost) = match self.table.probe(k, d) {
-                Probe::Absent => (None, NO_GHOST),
-                Probe::Resident(e) => (Some(e), NO_GHOST),
-                Probe::Ghost(g) => (None, g),
+            let (found, ghost) = if ghost_bound.is_some() {
+                match self.table.probe(k, d) {
+                    Probe::Absent => (None, NO_GHOST),
+                    Probe::Resident(e) => (Some(e), NO_GHOST),
+                    Probe::Ghost(g) => (None, g),
+                }
+            } else {
+                (self.table.get_digested(k, d), NO_GHOST)
             };
             match found {
                 None => {
@@ -275,14 +281,18 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                         self.buf_store_digests.push(d);
-                        self.buf_store_ghosts.push(ghost);
+                        if ghost_bound.is_some() {
+                            self.buf_store_ghosts.push(ghost);
+                        }
                     }
                     observed.push(KeyRef {
                         key: *k,
                         chunk: None,
                         position: None,
                     });
-                    self.buf_observed_ghosts.push(ghost);
+                    if ghost_bound.is_some() {
+                        self.buf_observed_ghosts.push(ghost);
+                    }
                 }
                 Some(e) if e.ref_cnt != WRITING => {
                     observed.push(KeyRef {
@@ -290,7 +300,9 @@ impl CpuTier {
                         chunk: Some(e.chunk),
                         position: None,
                     });
-                    self.buf_observed_ghosts.push(NO_GHOST);
+                    if ghost_bound.is_some() {
+                        self.buf_observed_ghosts.push(NO_GHOST);
+                    }
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -400,14 +412,16 @@ impl CpuTier {
         let digests = std::mem::take(&mut self.buf_store_digests);
         let ghosts = std::mem::take(&mut self.buf_store_ghosts);
         debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
-        debug_assert_eq!(ghosts.len(), to_store.len(), "a ghost id per key to store");
-        for ((((k, &chunk), &position), &digest), &ghost) in to_store
+        // A ghost id per key when the policy keeps ghosts here, none otherwise.
+        debug_assert!(ghosts.is_empty() || ghosts.len() == to_store.len());
+        for (i, (((k, &chunk), &position), &digest)) in to_store
             .iter()
             .zip(&chunk_ids)
             .zip(&positions)
             .zip(&digests)
-            .zip(&ghosts)
+            .enumerate()
         {
+            let ghost = ghosts.get(i).copied().unwrap_or(NO_GHOST);
             self.table.insert_writing(*k, digest, chunk, ghost);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
