@@ -163,6 +163,25 @@ impl KeyIndex {
         }
     }
 
+    /// Makes the slot holding `old`, for a key whose digest has the tag `tag`, hold `new`
+    /// instead, in place: the slot's position depends on the tag alone, so nothing moves.
+    /// Whether `old` was there.
+    pub(crate) fn replace_tagged(&mut self, tag: u32, old: u32, new: u32) -> bool {
+        let want = pack(tag, old);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return false;
+            }
+            if slot == want {
+                self.slots[i] = pack(tag, new);
+                return true;
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
     fn place(&mut self, slot: u64) {
         let mut i = self.home((slot >> 32) as u32);
         while self.slots[i] != EMPTY {
@@ -196,25 +215,24 @@ impl KeyIndex {
             i = (i + 1) & self.mask;
         }
         // Backward shift: move each later member of the run into the hole unless its home lies
-        // cyclically in (hole, j], where it would then be unreachable.
+        // cyclically in (hole, j], where it would then be unreachable; that is, unless it sits
+        // closer to its home than to the hole. Written without a branch per member (the
+        // outcome is a coin flip a predictor cannot learn): a member that stays is rewritten
+        // in place.
+        let mask = self.mask;
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & self.mask;
+            j = (j + 1) & mask;
             let slot = self.slots[j];
             if slot == EMPTY {
                 break;
             }
             let home = self.home((slot >> 32) as u32);
-            let stays = if hole <= j {
-                hole < home && home <= j
-            } else {
-                hole < home || home <= j
-            };
-            if !stays {
-                self.slots[hole] = slot;
-                hole = j;
-            }
+            let moves = (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask);
+            let kept = self.slots[hole];
+            self.slots[hole] = if moves { slot } else { kept };
+            hole = if moves { j } else { hole };
         }
         self.slots[hole] = EMPTY;
         self.len -= 1;
@@ -281,6 +299,31 @@ mod tests {
             assert_eq!(index.find(digest(n), |id| id == n), Some(n));
         }
         assert_eq!(index.len(), 100);
+    }
+
+    #[test]
+    fn replace_renames_an_id_in_place_and_only_that_id() {
+        let mut index = KeyIndex::with_capacity(4);
+        for n in 0..40 {
+            index.insert(digest(n), n);
+        }
+        assert!(index.replace_tagged(KeyIndex::tag(digest(7)), 7, 1000));
+        assert!(
+            !index.replace_tagged(KeyIndex::tag(digest(7)), 7, 1001),
+            "7 is gone"
+        );
+        assert!(
+            !index.replace_tagged(KeyIndex::tag(digest(8)), 9, 1002),
+            "wrong tag"
+        );
+        assert_eq!(index.find(digest(7), |id| id == 1000), Some(1000));
+        assert_eq!(index.find(digest(7), |id| id == 7), None);
+        assert_eq!(index.len(), 40);
+        // The renamed id is removable under its key's tag, and the others are untouched.
+        assert!(index.remove_tagged(KeyIndex::tag(digest(7)), 1000));
+        for n in (0..40).filter(|&n| n != 7) {
+            assert_eq!(index.find(digest(n), |id| id == n), Some(n));
+        }
     }
 
     #[test]

@@ -5,7 +5,10 @@
 //! pins and unpins are O(1): one probe of a compact key index whose 8-byte slots name a row, the
 //! key confirmed on that row, which also holds the ref count. Batch operations touch each key's
 //! index slot and row once per call, and nothing is allocated per key: policy links, ranks and
-//! ghost lists live in flat arrays indexed by row or ghost slot. Completions (`complete_load`,
+//! ghost lists live in flat arrays indexed by row or ghost slot. ARC's ghost lists share the
+//! resident keys' index (a key is resident or a ghost, so it has one index slot): evicting a key
+//! into a ghost list and storing a ghost again rename its slot in place, and a store's one probe
+//! per key also says whether the key is a ghost. Completions (`complete_load`,
 //! a successful `complete_store`) find their rows through the request's own record of the rows
 //! its load pinned or its store reserved, checked against the row's key, and probe the index only
 //! when the record has no such row.
@@ -60,6 +63,7 @@
 //! (`use tier_cpu as _;`) so the linker keeps the registration.
 
 mod access;
+mod ghost_lists;
 mod index;
 mod memory;
 mod ops;

@@ -9,8 +9,9 @@ use tiering_core::{
 };
 
 use crate::access::RequestAccess;
+use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
-use crate::slots::WRITING;
+use crate::slots::{Probe, WRITING};
 use crate::tier::CpuTier;
 
 /// Batches up to this size check duplicates by scanning instead of hashing.
@@ -32,17 +33,46 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `out`.
-    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>) {
+    /// Resolves keys to their resident rows into `out`, and, when the policy keeps ghosts in
+    /// the table, appends the ghost ids of the keys that are ghosts to `ghosts`, in key order.
+    /// One probe per resident key, which is what a touch mostly sees (the probe that confirms
+    /// only rows is the tighter loop); a key that is not resident is probed again for a ghost.
+    fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
         out.clear();
+        ghosts.clear();
         out.extend(
             keys.iter()
                 .zip(&digests)
                 .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
         );
+        if self.policy.ghost_bound().is_some() {
+            for ((k, &d), _) in keys
+                .iter()
+                .zip(&digests)
+                .zip(out.iter())
+                .filter(|(_, c)| c.is_none())
+            {
+                if let Probe::Ghost(g) = self.table.probe(k, d) {
+                    ghosts.push(g);
+                }
+            }
+        }
         self.buf_digests = digests;
+    }
+
+    /// Reports hits of the ghosts `ghosts` (in reverse order, [`NO_GHOST`] skipped) to the
+    /// policy, each followed by the ghost's move to the back of its list. Hits and resident
+    /// moves touch disjoint state, so reporting a batch's hits after its moves keeps the order
+    /// that matters: among the hits.
+    fn ghost_hits(&mut self, ghosts: impl DoubleEndedIterator<Item = u32>) {
+        for g in ghosts.rev().filter(|&g| g != NO_GHOST) {
+            let view = self.table.ghosts();
+            let list = view.list(g);
+            self.policy.on_ghost_hit(list, [view.len(0), view.len(1)]);
+            self.table.ghost_to_back(g);
+        }
     }
 
     /// Tells the policy about keys a request observed for the first time; `refs` are already
@@ -207,14 +237,30 @@ impl CpuTier {
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_batch(keys, &mut digests);
-        self.policy.prefetch_for_offer(&digests);
-        // The digests of `to_store`, side by side, for their insertion.
+        let ghost_bound = self.policy.ghost_bound();
+        if let Some(bound) = ghost_bound {
+            self.table.prefetch_ghost_trims(keys.len(), bound);
+        }
+        // The digests and ghost ids of `to_store`, side by side, for their insertion, and the
+        // ghost id of every observed key (no ghost ids when the policy keeps no ghosts here: its
+        // probes confirm rows only, the tighter loop).
         self.buf_store_digests.clear();
+        self.buf_store_ghosts.clear();
+        self.buf_observed_ghosts.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match.
         let mut words = [0u64; SMALL_BATCH];
         for (k, &d) in keys.iter().zip(&digests) {
-            match self.table.get_digested(k, d) {
+            let (found, ghost) = if ghost_bound.is_some() {
+                match self.table.probe(k, d) {
+                    Probe::Absent => (None, NO_GHOST),
+                    Probe::Resident(e) => (Some(e), NO_GHOST),
+                    Probe::Ghost(g) => (None, g),
+                }
+            } else {
+                (self.table.get_digested(k, d), NO_GHOST)
+            };
+            match found {
                 None => {
                     // Deviation: a key repeated in one offer is stored once.
                     let repeat = match offered.as_mut() {
@@ -235,12 +281,18 @@ impl CpuTier {
                     if !repeat {
                         to_store.push(*k);
                         self.buf_store_digests.push(d);
+                        if ghost_bound.is_some() {
+                            self.buf_store_ghosts.push(ghost);
+                        }
                     }
                     observed.push(KeyRef {
                         key: *k,
                         chunk: None,
                         position: None,
                     });
+                    if ghost_bound.is_some() {
+                        self.buf_observed_ghosts.push(ghost);
+                    }
                 }
                 Some(e) if e.ref_cnt != WRITING => {
                     observed.push(KeyRef {
@@ -248,6 +300,9 @@ impl CpuTier {
                         chunk: Some(e.chunk),
                         position: None,
                     });
+                    if ghost_bound.is_some() {
+                        self.buf_observed_ghosts.push(NO_GHOST);
+                    }
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -298,11 +353,19 @@ impl CpuTier {
         }
         let mut digests = std::mem::take(&mut self.buf_digests);
         self.table.digest_rows(&victims, &mut digests);
+        let ghost_lists = self.policy.victim_ghost_lists();
         let evicted: Vec<OffloadKey> = victims
             .iter()
             .zip(&digests)
-            .map(|(&c, &d)| self.table.release_digested(c, d))
+            .enumerate()
+            .map(|(i, (&c, &d))| match ghost_lists.get(i) {
+                Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
+                None => self.table.release_digested(c, d),
+            })
             .collect();
+        if let Some(bound) = self.policy.ghost_bound() {
+            self.table.trim_ghosts(bound);
+        }
         self.buf_digests = digests;
         self.buf_chunks = victims;
         self.counters.evictions += evicted.len() as u64;
@@ -347,14 +410,23 @@ impl CpuTier {
         positions.clear();
         ctx.key_positions_into(&to_store, &mut positions);
         let digests = std::mem::take(&mut self.buf_store_digests);
+        let ghosts = std::mem::take(&mut self.buf_store_ghosts);
         debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
-        for (((k, &chunk), &position), &digest) in
-            to_store.iter().zip(&chunk_ids).zip(&positions).zip(&digests)
+        // A ghost id per key when the policy keeps ghosts here, none otherwise.
+        debug_assert!(ghosts.is_empty() || ghosts.len() == to_store.len());
+        for (i, (((k, &chunk), &position), &digest)) in to_store
+            .iter()
+            .zip(&chunk_ids)
+            .zip(&positions)
+            .zip(&digests)
+            .enumerate()
         {
-            self.table.insert_writing(*k, digest, chunk);
+            let ghost = ghosts.get(i).copied().unwrap_or(NO_GHOST);
+            self.table.insert_writing(*k, digest, chunk, ghost);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_store_digests = digests;
+        self.buf_store_ghosts = ghosts;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -397,8 +469,11 @@ impl PrimaryTier for CpuTier {
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         let mut chunks = std::mem::take(&mut self.buf_resolved);
-        self.resolve_into(keys, &mut chunks);
+        let mut ghosts = std::mem::take(&mut self.buf_observed_ghosts);
+        self.resolve_into(keys, &mut chunks, &mut ghosts);
         self.policy.touch(keys, &chunks, self.table.view(), ctx);
+        self.ghost_hits(ghosts.iter().copied());
+        self.buf_observed_ghosts = ghosts;
         self.buf_resolved = chunks;
     }
 
@@ -422,11 +497,13 @@ impl PrimaryTier for CpuTier {
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
             rec.record_store(&observed, &mut misses, &mut new, &mut absent);
         });
-        // ARC learns from ghost hits before insertion drops the ghosts (once per key per
-        // request), then the policy sees first observations; both before any early return, as
-        // upstream does.
-        if !misses.is_empty() {
-            self.policy.on_store_miss(&misses, ctx);
+        // ARC learns from ghost hits before insertion revives the ghosts (once per key per
+        // request, last miss first), then the policy sees first observations; both before any
+        // early return, as upstream does.
+        if !misses.is_empty() && self.policy.ghost_bound().is_some() {
+            let ghosts = std::mem::take(&mut self.buf_observed_ghosts);
+            self.ghost_hits(misses.iter().map(|&j| ghosts[j]));
+            self.buf_observed_ghosts = ghosts;
         }
         if !new.is_empty() && self.policy.observes_request_access() {
             // First observations, in offer order: compact them to the front of `observed`.

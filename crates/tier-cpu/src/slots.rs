@@ -8,11 +8,33 @@
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
+//!
+//! The index also holds the ghosts of a policy that keeps [`GhostLists`]: an index id with the
+//! [`GHOST`] bit names a ghost, not a row. A key is resident or a ghost, never both, so it has
+//! at most one index slot, and moving between the two renames that slot in place.
 
 use tiering_core::{ChunkId, OffloadKey, TierError};
 
+use crate::ghost_lists::GhostLists;
 use crate::index::{KeyIndex, digest_of};
 use crate::policy::SlotView;
+
+/// The bit of an index id that makes it a ghost id (see the module docs); rows stay below it.
+pub(crate) const GHOST: u32 = 1 << 31;
+
+/// The most rows a table holds (ids with the [`GHOST`] bit name ghosts).
+pub(crate) const MAX_ROWS: u64 = GHOST as u64;
+
+/// What one probe of the index found for a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// Neither resident nor a ghost.
+    Absent,
+    /// Resident.
+    Resident(Entry),
+    /// A ghost, with its id.
+    Ghost(u32),
+}
 
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
@@ -58,6 +80,7 @@ pub(crate) struct Entry {
 pub(crate) struct ChunkTable {
     index: KeyIndex,
     rows: Vec<Row>,
+    ghosts: GhostLists,
     free: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
@@ -68,7 +91,7 @@ pub(crate) struct ChunkTable {
 }
 
 impl ChunkTable {
-    /// A table of `capacity` rows (`capacity` ≤ `u32::MAX`, checked by the arena).
+    /// A table of `capacity` rows (`capacity` ≤ [`MAX_ROWS`], checked by the tier).
     pub(crate) fn new(capacity: u32) -> Self {
         let n = capacity as usize;
         Self {
@@ -80,6 +103,7 @@ impl ChunkTable {
                     ref_cnt: FREE,
                 },
             ),
+            ghosts: GhostLists::new(),
             free: Vec::new(),
             num_allocated: 0,
             capacity,
@@ -104,8 +128,10 @@ impl ChunkTable {
             self.index.prefetch(d);
         }
         for &d in window {
-            if let Some(row) = self.index.likely(d) {
-                crate::memory::prefetch(&self.rows[row as usize]);
+            match self.index.likely(d) {
+                Some(id) if id & GHOST == 0 => crate::memory::prefetch(&self.rows[id as usize]),
+                Some(id) => self.ghosts.prefetch(id & !GHOST),
+                None => {}
             }
         }
     }
@@ -123,8 +149,63 @@ impl ChunkTable {
     /// The row holding `key`, whose digest is `digest`.
     #[inline]
     fn find(&self, key: &OffloadKey, digest: u64) -> Option<ChunkId> {
-        self.index
-            .find(digest, |row| same_key(&self.rows[row as usize].key, key))
+        // A ghost id (GHOST bit set) is beyond every row, so the bounds check rejects it.
+        self.index.find(digest, |id| {
+            self.rows.get(id as usize).is_some_and(|r| same_key(&r.key, key))
+        })
+    }
+
+    /// Whether index id `id` (a row or a ghost) holds `key`.
+    #[inline(always)]
+    fn holds(&self, id: u32, key: &OffloadKey) -> bool {
+        if id & GHOST == 0 {
+            same_key(&self.rows[id as usize].key, key)
+        } else {
+            same_key(self.ghosts.key(id & !GHOST), key)
+        }
+    }
+
+    /// Whether `key`, whose digest is `digest`, is resident, a ghost or neither: one probe run.
+    #[inline(always)]
+    pub(crate) fn probe(&self, key: &OffloadKey, digest: u64) -> Probe {
+        match self.index.find(digest, |id| self.holds(id, key)) {
+            None => Probe::Absent,
+            Some(id) if id & GHOST != 0 => Probe::Ghost(id & !GHOST),
+            Some(chunk) => Probe::Resident(Entry {
+                chunk,
+                ref_cnt: self.rows[chunk as usize].ref_cnt,
+            }),
+        }
+    }
+
+    /// The ghost lists.
+    #[inline]
+    pub(crate) fn ghosts(&self) -> &GhostLists {
+        &self.ghosts
+    }
+
+    /// Moves live ghost `g` to the back of its list.
+    #[inline]
+    pub(crate) fn ghost_to_back(&mut self, g: u32) {
+        self.ghosts.move_to_back(g);
+    }
+
+    /// Starts loading what the ghost lists will touch when `n` more victims join them and each
+    /// is then trimmed to `bound`: the records new ghosts take and the index slots of the ghosts
+    /// the trims drop. A hint only.
+    pub(crate) fn prefetch_ghost_trims(&self, n: usize, bound: usize) {
+        self.ghosts.prefetch_free(n);
+        let mut oldest = [(0u32, 0u32); 32];
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            let after = self.ghosts.len(l) + n;
+            if after > bound {
+                let want = (after - bound).min(oldest.len());
+                let got = self.ghosts.oldest(l, &mut oldest[..want]);
+                for &(_, tag) in &oldest[..got] {
+                    self.index.prefetch_tag(tag);
+                }
+            }
+        }
     }
 
     /// Rows in the tier.
@@ -134,7 +215,7 @@ impl ChunkTable {
 
     /// Resident keys.
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.index.len() - self.ghosts.total()
     }
 
     /// Rows available without eviction.
@@ -183,7 +264,7 @@ impl ChunkTable {
     /// The policies' view of the rows.
     #[inline]
     pub(crate) fn view(&self) -> SlotView<'_> {
-        SlotView::new(&self.rows, &self.index)
+        SlotView::new(&self.rows, &self.index, &self.ghosts)
     }
 
     /// Adds one reader to resident, ready `key`. Returns its row and whether it just stopped
@@ -331,8 +412,21 @@ impl ChunkTable {
     }
 
     /// Makes `key`, whose digest is `digest`, resident in `chunk` with a write in flight.
-    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId) {
-        self.index.insert(digest, chunk);
+    /// `ghost` is the ghost id a probe of this key found earlier ([`NO_GHOST`] if none): when
+    /// it still is `key`'s ghost (an eviction since may have dropped it), the ghost is revived
+    /// in place, its index slot renamed to `chunk`.
+    ///
+    /// [`NO_GHOST`]: crate::ghost_lists::NO_GHOST
+    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId, ghost: u32) {
+        if self.ghosts.is_live_ghost_of(ghost, &key)
+            && self
+                .index
+                .replace_tagged(KeyIndex::tag(digest), ghost | GHOST, chunk)
+        {
+            self.ghosts.remove(ghost);
+        } else {
+            self.index.insert(digest, chunk);
+        }
         self.rows[chunk as usize] = Row {
             key,
             ref_cnt: WRITING,
@@ -361,9 +455,58 @@ impl ChunkTable {
         key
     }
 
+    /// [`ChunkTable::release_digested`] that keeps the key as a ghost at the back of ghost list
+    /// `list`: its index slot is renamed to the ghost in place.
+    pub(crate) fn release_to_ghost(&mut self, chunk: ChunkId, digest: u64, list: usize) -> OffloadKey {
+        let row = &mut self.rows[chunk as usize];
+        let key = row.key;
+        match row.ref_cnt {
+            WRITING => self.num_write_pending -= 1,
+            0 => self.num_evictable -= 1,
+            _ => {}
+        }
+        row.ref_cnt = FREE;
+        let tag = KeyIndex::tag(digest);
+        match self.ghosts.push(list, key, tag) {
+            Some(g) => {
+                if !self.index.replace_tagged(tag, chunk, g | GHOST) {
+                    // Unreachable (a resident row has its index slot); stay consistent anyway.
+                    self.ghosts.remove(g);
+                }
+            }
+            None => {
+                self.index.remove(digest, chunk);
+            }
+        }
+        self.free.push(chunk);
+        key
+    }
+
+    /// Drops the oldest ghosts of every list until each holds at most `bound`, a batch at a
+    /// time: the batch is read from the front of the list's log, its index slots requested, and
+    /// only then removed.
+    pub(crate) fn trim_ghosts(&mut self, bound: usize) {
+        let mut batch = [(0u32, 0u32); 32];
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            while self.ghosts.len(l) > bound {
+                let excess = (self.ghosts.len(l) - bound).min(batch.len());
+                let got = self.ghosts.oldest(l, &mut batch[..excess]);
+                for &(_, tag) in &batch[..got] {
+                    self.index.prefetch_tag(tag);
+                }
+                for _ in 0..got {
+                    if let Some((g, tag)) = self.ghosts.pop_oldest(l) {
+                        self.index.remove_tagged(tag, g | GHOST);
+                    }
+                }
+            }
+        }
+    }
+
     /// Forgets every key and every allocation.
     pub(crate) fn clear(&mut self) {
         self.index.clear();
+        self.ghosts.clear();
         for row in &mut self.rows[..self.num_allocated as usize] {
             row.ref_cnt = FREE;
         }
@@ -397,9 +540,19 @@ impl ChunkTable {
                 r => return Err(format!("{key} has ref count {r}")),
             }
         }
-        if resident != self.index.len() {
+        self.ghosts.check()?;
+        for l in 0..crate::ghost_lists::GHOST_LISTS {
+            for g in self.ghosts.iter(l) {
+                let key = *self.ghosts.key(g);
+                if self.probe(&key, digest_of(&key)) != Probe::Ghost(g) {
+                    return Err(format!("the index does not lead {key} to its ghost {g}"));
+                }
+            }
+        }
+        if resident + self.ghosts.total() != self.index.len() {
             return Err(format!(
-                "{resident} resident rows, {} index entries",
+                "{resident} resident rows and {} ghosts, {} index entries",
+                self.ghosts.total(),
                 self.index.len()
             ));
         }
@@ -424,6 +577,7 @@ impl ChunkTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ghost_lists::NO_GHOST;
 
     #[test]
     fn same_key_tells_every_field_apart() {
@@ -438,6 +592,95 @@ mod tests {
         }
     }
 
+    /// A table of `n` rows holding keys `0..n`, written.
+    fn full_table(n: u32) -> ChunkTable {
+        let mut t = ChunkTable::new(n);
+        let mut rows = Vec::new();
+        assert!(t.allocate(n as usize, &mut rows));
+        for (i, &c) in rows.iter().enumerate() {
+            let key = OffloadKey::from_u64(i as u64);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
+            assert_eq!(t.mark_written(&key, digest_of(&key)), Some(c));
+        }
+        t
+    }
+
+    fn ghost_of(t: &ChunkTable, key: &OffloadKey) -> Option<u32> {
+        match t.probe(key, digest_of(key)) {
+            Probe::Ghost(g) => Some(g),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_victim_becomes_a_ghost_in_place_and_a_stored_ghost_is_revived_in_place() {
+        let mut t = full_table(4);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        let released = t.release_to_ghost(0, digest_of(&k(0)), 0);
+        assert_eq!(released, k(0));
+        t.release_to_ghost(1, digest_of(&k(1)), 1);
+        assert_eq!((t.len(), t.num_free(), t.num_evictable), (2, 2, 2));
+        assert!(t.get(&k(0)).is_none(), "a ghost is not resident");
+        let g0 = ghost_of(&t, &k(0)).unwrap();
+        assert!(ghost_of(&t, &k(1)).is_some() && ghost_of(&t, &k(2)).is_none());
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
+        t.check().unwrap();
+        // Storing k(0) again, with the ghost id its probe found: the ghost leaves its list.
+        let mut rows = Vec::new();
+        assert!(t.allocate(1, &mut rows));
+        t.insert_writing(k(0), digest_of(&k(0)), rows[0], g0);
+        assert_eq!(
+            t.probe(&k(0), digest_of(&k(0))),
+            Probe::Resident(Entry {
+                chunk: rows[0],
+                ref_cnt: WRITING
+            })
+        );
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1), t.len()), (0, 1, 3));
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn a_stale_ghost_id_is_not_revived_for_another_key() {
+        let mut t = full_table(4);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        t.release_to_ghost(2, digest_of(&k(2)), 0);
+        let stale = ghost_of(&t, &k(2)).unwrap();
+        // An eviction drops k(2)'s ghost, and the next victim's ghost takes its id.
+        t.trim_ghosts(0);
+        assert_eq!(ghost_of(&t, &k(2)), None);
+        t.release_to_ghost(3, digest_of(&k(3)), 0);
+        assert_eq!(ghost_of(&t, &k(3)), Some(stale), "ghost ids are recycled");
+        let mut rows = Vec::new();
+        assert!(t.allocate(1, &mut rows));
+        t.insert_writing(k(2), digest_of(&k(2)), rows[0], stale);
+        assert_eq!(ghost_of(&t, &k(3)), Some(stale), "k(3) stays a ghost");
+        assert_eq!(t.get(&k(2)).map(|e| e.chunk), Some(rows[0]));
+        assert_eq!(t.ghosts().len(0), 1);
+        t.check().unwrap();
+    }
+
+    #[test]
+    fn trims_drop_the_oldest_ghosts_of_each_list_and_clear_forgets_them() {
+        let mut t = full_table(8);
+        let k = |n: u64| OffloadKey::from_u64(n);
+        for n in 0..6u32 {
+            t.release_to_ghost(n, digest_of(&k(u64::from(n))), (n % 2) as usize);
+        }
+        t.ghost_to_back(ghost_of(&t, &k(0)).unwrap());
+        // List 0 is 2, 4, 0; list 1 is 1, 3, 5.
+        t.trim_ghosts(1);
+        assert_eq!(ghost_of(&t, &k(2)).or(ghost_of(&t, &k(4))), None);
+        assert!(ghost_of(&t, &k(0)).is_some() && ghost_of(&t, &k(5)).is_some());
+        assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
+        assert_eq!(t.view().ghost_keys(0), vec![k(0)]);
+        t.check().unwrap();
+        t.clear();
+        assert_eq!((t.len(), t.ghosts().total()), (0, 0));
+        assert_eq!(ghost_of(&t, &k(0)), None);
+        t.check().unwrap();
+    }
+
     #[test]
     fn fresh_rows_ascend_then_freed_rows_come_back_lifo() {
         let mut t = ChunkTable::new(4);
@@ -446,7 +689,7 @@ mod tests {
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
             let key = OffloadKey::from_u64(i as u64);
-            t.insert_writing(key, digest_of(&key), c);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
         }
         t.release(0);
         t.release(1);

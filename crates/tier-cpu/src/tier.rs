@@ -51,7 +51,12 @@ pub struct CpuTier {
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
-    pub(crate) buf_misses: Vec<OffloadKey>,
+    /// Indices (into the observed keys) of a store offer's misses new to its request.
+    pub(crate) buf_misses: Vec<usize>,
+    /// Ghost ids of the keys a `prepare_store` is storing, in `keys_to_store` order.
+    pub(crate) buf_store_ghosts: Vec<u32>,
+    /// Ghost ids of the keys a batch observed or touched.
+    pub(crate) buf_observed_ghosts: Vec<u32>,
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
     /// The chunks a touched batch resolved to.
@@ -103,7 +108,9 @@ impl CpuTier {
         }
         let bytes = u128::from(chunks) * row_stride as u128;
         let limit = memory_limit_bytes();
-        let num_chunks = usize::try_from(chunks).ok().filter(|&n| u32::try_from(n).is_ok());
+        let num_chunks = usize::try_from(chunks)
+            .ok()
+            .filter(|_| chunks <= crate::slots::MAX_ROWS);
         let (Some(num_chunks), true) = (num_chunks, bytes <= u128::from(limit)) else {
             return Err(CpuTierError::TooLarge {
                 chunks,
@@ -139,8 +146,9 @@ impl CpuTier {
     /// policy must have been built for `arena.num_chunks()` chunks.
     #[must_use]
     pub fn with_arena(arena: Arc<ChunkArena>, policy: Box<dyn EvictionPolicy>, events: bool) -> Self {
-        // The arena guarantees the row count fits in u32.
-        let capacity = u32::try_from(arena.num_chunks()).unwrap_or(u32::MAX);
+        // The arena guarantees the row count fits in u32; the table takes at most MAX_ROWS.
+        let capacity =
+            u32::try_from(arena.num_chunks().min(crate::slots::MAX_ROWS as usize)).unwrap_or(u32::MAX);
         Self {
             id: NEXT_TIER_ID.fetch_add(1, Ordering::Relaxed),
             generation: 0,
@@ -157,6 +165,8 @@ impl CpuTier {
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
+            buf_store_ghosts: Vec::new(),
+            buf_observed_ghosts: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
             buf_resolved: Vec::new(),
@@ -258,7 +268,7 @@ impl CpuTier {
             ("allocation_batches", c.alloc_batches as f64),
             ("allocation_chunks", c.alloc_chunks as f64),
         ];
-        self.policy.extra_stats(&mut extra);
+        self.policy.extra_stats(self.table.view(), &mut extra);
         s.extra = extra.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
         s
     }

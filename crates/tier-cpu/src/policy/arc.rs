@@ -9,13 +9,15 @@
 //!   candidate) from T1 after all; scans only move forward within one eviction;
 //! - each ghost list is trimmed to `capacity` on its own after every eviction;
 //! - touching a T1 chunk whose write is still in flight keeps it in T1 (at the MRU end).
+//!
+//! The ghost lists live in the tier's key index (see [`EvictionPolicy::ghost_bound`]): the
+//! policy names the list each victim joins and adapts its target on ghost hits; keeping,
+//! ordering, trimming and reviving the ghosts is the tier's.
 
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
-use super::ghost::Ghosts;
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, PolicyKind, PolicySnapshot, Protected, SlotView};
-use crate::index::digest_of;
 
 const B1: usize = 0;
 const B2: usize = 1;
@@ -30,14 +32,8 @@ pub struct ArcPolicy {
     /// Bit per chunk: set when the chunk is in T2 (a bitmap stays cache resident where a byte
     /// per chunk would not).
     in_t2: Vec<u64>,
-    /// B1 (list 0) and B2 (list 1).
-    ghosts: Ghosts<2>,
-    /// Scratch for `evict`: (chunk, from T1).
-    picked: Vec<(ChunkId, bool, u64)>,
-    /// Keys the last `on_store_miss` found in no ghost list and not inserted since. A key only
-    /// becomes a ghost by being evicted, which needs an insertion first, and insertion takes the
-    /// key out of here; so these are still not ghosts, and their insertion skips the ghost probe.
-    not_ghosts: Vec<OffloadKey>,
+    /// The ghost list (B1 or B2) each victim of the last eviction joins.
+    victim_lists: Vec<u8>,
 }
 
 impl ArcPolicy {
@@ -51,9 +47,7 @@ impl ArcPolicy {
             t1: List::new(),
             t2: List::new(),
             in_t2: vec![0; capacity.div_ceil(64)],
-            ghosts: Ghosts::new(),
-            picked: Vec::new(),
-            not_ghosts: Vec::new(),
+            victim_lists: Vec::new(),
         }
     }
 
@@ -63,18 +57,14 @@ impl ArcPolicy {
         self.target
     }
 
-    /// Adapts the target if `key` (whose digest is `digest`) is a ghost; returns whether it was.
-    fn adapt_to_ghost_hit(&mut self, key: &OffloadKey, digest: u64) -> bool {
-        let (b1, b2) = (self.ghosts.len(B1) as f64, self.ghosts.len(B2) as f64);
-        // Moving within its list changes no length, so the lengths read above still hold.
-        match self.ghosts.move_to_back(key, digest) {
-            Some(B1) => {
-                self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
-            }
-            Some(_) => self.target = (self.target - (b1 / b2).max(1.0)).max(0.0),
-            None => return false,
+    /// Adapts the target to a hit in ghost list `list`, given the lists' lengths.
+    fn adapt_to_ghost_hit(&mut self, list: usize, [b1, b2]: [usize; 2]) {
+        let (b1, b2) = (b1 as f64, b2 as f64);
+        if list == B1 {
+            self.target = (self.target + (b2 / b1).max(1.0)).min(self.capacity as f64);
+        } else {
+            self.target = (self.target - (b1 / b2).max(1.0)).max(0.0);
         }
-        true
     }
 
     #[inline]
@@ -89,17 +79,6 @@ impl ArcPolicy {
             self.in_t2[word] |= bit;
         } else {
             self.in_t2[word] &= !bit;
-        }
-    }
-
-    /// Starts loading what trimming the ghost lists after `n` more evictions would touch.
-    fn prefetch_trims(&self, n: usize) {
-        self.ghosts.prefetch_free(n);
-        for l in [B1, B2] {
-            let after = self.ghosts.len(l) + n;
-            if after > self.capacity {
-                self.ghosts.prefetch_front(l, after - self.capacity);
-            }
         }
     }
 
@@ -147,39 +126,29 @@ impl EvictionPolicy for ArcPolicy {
         false
     }
 
-    fn prefetch_for_offer(&self, digests: &[u64]) {
-        self.ghosts.prefetch_digests(digests);
-        self.prefetch_trims(digests.len());
+    fn ghost_bound(&self) -> Option<usize> {
+        Some(self.capacity)
     }
 
-    fn on_store_miss(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
-        self.ghosts.prefetch(keys);
-        self.not_ghosts.clear();
-        for key in keys.iter().rev() {
-            let digest = digest_of(key);
-            if !self.adapt_to_ghost_hit(key, digest) {
-                self.not_ghosts.push(*key);
-            }
-        }
+    fn on_ghost_hit(&mut self, list: usize, lengths: [usize; 2]) {
+        self.adapt_to_ghost_hit(list, lengths);
+    }
+
+    fn victim_ghost_lists(&self) -> &[u8] {
+        &self.victim_lists
     }
 
     fn insert(
         &mut self,
         chunk: ChunkId,
-        key: &OffloadKey,
+        _key: &OffloadKey,
         _position: Option<u64>,
         _slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
+        // A ghost of the key was revived by the tier.
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
-        // Misses were noted last key first and are inserted first key first: searching from the
-        // back finds the key at once in the usual case, and removing it is then a pop.
-        if let Some(i) = self.not_ghosts.iter().rposition(|k| k == key) {
-            self.not_ghosts.swap_remove(i);
-        } else {
-            self.ghosts.remove(key);
-        }
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
@@ -192,22 +161,20 @@ impl EvictionPolicy for ArcPolicy {
 
     fn touch(
         &mut self,
-        keys: &[OffloadKey],
+        _keys: &[OffloadKey],
         chunks: &[Option<ChunkId>],
         slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
         self.links.prefetch(chunks.iter().flatten().copied());
-        for (key, chunk) in keys.iter().zip(chunks).rev() {
-            match *chunk {
-                Some(chunk) if self.is_in_t2(chunk) || slots.is_ready(chunk) => {
-                    self.move_to_t2_back(chunk);
-                }
+        // Keys that are not resident may be ghosts: the tier reports those hits through
+        // `on_ghost_hit`.
+        for chunk in chunks.iter().rev().flatten().copied() {
+            if self.is_in_t2(chunk) || slots.is_ready(chunk) {
+                self.move_to_t2_back(chunk);
+            } else {
                 // A store that has not completed is not a second access.
-                Some(chunk) => self.t1.move_to_back(&mut self.links, chunk),
-                None => {
-                    self.adapt_to_ghost_hit(key, digest_of(key));
-                }
+                self.t1.move_to_back(&mut self.links, chunk);
             }
         }
     }
@@ -233,8 +200,8 @@ impl EvictionPolicy for ArcPolicy {
         if n == 0 {
             return true;
         }
-        self.picked.clear();
-        self.prefetch_trims(n);
+        self.victim_lists.clear();
+        let start = out.len();
         // Truncation toward zero, as Python's int() of a non-negative float.
         let target = self.target as usize;
         let mut virtual_t1 = self.t1.len();
@@ -253,6 +220,8 @@ impl EvictionPolicy for ArcPolicy {
             if pick == NIL {
                 pick = next_candidate(&self.links, &mut c1, slots, protected);
                 if pick == NIL {
+                    out.truncate(start);
+                    self.victim_lists.clear();
                     return false;
                 }
                 from_t1 = true;
@@ -260,33 +229,26 @@ impl EvictionPolicy for ArcPolicy {
             if from_t1 {
                 virtual_t1 = virtual_t1.saturating_sub(1);
             }
-            self.picked.push((pick, from_t1, 0));
+            out.push(pick);
+            self.victim_lists.push(if from_t1 { B1 as u8 } else { B2 as u8 });
         }
-        self.ghosts.digest_chunks(&mut self.picked, slots);
-        for i in 0..self.picked.len() {
-            let (chunk, from_t1, digest) = self.picked[i];
-            let key = slots.key(chunk);
-            if from_t1 {
+        // Unlinked only once every pick is made: the scans above walk the lists as they were.
+        for (&chunk, &list) in out[start..].iter().zip(&self.victim_lists) {
+            if usize::from(list) == B1 {
                 self.t1.remove(&mut self.links, chunk);
-                self.ghosts.push_back_digested(B1, key, digest);
             } else {
                 self.t2.remove(&mut self.links, chunk);
-                self.ghosts.push_back_digested(B2, key, digest);
             }
-            out.push(chunk);
         }
-        self.ghosts.trim_to(B1, self.capacity);
-        self.ghosts.trim_to(B2, self.capacity);
         true
     }
 
     fn clear(&mut self) {
         self.target = 0.0;
-        self.not_ghosts.clear();
+        self.victim_lists.clear();
         self.t1.clear();
         self.t2.clear();
         self.links = Links::with_nodes(self.capacity);
-        self.ghosts.clear();
     }
 
     fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {
@@ -295,18 +257,18 @@ impl EvictionPolicy for ArcPolicy {
             lists: vec![
                 ("t1", keys(&self.t1)),
                 ("t2", keys(&self.t2)),
-                ("b1", self.ghosts.keys(B1)),
-                ("b2", self.ghosts.keys(B2)),
+                ("b1", slots.ghost_keys(B1)),
+                ("b2", slots.ghost_keys(B2)),
             ],
             target: Some(self.target),
         }
     }
 
-    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+    fn extra_stats(&self, slots: SlotView<'_>, out: &mut Vec<(&'static str, f64)>) {
         out.push(("arc_target_t1", self.target));
         out.push(("arc_t1", self.t1.len() as f64));
         out.push(("arc_t2", self.t2.len() as f64));
-        out.push(("arc_b1", self.ghosts.len(B1) as f64));
-        out.push(("arc_b2", self.ghosts.len(B2) as f64));
+        out.push(("arc_b1", slots.ghost_len(B1) as f64));
+        out.push(("arc_b2", slots.ghost_len(B2) as f64));
     }
 }

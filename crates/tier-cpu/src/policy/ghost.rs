@@ -1,15 +1,14 @@
-//! Ghost lists: ordered sets of keys that are no longer resident (ARC's B1/B2, S3-FIFO's ghost
-//! queue). Several lists share one compact key index (8-byte slots naming a ghost slot, the key
+//! Ghost lists a policy keeps itself: ordered sets of keys that are no longer resident (S3-FIFO's
+//! ghost queue; ARC's B1/B2 live in the tier's own key index instead, see
+//! [`crate::ghost_lists`]). Several lists share one compact key index (8-byte slots naming a ghost slot, the key
 //! confirmed on the slot), so asking "is this key a ghost, and of which list" is a single probe.
 //! The orders are logs of ghost slots ([`Rings`]), each element carrying its key's index tag:
 //! trimming the oldest ghosts reads consecutive elements instead of chasing links and finds their
 //! index slots from the log alone, so a batch of them is dropped with its cache misses overlapped
-//! (and [`Ghosts::prefetch_front`] can request them before the eviction that trims them). Ghost slots are recycled through a free list: no allocation per key once the lists
+//! Ghost slots are recycled through a free list: no allocation per key once the lists
 //! are at their bound. Membership, removal, move-to-back and pop-front are O(1) (amortized).
 
-use tiering_core::{ChunkId, OffloadKey};
-
-use super::SlotView;
+use tiering_core::OffloadKey;
 
 use super::ring::{NIL, Rings};
 use crate::index::{KeyIndex, digest_of};
@@ -58,38 +57,6 @@ impl<const N: usize> Ghosts<N> {
     fn find(&self, key: &OffloadKey) -> Option<u32> {
         self.index
             .find(digest_of(key), |n| self.ghosts[n as usize].key == *key)
-    }
-
-    /// Starts loading the index slots of the keys with `digests` (about to be probed).
-    pub(crate) fn prefetch_digests(&self, digests: &[u64]) {
-        if self.index.len() == 0 {
-            return;
-        }
-        for &d in digests.iter().take(32) {
-            self.index.prefetch(d);
-        }
-    }
-
-    /// Starts loading the index slots of `keys` (about to be probed).
-    pub(crate) fn prefetch(&self, keys: &[OffloadKey]) {
-        if keys.len() < 2 || self.index.len() == 0 {
-            return;
-        }
-        for k in keys.iter().take(32) {
-            self.index.prefetch(digest_of(k));
-        }
-    }
-
-    /// Fills in the digests of the keys held in the chunks of `picked` (eviction victims about
-    /// to become ghosts: chunk, from which list, digest) and starts loading their index slots
-    /// here and in the tier (about to be cleared).
-    pub(crate) fn digest_chunks(&self, picked: &mut [(ChunkId, bool, u64)], slots: SlotView<'_>) {
-        for (i, p) in picked.iter_mut().enumerate() {
-            p.2 = slots.prefetch_index_of(p.0);
-            if i < 32 && self.index.len() != 0 {
-                self.index.prefetch(p.2);
-            }
-        }
     }
 
     /// The list holding `key`, if any.
@@ -141,6 +108,7 @@ impl<const N: usize> Ghosts<N> {
 
     /// Moves `key`, whose digest is `digest`, to the back of its list; returns that list, or
     /// `None` if it is no ghost.
+    #[cfg(test)]
     pub(crate) fn move_to_back(&mut self, key: &OffloadKey, digest: u64) -> Option<usize> {
         let n = self.index.find(digest, |n| self.ghosts[n as usize].key == *key)?;
         let l = usize::from(self.ghosts[n as usize].list);
@@ -178,29 +146,6 @@ impl<const N: usize> Ghosts<N> {
         self.order.remove(l, n);
         self.index.remove_tagged(tag, n);
         self.free.push(n);
-    }
-
-    /// Starts loading the slots the next `count` (up to 32) new ghosts will be written to (the
-    /// most recently freed ones): writing a key into a cold slot would otherwise wait for the
-    /// line. A hint only.
-    pub(crate) fn prefetch_free(&self, count: usize) {
-        for &n in self.free.iter().rev().take(count.min(TRIM_BATCH)) {
-            if let Some(g) = self.ghosts.get(n as usize) {
-                crate::memory::prefetch(g);
-            }
-        }
-    }
-
-    /// Starts loading the index slots of the (up to 32) oldest `count` keys of list `l`: the ones
-    /// a trim after `count` more ghosts would drop. A hint only.
-    pub(crate) fn prefetch_front(&self, l: usize, count: usize) {
-        let mut at = self.order.scan_start(l);
-        for _ in 0..count.min(TRIM_BATCH) {
-            match self.order.next_with_payload(l, &mut at) {
-                Some((_, tag)) => self.index.prefetch_tag(tag),
-                None => break,
-            }
-        }
     }
 
     /// Drops the oldest keys of list `l` until at most `cap` remain, a batch at a time: the

@@ -435,7 +435,7 @@ impl EvictionPolicy for LruPolicy {
         }
     }
 
-    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+    fn extra_stats(&self, _slots: SlotView<'_>, out: &mut Vec<(&'static str, f64)>) {
         out.push(("lru_request_groups", self.groups.len() as f64));
     }
 }

@@ -24,6 +24,7 @@ use std::str::FromStr;
 use serde::Deserialize;
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
+use crate::ghost_lists::GhostLists;
 use crate::index::{KeyIndex, digest_of};
 use crate::slots::Row;
 
@@ -36,23 +37,45 @@ pub use s3fifo::S3FifoPolicy;
 pub struct SlotView<'a> {
     rows: &'a [Row],
     index: &'a KeyIndex,
+    ghosts: &'a GhostLists,
 }
 
 impl<'a> SlotView<'a> {
-    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight) and the
-    /// key index leading to them.
-    pub(crate) fn new(rows: &'a [Row], index: &'a KeyIndex) -> Self {
-        Self { rows, index }
+    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight), the
+    /// key index leading to them and the ghost lists the tier keeps for the policy.
+    pub(crate) fn new(rows: &'a [Row], index: &'a KeyIndex, ghosts: &'a GhostLists) -> Self {
+        Self { rows, index, ghosts }
     }
 
     /// The digest of the key in (resident) `chunk`, after starting to load the tier's index
-    /// slot for it: an eviction victim's slot is about to be cleared, and its ghost entry (if
-    /// the policy keeps one) is indexed by the same digest. A hint only.
+    /// slot for it: an eviction victim's slot is about to be cleared, and a ghost entry the
+    /// policy keeps itself is indexed by the same digest. A hint only.
     #[inline]
     pub(crate) fn prefetch_index_of(&self, chunk: ChunkId) -> u64 {
         let digest = digest_of(&self.rows[chunk as usize].key);
         self.index.prefetch(digest);
         digest
+    }
+
+    /// Number of keys in the tier's ghost list `list` (see
+    /// [`EvictionPolicy::ghost_bound`]); 0 for a list the tier does not keep.
+    #[inline]
+    #[must_use]
+    pub fn ghost_len(&self, list: usize) -> usize {
+        if list < crate::ghost_lists::GHOST_LISTS {
+            self.ghosts.len(list)
+        } else {
+            0
+        }
+    }
+
+    /// The keys of the tier's ghost list `list`, oldest first (for snapshots).
+    #[must_use]
+    pub fn ghost_keys(&self, list: usize) -> Vec<OffloadKey> {
+        if list >= crate::ghost_lists::GHOST_LISTS {
+            return Vec::new();
+        }
+        self.ghosts.iter(list).map(|g| *self.ghosts.key(g)).collect()
     }
 
     /// Whether the (resident) chunk is readable: its write has completed.
@@ -154,17 +177,27 @@ pub trait EvictionPolicy: Send {
     /// The policy's kind.
     fn kind(&self) -> PolicyKind;
 
-    /// Store misses that are new to this request, before any of them is inserted (ARC adapts its
-    /// target on ghost hits here). `keys` are not resident.
-    fn on_store_miss(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
-        let _ = (keys, ctx);
+    /// The bound of the ghost lists the tier keeps for this policy, or `None` (the default)
+    /// when it keeps none. The tier keeps two lists of keys evicted recently in its key index
+    /// (so a key's one probe also tells whether it is a ghost): victims join the list
+    /// [`EvictionPolicy::victim_ghost_lists`] names, each list is trimmed to the bound (oldest
+    /// first) after every eviction, a ghost stored again leaves its list, and a ghost hit
+    /// moves the ghost to the back of its list after [`EvictionPolicy::on_ghost_hit`].
+    fn ghost_bound(&self) -> Option<usize> {
+        None
     }
 
-    /// The digests of a store offer's keys, before the tier resolves them: a policy may start
-    /// loading what it will look at for them (ARC: their ghost index slots, and the oldest ghosts
-    /// an eviction would trim). A hint only; the default does nothing.
-    fn prefetch_for_offer(&self, digests: &[u64]) {
-        let _ = digests;
+    /// A key of ghost list `list` was seen: by a store miss new to its request (before any key
+    /// of the offer is inserted), or by a touch. `lengths` are the ghost lists' lengths. Called
+    /// per key in reverse call order, and only when [`EvictionPolicy::ghost_bound`] is `Some`.
+    fn on_ghost_hit(&mut self, list: usize, lengths: [usize; 2]) {
+        let _ = (list, lengths);
+    }
+
+    /// After a successful [`EvictionPolicy::evict`], the ghost list each victim joins, in
+    /// victim order (empty when the policy keeps no ghosts).
+    fn victim_ghost_lists(&self) -> &[u8] {
+        &[]
     }
 
     /// Whether [`EvictionPolicy::on_request_access`] does anything: a policy that ignores first
@@ -243,8 +276,8 @@ pub trait EvictionPolicy: Send {
     fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot;
 
     /// Policy-specific gauges for [`tiering_core::TierStats::extra`].
-    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
-        let _ = out;
+    fn extra_stats(&self, slots: SlotView<'_>, out: &mut Vec<(&'static str, f64)>) {
+        let _ = (slots, out);
     }
 }
 

@@ -86,6 +86,45 @@ impl<const N: usize> Rings<N> {
         log.buf.get(log.head).map_or(NIL, |&e| node_of(e))
     }
 
+    /// Whether node `n` is a member of some set. Checked against the logs, since
+    /// [`Rings::pop_front`] leaves a popped node's position stale: an element that is not a hole
+    /// at or after a log's head is live, and a live node is at its recorded position.
+    #[inline]
+    pub(crate) fn contains(&self, n: u32) -> bool {
+        let Some(&p) = self.pos.get(n as usize) else {
+            return false;
+        };
+        p != NIL
+            && self.logs.iter().any(|log| {
+                p as usize >= log.head
+                    && log
+                        .buf
+                        .get(p as usize)
+                        .is_some_and(|&e| e != HOLE && node_of(e) == n)
+            })
+    }
+
+    /// Removes the oldest member of set `l` and returns it with its payload, or `None` when the
+    /// set is empty. Its position is left stale rather than cleared (the front is read in order,
+    /// the positions are not: clearing one would touch a line nothing else needs).
+    #[inline]
+    pub(crate) fn pop_front(&mut self, l: usize) -> Option<(u32, u32)> {
+        let log = &mut self.logs[l];
+        let &e = log.buf.get(log.head)?;
+        log.head += 1;
+        log.live -= 1;
+        while log.buf.get(log.head) == Some(&HOLE) {
+            log.head += 1;
+        }
+        if log.live == 0 {
+            log.buf.clear();
+            log.head = 0;
+        } else if log.buf.len() - log.live > log.live + SLACK {
+            self.compact(l);
+        }
+        Some((node_of(e), (e >> 32) as u32))
+    }
+
     /// Whether `n` is the newest member of set `l`.
     #[inline]
     fn is_back(&self, l: usize, n: u32) -> bool {
@@ -265,6 +304,30 @@ mod tests {
         check(&r, &model);
         r.push_back_with(1, 3, 9);
         check(&r, &[Vec::new(), vec![3]]);
+    }
+
+    #[test]
+    fn pop_front_takes_the_oldest_and_membership_stays_exact() {
+        let mut r = Rings::<2>::with_nodes(16);
+        for n in 0..10 {
+            r.push_back_with(n as usize % 2, n, n + 100);
+        }
+        r.remove(0, 2);
+        r.move_to_back(0, 0);
+        // Set 0 is now 4, 6, 8, 0; set 1 is 1, 3, 5, 7, 9.
+        assert_eq!(r.pop_front(0), Some((4, 104)));
+        assert_eq!(r.pop_front(1), Some((1, 101)));
+        assert!(!r.contains(4) && !r.contains(1) && !r.contains(2));
+        assert!((0..10).filter(|n| ![1, 2, 4].contains(n)).all(|n| r.contains(n)));
+        // A popped node pushed again is a member again, wherever its stale position pointed.
+        r.push_back_with(1, 4, 7);
+        assert!(r.contains(4));
+        while r.pop_front(0).is_some() {}
+        assert_eq!((r.len(0), r.iter(0).count()), (0, 0));
+        assert!(!r.contains(0) && !r.contains(6) && !r.contains(8));
+        assert_eq!(r.iter(1).collect::<Vec<_>>(), vec![3, 5, 7, 9, 4]);
+        assert_eq!(r.pop_front(0), None);
+        assert!(!r.contains(99), "a node beyond the range is in no set");
     }
 
     #[test]

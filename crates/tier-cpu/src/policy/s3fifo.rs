@@ -203,7 +203,7 @@ impl EvictionPolicy for S3FifoPolicy {
         }
     }
 
-    fn extra_stats(&self, out: &mut Vec<(&'static str, f64)>) {
+    fn extra_stats(&self, _slots: SlotView<'_>, out: &mut Vec<(&'static str, f64)>) {
         out.push(("s3fifo_small", self.small.len() as f64));
         out.push(("s3fifo_main", self.main.len() as f64));
         out.push(("s3fifo_ghost", self.ghost.len(0) as f64));
