@@ -127,13 +127,14 @@ fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super:
     })
 }
 
-/// The chain's `disk` tiers with their I/O threads and capacity.
+/// The chain's `disk` tiers with what shapes their I/O.
 fn disk_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::DiskTarget>> {
     targets(chain, "disk", |options: tier_disk::DiskTierOptions| {
         super::DiskTarget {
             name: options.name,
             io_threads: options.io_threads,
             capacity: options.capacity.bytes(),
+            preallocate: options.preallocate,
         }
     })
 }

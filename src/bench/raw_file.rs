@@ -240,13 +240,15 @@ impl RawFile {
     /// is known, one call per job otherwise; the scratch file lives in `dir`. Each write goes
     /// to the next job-sized region of a file of up to `spread` bytes, as the tier writes each
     /// job into fresh slots: a virtual disk (or a thin-provisioned one) writes a block it has
-    /// never held slower than one it holds, and rewriting one region would hide that.
+    /// never held slower than one it holds, and rewriting one region would hide that. With
+    /// `reserve`, the file is reserved with `fallocate` first, as a disk tier reserves its slab,
+    /// so both sides write into reserved, never-written blocks.
     pub(super) fn open(
         dir: &Path,
         chunks: usize,
         chunk_bytes: usize,
         shape: Option<&IoShape>,
-        spread: u64,
+        (spread, reserve): (u64, bool),
     ) -> Result<Self, BenchError> {
         let path = dir.join(format!("kvtier-bench-raw-{}.tmp", std::process::id()));
         let err = |error| BenchError::Reference {
@@ -283,6 +285,20 @@ impl RawFile {
         let calls = plan.calls.clone();
         let region = plan.file_len().max(1);
         let regions = (spread / region).max(1);
+        if reserve {
+            let len = libc::off_t::try_from(regions * region).unwrap_or(libc::off_t::MAX);
+            // SAFETY: `fallocate` only reads the descriptor number, which `file` keeps open for
+            // the call; no memory is passed.
+            let rc = unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&file), 0, 0, len) };
+            if rc != 0 {
+                let e = std::io::Error::last_os_error();
+                // A filesystem without `fallocate` grows the file as it is written, as the
+                // tier's slab does there.
+                if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
+                    return Err(err(e));
+                }
+            }
+        }
         let runner = if plan.threads <= 1 {
             let buf = Aligned::new(plan.longest_call());
             Runner::Inline { file, buf }
@@ -386,7 +402,8 @@ mod tests {
         for shape in [IoShape::for_job(16 << 10, 3, 10), None] {
             let region = shape.map_or(10 * (16 << 10), |s| 10 * s.slot_bytes);
             // Room for three jobs: the writes cycle through three regions.
-            let mut raw = RawFile::open(dir.path(), 10, 16 << 10, shape.as_ref(), 3 * region + 1).unwrap();
+            let mut raw =
+                RawFile::open(dir.path(), 10, 16 << 10, shape.as_ref(), (3 * region + 1, false)).unwrap();
             let path = raw.path.clone();
             for n in 1..=4u64 {
                 raw.write_batch().unwrap();
@@ -394,6 +411,11 @@ mod tests {
                 let len = std::fs::metadata(&path).unwrap().len();
                 assert_eq!(len, n.min(3) * region);
             }
+            drop(raw);
+            // Reserved up front: the file holds every region before the first write.
+            let raw =
+                RawFile::open(dir.path(), 10, 16 << 10, shape.as_ref(), (3 * region + 1, true)).unwrap();
+            assert_eq!(std::fs::metadata(&raw.path).unwrap().len(), 3 * region);
             drop(raw);
             assert!(!path.exists());
         }

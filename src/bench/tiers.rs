@@ -65,6 +65,8 @@ pub struct DiskTarget {
     pub io_threads: usize,
     /// Its slab's size: past it the tier overwrites slots, so the reference rewrites too.
     pub capacity: u64,
+    /// Whether it reserves its slab with `fallocate` (the reference then reserves its file).
+    pub preallocate: bool,
 }
 
 impl Default for TierBenchConfig {
@@ -414,7 +416,14 @@ impl Bench<'_> {
             .saturating_add(1)
             .saturating_mul((self.batch * cb) as u64);
         let spread = disk.map_or(moved, |d| moved.min(d.capacity));
-        let mut reference = RawFile::open(&self.cfg.scratch_dir, self.batch, cb, shape.as_ref(), spread)?;
+        let reserve = disk.is_some_and(|d| d.preallocate);
+        let mut reference = RawFile::open(
+            &self.cfg.scratch_dir,
+            self.batch,
+            cb,
+            shape.as_ref(),
+            (spread, reserve),
+        )?;
         let (mut store, mut load, mut raw_w, mut raw_r) = (
             Meter::default(),
             Meter::default(),
