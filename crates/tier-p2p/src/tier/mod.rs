@@ -206,6 +206,8 @@ impl P2pTier {
                 }
             }
         }
+        // Drained: the control thread's wait may end on the ROUTER again.
+        self.core.transport.end_pump();
         for (peer, generation, reason) in std::mem::take(&mut self.core.dead_links) {
             if self
                 .sessions
@@ -373,6 +375,7 @@ impl SecondaryTier for P2pTier {
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
+        self.core.transport.set_waker(&waker);
         self.core.notifier.set(waker);
     }
 
