@@ -3,7 +3,7 @@
 //! A tier that receives on a socket of its own can also hand the waker that socket's file
 //! descriptor ([`ControlWaker::watch_fd`]): the control thread's wait then ends as soon as the
 //! descriptor is readable, without a thread of the tier relaying the event (one thread wake-up
-//! less per inbound message, `docs/ARCHITECTURE.md`, "Control plane").
+//! less per inbound message; `docs/ARCHITECTURE.md`, "The control-plane thread").
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::fd::{AsRawFd, RawFd};
