@@ -30,6 +30,8 @@ pub(crate) struct Outgoing {
     /// The part being written and the offset in it.
     part: usize,
     offset: usize,
+    /// Whether `write_on`'s `before_last` ran.
+    last_announced: bool,
 }
 
 impl Outgoing {
@@ -66,6 +68,7 @@ impl Outgoing {
             parts,
             part: 0,
             offset: 0,
+            last_announced: false,
         })
     }
 
@@ -77,12 +80,19 @@ impl Outgoing {
 
     /// Writes on from where the last call stopped, until done or until the socket would block
     /// (a non-blocking socket; `Ok(false)`). `payload(i)` is item `i`'s source row.
+    /// `before_last` runs once, before the last part (the last payload MAC and `END`) is
+    /// written: what it counts is counted before the consumer can verify the last chunk.
     pub(crate) fn write_on<'a>(
         &mut self,
         mut w: &TcpStream,
         payload: impl Fn(usize) -> &'a [u8],
+        before_last: &mut dyn FnMut(),
     ) -> io::Result<bool> {
         while let Some(part) = self.parts.get(self.part) {
+            if !self.last_announced && self.part + 1 == self.parts.len() {
+                self.last_announced = true;
+                before_last();
+            }
             let bytes = match part {
                 Part::Frames(r) => &self.frames[r.clone()],
                 Part::Payload(i) => payload(*i),
@@ -161,12 +171,19 @@ mod tests {
         )
         .unwrap();
         tx.set_nonblocking(true).unwrap();
-        let first = out.write_on(&tx, |i| &payloads[i]).unwrap();
+        let mut announced = 0;
+        let first = out
+            .write_on(&tx, |i| &payloads[i], &mut || announced += 1)
+            .unwrap();
         tx.set_nonblocking(false).unwrap();
         if !first {
             assert!(!out.done());
-            assert!(out.write_on(&tx, |i| &payloads[i]).unwrap());
+            assert!(
+                out.write_on(&tx, |i| &payloads[i], &mut || announced += 1)
+                    .unwrap()
+            );
         }
+        assert_eq!(announced, 1, "the last part is announced once");
         assert!(out.done());
         assert!(
             reader.join().unwrap() == expected,

@@ -62,6 +62,7 @@ pub(crate) struct SenderHandle {
     unacked: Arc<AtomicUsize>,
     key: DataKey,
     faults: Arc<Faults>,
+    counters: Arc<DataCounters>,
 }
 
 impl SenderHandle {
@@ -114,7 +115,9 @@ impl SenderHandle {
         let mut out = Outgoing::new(&self.key, &begin, chunks, |h, t| tamper(&self.faults, &h.key, t))?;
         self.faults.count_sent(job.items.len() as u64);
         self.stream.set_nonblocking(true)?;
-        let written = out.write_on(&self.stream, |i| &job.items[i].src);
+        let written = out.write_on(&self.stream, |i| &job.items[i].src, &mut || {
+            count_sent(&self.counters, job);
+        });
         self.stream.set_nonblocking(false)?;
         written?;
         Ok(out)
@@ -209,6 +212,7 @@ fn run_registration(reg: &Registration) {
         unacked: Arc::clone(&unacked),
         key: reg.key.clone(),
         faults: Arc::clone(&reg.faults),
+        counters: Arc::clone(&reg.counters),
     };
     let _ = reg.events.send(DataEvent::Registered {
         peer: reg.peer.clone(),
@@ -287,19 +291,25 @@ fn finish(
     reg: &Registration,
 ) -> io::Result<Vec<ChunkStatus>> {
     // The socket blocks here: `false` means its write timeout passed.
-    if !out.write_on(w, |i| &job.items[i].src)? {
+    if !out.write_on(w, |i| &job.items[i].src, &mut || {
+        count_sent(&reg.counters, job);
+    })? {
         return Err(io::Error::new(
             io::ErrorKind::TimedOut,
             "the data connection stalled",
         ));
     }
+    read_ack(r, job)
+}
+
+/// Counts a transfer's chunks as pushed.
+fn count_sent(counters: &DataCounters, job: &WriteJob) {
     for item in &job.items {
-        reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
-        reg.counters
+        counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        counters
             .bytes_sent
             .fetch_add(item.src.len() as u64, Ordering::Relaxed);
     }
-    read_ack(r, job)
 }
 
 /// Reads a transfer's ack and checks it belongs to `job`.
