@@ -65,3 +65,51 @@ fn lookups_relayed_while_the_lock_is_held_and_read_directly_after_are_answered_i
     assert_eq!(a.p2p.malformed_frames(), 0);
     a.wait_clean();
 }
+
+#[test]
+fn idle_connected_nodes_do_not_spin_on_heartbeats() {
+    init_tracing();
+    // Heartbeats every 20 ms: if their traffic woke the control thread through the watched
+    // socket, two idle seconds would bring about a hundred sweeps.
+    let mut o = opts();
+    o.heartbeat.interval_ms = 20;
+    let mut a = Node::new(o.clone(), ManagerConfig::default());
+    let mut b = Node::new(o, ManagerConfig::default());
+    let ks = keys(0, 2);
+    a.store("a-req", &ks);
+    let ctx = b.pull_ctx("b-req", &a.p2p);
+    b.mgr.on_new_request(&ctx).unwrap();
+    let trace = b.pull_until_settled(&ctx, &ks);
+    assert!(
+        trace
+            .iter()
+            .all(|t| t.last() == Some(&tiering_core::LookupResult::Hit)),
+        "{trace:?}"
+    );
+    b.finish(&ctx);
+    b.wait_clean();
+    a.wait_clean();
+    let sweeps = |n: &mut Node| n.mgr.stats().unwrap().manager.sweeps;
+    let (a0, b0) = (sweeps(&mut a), sweeps(&mut b));
+    let idle = Duration::from_secs(2);
+    std::thread::sleep(idle);
+    let (da, db) = (sweeps(&mut a) - a0, sweeps(&mut b) - b0);
+    // Counted, not timed: at most 20 sweeps per idle second.
+    assert!(
+        da <= 20 * idle.as_secs() && db <= 20 * idle.as_secs(),
+        "{da} and {db} sweeps in {idle:?} of idleness"
+    );
+    // The session is still up and serves at once.
+    let ctx = b.pull_ctx("b-req-2", &a.p2p);
+    b.mgr.on_new_request(&ctx).unwrap();
+    let trace = b.pull_until_settled(&ctx, &ks);
+    assert!(
+        trace
+            .iter()
+            .all(|t| t.last() == Some(&tiering_core::LookupResult::Hit)),
+        "{trace:?}"
+    );
+    b.finish(&ctx);
+    b.wait_clean();
+    a.wait_clean();
+}
