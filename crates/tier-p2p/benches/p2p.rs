@@ -2,7 +2,13 @@
 //!
 //! - `control_rtt`: a consumer's lookup → the producer's `lookup_resp` (idle peers; the
 //!   producer answers from its control-plane thread) versus a raw ZeroMQ DEALER/ROUTER
-//!   ping-pong of a message of the same size. Target: ≤ 1.5× raw.
+//!   ping-pong of a message of the same size. Target: ≤ 1.5× raw. The raw reference runs
+//!   both ends on one ZeroMQ context (one libzmq I/O thread relays both directions); each
+//!   p2p node has its own context, as two processes would, so a second reference puts the raw
+//!   ends on two contexts too. What the ratio depends on: the number of thread wake-ups per
+//!   round trip (raw, one context: the I/O thread, the echo thread, the I/O thread, the
+//!   caller; p2p and raw on two contexts: two more I/O thread wake-ups) and how slowly this
+//!   machine wakes an idle thread.
 //! - `data_plane`: one fetch of 16 chunks of 2 MiB (fetch → push → acks → `transfer_done`)
 //!   versus a raw loopback TCP stream of the same volume with one ack. Target: ≥ 90 % of raw.
 //!
@@ -149,14 +155,26 @@ fn tier_rtt(c: &mut Consumer, n: &mut u64) -> Duration {
 }
 
 struct RawZmq {
-    _ctx: zmq::Context,
+    _ctx: [zmq::Context; 2],
     dealer: zmq::Socket,
     payload: Vec<u8>,
 }
 
+/// The reference as the issue measures it: both ends on one context (one libzmq I/O thread
+/// carries both directions).
 fn raw_zmq() -> RawZmq {
     let ctx = zmq::Context::new();
-    let router = ctx.socket(zmq::ROUTER).unwrap();
+    raw_zmq_on(ctx.clone(), ctx)
+}
+
+/// Both ends on their own context, as two nodes (two processes) are: each direction crosses
+/// two libzmq I/O threads, as the tier's messages do.
+fn raw_zmq_two_contexts() -> RawZmq {
+    raw_zmq_on(zmq::Context::new(), zmq::Context::new())
+}
+
+fn raw_zmq_on(router_ctx: zmq::Context, dealer_ctx: zmq::Context) -> RawZmq {
+    let router = router_ctx.socket(zmq::ROUTER).unwrap();
     router.set_linger(0).unwrap();
     router.bind("tcp://127.0.0.1:*").unwrap();
     let ep = router.get_last_endpoint().unwrap().unwrap();
@@ -167,7 +185,7 @@ fn raw_zmq() -> RawZmq {
             }
         }
     });
-    let dealer = ctx.socket(zmq::DEALER).unwrap();
+    let dealer = dealer_ctx.socket(zmq::DEALER).unwrap();
     dealer.set_identity(b"127.0.0.1:1").unwrap();
     dealer.set_linger(0).unwrap();
     dealer.connect(&ep).unwrap();
@@ -178,7 +196,7 @@ fn raw_zmq() -> RawZmq {
     }
     .encode();
     RawZmq {
-        _ctx: ctx,
+        _ctx: [router_ctx, dealer_ctx],
         dealer,
         payload,
     }
@@ -253,6 +271,26 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// 400 ABBA-ordered pairs of a tier lookup and a raw round trip: the per-pair ratios and
+/// both medians.
+fn paired_rtt(con: &mut Consumer, n: &mut u64, z: &RawZmq) -> (Vec<f64>, Duration, Duration) {
+    let mut ratios = Vec::new();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for i in 0..400 {
+        let (t, r) = if i % 2 == 0 {
+            let t = tier_rtt(con, n);
+            (t, raw_rtt(z))
+        } else {
+            let r = raw_rtt(z);
+            (tier_rtt(con, n), r)
+        };
+        ratios.push(t.as_secs_f64() / r.as_secs_f64());
+        a.push(t);
+        b.push(r);
+    }
+    (ratios, median(a), median(b))
+}
+
 fn benches(c: &mut Criterion) {
     let p_small = producer(SMALL_CHUNK, &[]);
     let mut con = consumer(SMALL_CHUNK, 4, &p_small.handle);
@@ -261,8 +299,10 @@ fn benches(c: &mut Criterion) {
         tier_rtt(&mut con, &mut n);
     }
     let z = raw_zmq();
+    let z2 = raw_zmq_two_contexts();
     for _ in 0..50 {
         raw_rtt(&z);
+        raw_rtt(&z2);
     }
     let mut g = c.benchmark_group("control_rtt");
     g.bench_function("p2p_lookup_round_trip", |b| {
@@ -270,6 +310,9 @@ fn benches(c: &mut Criterion) {
     });
     g.bench_function("raw_zmq_dealer_router_ping_pong", |b| {
         b.iter_custom(|iters| (0..iters).map(|_| raw_rtt(&z)).sum());
+    });
+    g.bench_function("raw_zmq_ping_pong_two_contexts", |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| raw_rtt(&z2)).sum());
     });
     g.finish();
 
@@ -292,21 +335,8 @@ fn benches(c: &mut Criterion) {
 
     // Ratios from ABBA-ordered pairs (both sides see the same machine state; the order
     // alternates so neither always runs first), reported as the median of per-pair ratios.
-    let mut rtt_ratios = Vec::new();
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for i in 0..400 {
-        let (t, r) = if i % 2 == 0 {
-            let t = tier_rtt(&mut con, &mut n);
-            (t, raw_rtt(&z))
-        } else {
-            let r = raw_rtt(&z);
-            (tier_rtt(&mut con, &mut n), r)
-        };
-        rtt_ratios.push(t.as_secs_f64() / r.as_secs_f64());
-        a.push(t);
-        b.push(r);
-    }
-    let (tier_us, raw_us) = (median(a), median(b));
+    let (rtt_ratios, tier_us, raw_us) = paired_rtt(&mut con, &mut n, &z);
+    let (rtt_ratios2, tier_us2, raw_us2) = paired_rtt(&mut con, &mut n, &z2);
     let mut data_ratios = Vec::new();
     let (mut a, mut b) = (Vec::new(), Vec::new());
     for i in 0..20 {
@@ -328,6 +358,12 @@ fn benches(c: &mut Criterion) {
         "RESULT control_rtt: p2p {:.1} µs, raw zmq {:.1} µs (medians); paired ratio median {rm:.2}, min {rlo:.2}, max {rhi:.2} (target <= 1.5)",
         tier_us.as_secs_f64() * 1e6,
         raw_us.as_secs_f64() * 1e6,
+    );
+    let (rm, rlo, rhi) = spread(rtt_ratios2);
+    println!(
+        "RESULT control_rtt vs raw on two contexts (each node its own, as two processes): p2p {:.1} µs, raw zmq {:.1} µs (medians); paired ratio median {rm:.2}, min {rlo:.2}, max {rhi:.2}",
+        tier_us2.as_secs_f64() * 1e6,
+        raw_us2.as_secs_f64() * 1e6,
     );
     let (dm, dlo, dhi) = spread(data_ratios);
     println!(

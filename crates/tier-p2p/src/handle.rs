@@ -70,6 +70,14 @@ impl P2pHandle {
         self.transport.dropped_flood.load(Ordering::Relaxed)
     }
 
+    /// Control messages the tier's I/O thread read and queued because the tier had not read
+    /// them itself within a millisecond (its manager lock was held); the others were read by
+    /// the thread that handled them.
+    #[must_use]
+    pub fn inbound_relayed(&self) -> u64 {
+        self.transport.relayed.load(Ordering::Relaxed)
+    }
+
     /// Chunks written and verified into this node's rows.
     #[must_use]
     pub fn chunks_received(&self) -> u64 {

@@ -8,7 +8,10 @@
 //!   DEALER per remote peer whose identity is this node's `host:port`; ZMTP heartbeats;
 //!   non-blocking sends with a bounded high-water mark; versioned msgpack messages
 //!   `connect, connect_ack, disconnect, lookup, lookup_resp, fetch, transfer_done, abort_fetch,
-//!   abort_ack`. All sockets live on one I/O thread owned by the tier.
+//!   abort_ack`. Messages are sent from the thread that produced them, and read from the
+//!   ROUTER by the thread that handles them (the manager's control thread wakes on the
+//!   ROUTER's descriptor); the tier's I/O thread watches connections and reads the ROUTER
+//!   only while the manager lock keeps the tier from doing so (flood budget).
 //! - **Sessions** (`session`, `client`, `server`): one per peer with a consumer and a producer
 //!   role: probes batched per step, rounds, pin-before-answer through
 //!   [`ParentManager`](tiering_core::ParentManager), per-key results, deadlines.

@@ -124,8 +124,10 @@ pub struct Inbound {
     /// its messages are dropped, its session is closed and counted, and it is ignored for
     /// `flood_ban_ms`. Other peers are unaffected.
     pub per_peer_budget: u32,
-    /// Decoded control messages of all peers waiting to be handled. When full, the I/O thread
-    /// stops reading (the socket's receive high-water mark then pushes back on the senders).
+    /// Decoded control messages of all peers waiting to be handled (read by the I/O thread
+    /// while the manager lock was held). When full, the I/O thread stops reading (the socket's
+    /// receive high-water mark then pushes back on the senders). Also the most messages one
+    /// pump reads straight from the socket.
     pub queue_capacity: usize,
     /// How long a flooding peer is ignored.
     pub flood_ban_ms: u64,

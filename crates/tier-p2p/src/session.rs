@@ -414,6 +414,8 @@ impl Session {
             return Vec::new();
         }
         tracing::warn!(peer = %self.peer, %reason, "p2p session closed");
+        // Counted before the goodbye leaves: a peer that reads it finds the loss counted.
+        P2pCounters::bump(&core.counters.sessions_lost);
         if notify_peer {
             core.send(
                 &self.peer,
@@ -433,7 +435,6 @@ impl Session {
         }
         self.outbox.clear();
         self.dead = Some(reason.to_owned());
-        P2pCounters::bump(&core.counters.sessions_lost);
         let failed = self.client.on_session_lost(core, &self.peer);
         // Nothing is answered any more: the rounds' answers are dropped.
         let _ = self.server.release_idle(core);

@@ -1,14 +1,18 @@
 //! The ZeroMQ control transport: one ROUTER bound per node receives every inbound message, one
 //! DEALER per remote peer (identity = this node's `host:port`) carries everything outbound.
 //!
-//! zmq sockets are not `Sync`, so each socket is used by one thread only. The DEALERs belong
-//! to the tier (used under the manager lock): a message leaves from the thread that produced
-//! it, with no hop to another thread, encoded into a reused buffer. The ROUTER and every
-//! DEALER's disconnect monitor belong to the tier's I/O thread, which blocks in `zmq::poll`
-//! on them and on a wake-up fd (so it reacts at once and never spins), decodes inbound
-//! messages into reused frames and queues them, bounded overall and per peer. Sends are
-//! non-blocking with a bounded high-water mark: a full or dead peer is reported dead, never
-//! waited for.
+//! zmq sockets are not `Sync`, so each socket is used by one thread at a time. The DEALERs
+//! belong to the tier (used under the manager lock): a message leaves from the thread that
+//! produced it, with no hop to another thread, encoded into a reused buffer. The ROUTER is read
+//! by the thread that handles its messages, too: the manager's control thread waits on the
+//! ROUTER's descriptor through its waker and reads the socket itself in its sweep, so an
+//! inbound message costs no relay through another thread. The tier's I/O thread owns every
+//! DEALER's disconnect monitor and is the ROUTER's backstop reader: when the ROUTER has been
+//! readable for `BACKSTOP_GRACE` without the tier draining it (the manager lock is held by a
+//! long step), it decodes what waits into a queue, bounded overall and per peer, so a flood is
+//! still noticed and cut off. A mutex orders the two readers; messages are handled in arrival
+//! order. Sends are non-blocking with a bounded high-water mark: a full or dead peer is
+//! reported dead, never waited for.
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
@@ -19,6 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+use tiering_core::{ControlWaker, FdWatch};
 
 use crate::error::P2pError;
 use crate::notify::Notifier;
@@ -33,6 +39,12 @@ const CLOSE_LINGER_MS: i32 = 200;
 
 /// Longest wait for a retired DEALER's disconnect before it is closed anyway.
 const CLOSE_GRACE: Duration = Duration::from_millis(500);
+
+/// How long the ROUTER may stay readable, undrained by the tier, before the I/O thread reads
+/// it into the queue. Long enough for an idle control thread to wake and drain it first (its
+/// wake-up takes a fraction of this on a loaded machine), short enough that a step-driven
+/// engine or a flood is noticed promptly.
+const BACKSTOP_GRACE: Duration = Duration::from_millis(1);
 
 /// What the tier asks of the I/O thread. The tier owns the DEALERs and sends on them itself
 /// (replies leave from the thread that computed them, without a hop); the I/O thread owns the
@@ -118,6 +130,9 @@ pub(crate) struct TransportCounters {
     pub(crate) send_failures: AtomicU64,
     /// Messages dropped because their peer was over its budget or banned.
     pub(crate) dropped_flood: AtomicU64,
+    /// Messages the I/O thread read and queued because the tier had not drained the ROUTER
+    /// within the backstop grace (the rest were read by the thread that handled them).
+    pub(crate) relayed: AtomicU64,
 }
 
 /// The tier's handle on its control sockets and I/O thread.
@@ -136,6 +151,16 @@ pub(crate) struct ControlTransport {
     /// Connection events (as many as connections).
     events: mpsc::Receiver<IoEvent>,
     budget: Arc<InboundBudget>,
+    /// The ROUTER, shared with the I/O thread's backstop reads.
+    router: Arc<parking_lot::Mutex<RouterReader>>,
+    /// The ROUTER's descriptor as the manager's waker watches it (once a waker is set).
+    watch: Option<FdWatch>,
+    /// Messages read straight from the ROUTER since the last `end_pump`.
+    direct_reads: usize,
+    /// Direct reads per pump (the queue's capacity): one pump never holds the manager lock
+    /// for a flood's worth of messages.
+    direct_limit: usize,
+    notifier: Notifier,
     pub(crate) counters: Arc<TransportCounters>,
     /// The node's identity: `advertise:bound_port`.
     pub(crate) local_id: String,
@@ -167,41 +192,38 @@ impl ControlTransport {
         let (msg_tx, messages) = mpsc::sync_channel(inbound.queue_capacity.max(1));
         let budget = Arc::new(InboundBudget::default());
         let thread_budget = Arc::clone(&budget);
-        let limits = inbound.clone();
-        let (ready_tx, ready_rx) = mpsc::channel();
         let counters = Arc::new(TransportCounters::default());
-        let hb = heartbeat.clone();
         let thread_counters = Arc::clone(&counters);
         let ctx = zmq::Context::new();
-        let thread_ctx = ctx.clone();
+        let (reader, bound_port) = RouterReader::bind(&ctx, &endpoint, heartbeat, inbound)
+            .map_err(|e| P2pError::Zmq(format!("cannot bind the control socket on {bind}: {e}")))?;
+        let router_fd = reader
+            .socket
+            .get_fd()
+            .map_err(|e| P2pError::Zmq(format!("the control socket has no descriptor: {e}")))?;
+        let router = Arc::new(parking_lot::Mutex::new(reader));
+        let io = IoThread {
+            _ctx: ctx.clone(),
+            router: Arc::clone(&router),
+            router_fd,
+            readable_since: None,
+            monitors: HashMap::new(),
+            closing: Vec::new(),
+            limits: inbound.clone(),
+            budget: thread_budget,
+        };
+        let thread_notifier = notifier.clone();
         let thread = std::thread::Builder::new()
             .name("kvtier-p2p-zmq".into())
             .spawn(move || {
-                let io = match IoThread::bind(thread_ctx, &endpoint, &hb, limits, thread_budget) {
-                    Ok((io, bound)) => {
-                        let _ = ready_tx.send(Ok(bound));
-                        io
-                    }
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                io.run(&cmd_rx, &wake_rx, (&ev_tx, &msg_tx), &notifier, &thread_counters);
+                io.run(
+                    &cmd_rx,
+                    &wake_rx,
+                    (&ev_tx, &msg_tx),
+                    &thread_notifier,
+                    &thread_counters,
+                );
             })?;
-        let bound_port = match ready_rx.recv() {
-            Ok(Ok(port)) => port,
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                return Err(P2pError::Zmq(format!(
-                    "cannot bind the control socket on {bind}: {e}"
-                )));
-            }
-            Err(_) => {
-                let _ = thread.join();
-                return Err(P2pError::Zmq("the control I/O thread died at start".into()));
-            }
-        };
         let local_id = format!("{}:{bound_port}", advertise.unwrap_or(host));
         Ok(Self {
             ctx,
@@ -215,10 +237,31 @@ impl ControlTransport {
             messages,
             events,
             budget,
+            router,
+            watch: None,
+            direct_reads: 0,
+            direct_limit: inbound.queue_capacity.max(1),
+            notifier,
             counters,
             local_id,
             thread: Some(thread),
         })
+    }
+
+    /// Lets `waker` end the control thread's wait as soon as the ROUTER is readable: the
+    /// thread then reads it itself (see the module docs).
+    pub(crate) fn set_waker(&mut self, waker: &ControlWaker) {
+        self.watch = None;
+        let fd = self.router.lock().socket.get_fd();
+        match fd
+            .map_err(|e| e.to_string())
+            .and_then(|fd| waker.watch_fd(fd).map_err(|e| e.to_string()))
+        {
+            Ok(w) => self.watch = Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the control socket; inbound messages are relayed by the I/O thread");
+            }
+        }
     }
 
     /// Opens (or replaces) the DEALER toward `peer` for session `generation`.
@@ -315,13 +358,41 @@ impl ControlTransport {
         let _ = self.wake_tx.write(&[1]);
     }
 
-    /// The next event, if any (non-blocking): messages first, then connection events.
+    /// The next event, if any (non-blocking): messages first (those the I/O thread queued,
+    /// then the ROUTER read directly), then connection events.
     pub(crate) fn try_event(&mut self) -> Option<IoEvent> {
-        if let Ok((peer, msg)) = self.messages.try_recv() {
-            self.budget.release(&peer);
-            return Some(IoEvent::Message { peer, msg });
+        if let Some(ev) = queued_message(&self.messages, &self.budget) {
+            return Some(ev);
+        }
+        if self.direct_reads < self.direct_limit {
+            let mut router = self.router.lock();
+            // The I/O thread queues only while holding the ROUTER: with it held here, a queue
+            // found empty means nothing older than the ROUTER's next message waits.
+            if let Some(ev) = queued_message(&self.messages, &self.budget) {
+                return Some(ev);
+            }
+            if let Some((peer, msg)) = router.stash.take() {
+                self.direct_reads += 1;
+                return Some(IoEvent::Message { peer, msg });
+            }
+            if let Some((peer, msg)) = router.recv_one(&self.counters) {
+                self.direct_reads += 1;
+                return Some(IoEvent::Message { peer, msg });
+            }
         }
         self.events.try_recv().ok()
+    }
+
+    /// Ends a pump (a drain of `try_event`): re-arms the waker's watch of the ROUTER, and wakes
+    /// the control plane again when the pump stopped at its read limit with messages left.
+    pub(crate) fn end_pump(&mut self) {
+        if self.direct_reads >= self.direct_limit {
+            self.notifier.wake();
+        }
+        self.direct_reads = 0;
+        if let Some(w) = &self.watch {
+            w.arm();
+        }
     }
 
     /// Stops the I/O thread, closing every socket with LINGER 0.
@@ -329,6 +400,8 @@ impl ControlTransport {
         let Some(thread) = self.thread.take() else {
             return;
         };
+        // No wait may poll the ROUTER's descriptor once the socket closes.
+        self.watch = None;
         for d in self.dealers.values() {
             let _ = d.socket.set_linger(0);
         }
@@ -349,6 +422,13 @@ impl Drop for ControlTransport {
     }
 }
 
+/// The next message the I/O thread queued, giving its budget back.
+fn queued_message(messages: &mpsc::Receiver<(String, Message)>, budget: &InboundBudget) -> Option<IoEvent> {
+    let (peer, msg) = messages.try_recv().ok()?;
+    budget.release(&peer);
+    Some(IoEvent::Message { peer, msg })
+}
+
 /// A DEALER being closed, with its monitor when it still has one.
 struct Retired {
     _socket: zmq::Socket,
@@ -356,40 +436,25 @@ struct Retired {
     deadline: Instant,
 }
 
-struct IoThread {
-    _ctx: zmq::Context,
-    router: zmq::Socket,
-    /// Disconnect monitors of the tier's live DEALERs, by peer, with their generation.
-    monitors: HashMap<String, (zmq::Socket, u64)>,
-    /// DEALERs being retired: closed only once their monitor saw the disconnect (or after a
-    /// grace period). Closing a DEALER while libzmq is still tearing its connection down can
-    /// stall the context's I/O thread, and with it every other connection of the node.
-    closing: Vec<Retired>,
-    limits: Inbound,
-    budget: Arc<InboundBudget>,
+/// The ROUTER and what reading it takes, shared by the tier and the I/O thread's backstop.
+struct RouterReader {
+    socket: zmq::Socket,
     /// Flooding peers and when they may be heard again.
     banned: HashMap<String, Instant>,
-    /// A decoded message waiting for room in the full queue; the ROUTER is not read meanwhile.
+    /// A decoded message the I/O thread could not queue (the queue was full); the next reader
+    /// takes it before reading the socket again.
     stash: Option<(String, Message)>,
     /// Reused receive buffers (no allocation per frame).
     frame_id: zmq::Message,
     frame_payload: zmq::Message,
 }
 
-fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
-    s.set_heartbeat_ivl(i32::try_from(hb.interval_ms).unwrap_or(i32::MAX))?;
-    s.set_heartbeat_timeout(i32::try_from(hb.timeout_ms).unwrap_or(i32::MAX))?;
-    s.set_heartbeat_ttl(i32::try_from(hb.ttl_ms).unwrap_or(i32::MAX))?;
-    s.set_linger(0)
-}
-
-impl IoThread {
+impl RouterReader {
     fn bind(
-        ctx: zmq::Context,
+        ctx: &zmq::Context,
         endpoint: &str,
         hb: &Heartbeat,
-        limits: Inbound,
-        budget: Arc<InboundBudget>,
+        limits: &Inbound,
     ) -> zmq::Result<(Self, u16)> {
         let router = ctx.socket(zmq::ROUTER)?;
         set_heartbeat(&router, hb)?;
@@ -406,12 +471,7 @@ impl IoThread {
             .ok_or(zmq::Error::EINVAL)?;
         Ok((
             Self {
-                _ctx: ctx,
-                router,
-                monitors: HashMap::new(),
-                closing: Vec::new(),
-                limits,
-                budget,
+                socket: router,
                 banned: HashMap::new(),
                 stash: None,
                 frame_id: zmq::Message::new(),
@@ -421,6 +481,98 @@ impl IoThread {
         ))
     }
 
+    /// Whether `peer` is banned now (expired bans are dropped).
+    fn is_banned(&mut self, peer: &str) -> bool {
+        if self.banned.is_empty() {
+            return false;
+        }
+        let now = Instant::now();
+        self.banned.retain(|_, until| *until > now);
+        self.banned.contains_key(peer)
+    }
+
+    /// The next well-formed message from a peer that is not banned, or `None` once the socket
+    /// would block. Non-blocking; malformed and banned messages are counted and skipped.
+    fn recv_one(&mut self, counters: &TransportCounters) -> Option<(String, Message)> {
+        loop {
+            match self.socket.recv(&mut self.frame_id, zmq::DONTWAIT) {
+                Ok(()) => {}
+                Err(zmq::Error::EAGAIN) => return None,
+                Err(zmq::Error::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "control receive failed");
+                    return None;
+                }
+            }
+            // The frames of one message arrive together: the rest is there to read.
+            let mut frames = 1;
+            let mut more = self.frame_id.get_more();
+            while more {
+                if self.socket.recv(&mut self.frame_payload, 0).is_err() {
+                    break;
+                }
+                frames += 1;
+                more = self.frame_payload.get_more();
+            }
+            if frames != 2 {
+                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(frames, "dropped a control message with a bad frame count");
+                continue;
+            }
+            let Ok(peer) = std::str::from_utf8(&self.frame_id) else {
+                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                continue;
+            };
+            let peer = peer.to_owned();
+            match Message::decode(&self.frame_payload) {
+                Ok(msg) => {
+                    tracing::trace!(%peer, kind = msg.kind(), "received");
+                    counters.messages_in.fetch_add(1, Ordering::Relaxed);
+                    if self.is_banned(&peer) {
+                        counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    return Some((peer, msg));
+                }
+                Err(e) => {
+                    counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, error = %e, "dropped a malformed control frame");
+                }
+            }
+        }
+    }
+}
+
+struct IoThread {
+    _ctx: zmq::Context,
+    router: Arc<parking_lot::Mutex<RouterReader>>,
+    /// The ROUTER's descriptor (readable when the socket may have messages).
+    router_fd: std::os::fd::RawFd,
+    /// Since when the ROUTER has been readable without a backstop read; the descriptor is not
+    /// polled meanwhile (it would stay readable and spin the poll).
+    readable_since: Option<Instant>,
+    /// Disconnect monitors of the tier's live DEALERs, by peer, with their generation.
+    monitors: HashMap<String, (zmq::Socket, u64)>,
+    /// DEALERs being retired: closed only once their monitor saw the disconnect (or after a
+    /// grace period). Closing a DEALER while libzmq is still tearing its connection down can
+    /// stall the context's I/O thread, and with it every other connection of the node.
+    closing: Vec<Retired>,
+    limits: Inbound,
+    budget: Arc<InboundBudget>,
+}
+
+fn set_heartbeat(s: &zmq::Socket, hb: &Heartbeat) -> zmq::Result<()> {
+    s.set_heartbeat_ivl(i32::try_from(hb.interval_ms).unwrap_or(i32::MAX))?;
+    s.set_heartbeat_timeout(i32::try_from(hb.timeout_ms).unwrap_or(i32::MAX))?;
+    s.set_heartbeat_ttl(i32::try_from(hb.ttl_ms).unwrap_or(i32::MAX))?;
+    s.set_linger(0)
+}
+
+fn millis_ceil(d: Duration) -> i64 {
+    i64::try_from(d.as_micros().div_ceil(1000)).unwrap_or(i64::MAX)
+}
+
+impl IoThread {
     fn run(
         mut self,
         cmds: &mpsc::Receiver<IoCommand>,
@@ -432,14 +584,16 @@ impl IoThread {
         // Rebuilt only when the set of monitors changes, not per message.
         let mut peers: Vec<String> = Vec::new();
         let mut disconnected = Vec::new();
+        let mut stashed = false;
         loop {
             if peers.len() != self.monitors.len() || peers.iter().any(|p| !self.monitors.contains_key(p)) {
                 peers = self.monitors.keys().cloned().collect();
             }
             disconnected.clear();
+            let watch_router = self.readable_since.is_none() && !stashed;
+            let mut router_readable = false;
             {
-                let mut items = Vec::with_capacity(2 + peers.len() + self.closing.len());
-                items.push(self.router.as_poll_item(zmq::POLLIN));
+                let mut items = Vec::with_capacity(3 + peers.len() + self.closing.len());
                 items.push(zmq::PollItem::from_fd(wake.as_raw_fd(), zmq::POLLIN));
                 for p in &peers {
                     if let Some((m, _)) = self.monitors.get(p) {
@@ -449,13 +603,24 @@ impl IoThread {
                 for r in &self.closing {
                     items.push(r.monitor.as_poll_item(zmq::POLLIN));
                 }
-                let timeout = self
+                if watch_router {
+                    items.push(zmq::PollItem::from_fd(self.router_fd, zmq::POLLIN));
+                }
+                let now = Instant::now();
+                let mut timeout = self
                     .closing
                     .iter()
-                    .map(|r| r.deadline.saturating_duration_since(Instant::now()).as_millis() as i64 + 1)
+                    .map(|r| millis_ceil(r.deadline.saturating_duration_since(now)) + 1)
                     .min()
-                    .unwrap_or(1000)
-                    .min(if self.stash.is_some() { 1 } else { 1000 });
+                    .unwrap_or(1000);
+                if let Some(since) = self.readable_since {
+                    timeout = timeout.min(millis_ceil(
+                        (since + BACKSTOP_GRACE).saturating_duration_since(now),
+                    ));
+                }
+                if stashed {
+                    timeout = timeout.min(1);
+                }
                 if let Err(e) = zmq::poll(&mut items, timeout) {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
@@ -464,13 +629,28 @@ impl IoThread {
                     continue;
                 }
                 for (i, p) in peers.iter().enumerate() {
-                    if items.get(i + 2).is_some_and(zmq::PollItem::is_readable) {
+                    if items.get(i + 1).is_some_and(zmq::PollItem::is_readable) {
                         disconnected.push(p.clone());
                     }
                 }
+                if watch_router && items.last().is_some_and(zmq::PollItem::is_readable) {
+                    router_readable = true;
+                }
+            }
+            if router_readable {
+                self.readable_since = Some(Instant::now());
             }
             self.reap_closing();
-            let mut notify = self.drain_router(events, messages, counters);
+            let mut notify = false;
+            let backstop_due = self
+                .readable_since
+                .is_some_and(|since| since.elapsed() >= BACKSTOP_GRACE);
+            if backstop_due || stashed {
+                self.readable_since = None;
+                let (n, still_stashed) = self.backstop_read(events, messages, counters);
+                stashed = still_stashed;
+                notify |= n;
+            }
             for p in &disconnected {
                 notify |= self.drain_monitor(p, events);
             }
@@ -499,100 +679,65 @@ impl IoThread {
         }
     }
 
-    /// Queues one decoded message within the peer's budget. `false` when the queue is full
-    /// (the message is kept in the stash).
+    /// Queues one decoded message within the peer's budget. Hands the message back when the
+    /// queue is full.
     fn enqueue(
-        &mut self,
-        peer: String,
-        msg: Message,
+        &self,
+        router: &mut RouterReader,
+        (peer, msg): (String, Message),
         events: &mpsc::Sender<IoEvent>,
         messages: &mpsc::SyncSender<(String, Message)>,
         counters: &TransportCounters,
-    ) -> bool {
-        if !self.banned.is_empty() {
-            let now = Instant::now();
-            self.banned.retain(|_, until| *until > now);
-            if self.banned.contains_key(&peer) {
-                counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
-                return true;
-            }
-        }
+    ) -> Option<(String, Message)> {
         if !self.budget.try_take(&peer, self.limits.per_peer_budget) {
             counters.dropped_flood.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(%peer, budget = self.limits.per_peer_budget, "a peer floods the control socket; ignoring it");
-            self.banned.insert(
+            router.banned.insert(
                 peer.clone(),
                 Instant::now() + Duration::from_millis(self.limits.flood_ban_ms),
             );
             let _ = events.send(IoEvent::Flooded { peer });
-            return true;
+            return None;
         }
         // Sent, or the tier is gone (nothing to deliver to): either way, go on reading.
-        if let Err(mpsc::TrySendError::Full((peer, msg))) = messages.try_send((peer, msg)) {
-            self.budget.release(&peer);
-            self.stash = Some((peer, msg));
-            return false;
+        match messages.try_send((peer, msg)) {
+            Ok(()) => {
+                counters.relayed.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Err(mpsc::TrySendError::Full((peer, msg))) => {
+                self.budget.release(&peer);
+                Some((peer, msg))
+            }
+            Err(mpsc::TrySendError::Disconnected(_)) => None,
         }
-        true
     }
 
-    fn drain_router(
-        &mut self,
+    /// Reads what the tier left in the ROUTER into the queue. Returns whether anything was
+    /// queued and whether a message is stashed (the queue is full).
+    fn backstop_read(
+        &self,
         events: &mpsc::Sender<IoEvent>,
         messages: &mpsc::SyncSender<(String, Message)>,
         counters: &TransportCounters,
-    ) -> bool {
+    ) -> (bool, bool) {
+        let mut router = self.router.lock();
         let mut any = false;
-        if let Some((peer, msg)) = self.stash.take()
-            && !self.enqueue(peer, msg, events, messages, counters)
-        {
-            return any;
+        if let Some(m) = router.stash.take() {
+            if let Some(m) = self.enqueue(&mut router, m, events, messages, counters) {
+                router.stash = Some(m);
+                return (any, true);
+            }
+            any = true;
         }
-        loop {
-            match self.router.recv(&mut self.frame_id, zmq::DONTWAIT) {
-                Ok(()) => {}
-                Err(zmq::Error::EAGAIN) => return any,
-                Err(zmq::Error::EINTR) => continue,
-                Err(e) => {
-                    tracing::warn!(error = %e, "control receive failed");
-                    return any;
-                }
-            }
-            // The frames of one message arrive together: the rest is there to read.
-            let mut frames = 1;
-            let mut more = self.frame_id.get_more();
-            while more {
-                if self.router.recv(&mut self.frame_payload, 0).is_err() {
-                    break;
-                }
-                frames += 1;
-                more = self.frame_payload.get_more();
-            }
-            if frames != 2 {
-                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(frames, "dropped a control message with a bad frame count");
-                continue;
-            }
-            let Ok(peer) = std::str::from_utf8(&self.frame_id) else {
-                counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                continue;
-            };
-            let peer = peer.to_owned();
-            match Message::decode(&self.frame_payload) {
-                Ok(msg) => {
-                    tracing::trace!(%peer, kind = msg.kind(), "received");
-                    counters.messages_in.fetch_add(1, Ordering::Relaxed);
-                    any = true;
-                    if !self.enqueue(peer, msg, events, messages, counters) {
-                        return any;
-                    }
-                }
-                Err(e) => {
-                    counters.malformed_frames.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(%peer, error = %e, "dropped a malformed control frame");
-                }
+        while let Some(m) = router.recv_one(counters) {
+            any = true;
+            if let Some(m) = self.enqueue(&mut router, m, events, messages, counters) {
+                router.stash = Some(m);
+                return (any, true);
             }
         }
+        (any, false)
     }
 
     /// Reads a DEALER's monitor; a disconnect kills that peer's connection.

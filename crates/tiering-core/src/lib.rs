@@ -55,7 +55,7 @@ pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, Sche
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
 pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
-pub use waker::ControlWaker;
+pub use waker::{ControlWaker, FdWatch};
 pub mod config;
 pub mod registry;
 pub use arena::ArenaRawParts;

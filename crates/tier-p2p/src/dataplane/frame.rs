@@ -248,16 +248,7 @@ pub fn write_chunk(
     payload: &[u8],
     tamper: impl FnOnce(Tag) -> Tag,
 ) -> io::Result<Tag> {
-    const HEAD: usize = 1 + 4 + 4 + KEY_BYTES + 4;
-    let mut buf = [0u8; HEAD + TAG_BYTES];
-    buf[0] = TAG_CHUNK;
-    buf[1..5].copy_from_slice(&h.index.to_le_bytes());
-    buf[5..9].copy_from_slice(&h.dst_row.to_le_bytes());
-    buf[9..9 + KEY_BYTES].copy_from_slice(&h.key.to_bytes());
-    let o = 9 + KEY_BYTES;
-    buf[o..o + 4].copy_from_slice(&h.len.to_le_bytes());
-    buf[HEAD..].copy_from_slice(header_tag(key, b, h).as_bytes());
-    w.write_all(&buf)?;
+    w.write_all(&chunk_head(key, b, h))?;
     let mut mac = payload_mac(key, b, h);
     for piece in payload.chunks(PIECE) {
         mac.update(piece);
@@ -266,6 +257,26 @@ pub fn write_chunk(
     let mac = tamper(mac.finalize());
     w.write_all(mac.as_bytes())?;
     Ok(mac)
+}
+
+const CHUNK_HEAD: usize = 1 + 4 + 4 + KEY_BYTES + 4;
+
+/// A `CHUNK`'s header and header tag.
+fn chunk_head(key: &DataKey, b: &Begin, h: &ChunkHeader) -> [u8; CHUNK_HEAD + TAG_BYTES] {
+    let mut buf = [0u8; CHUNK_HEAD + TAG_BYTES];
+    buf[0] = TAG_CHUNK;
+    buf[1..5].copy_from_slice(&h.index.to_le_bytes());
+    buf[5..9].copy_from_slice(&h.dst_row.to_le_bytes());
+    buf[9..9 + KEY_BYTES].copy_from_slice(&h.key.to_bytes());
+    let o = 9 + KEY_BYTES;
+    buf[o..o + 4].copy_from_slice(&h.len.to_le_bytes());
+    buf[CHUNK_HEAD..].copy_from_slice(header_tag(key, b, h).as_bytes());
+    buf
+}
+
+/// Appends a `CHUNK`'s header and header tag (the payload and its MAC follow).
+pub(crate) fn put_chunk_header(buf: &mut Vec<u8>, key: &DataKey, b: &Begin, h: &ChunkHeader) {
+    buf.extend_from_slice(&chunk_head(key, b, h));
 }
 
 /// Reads a chunk's payload into `dst` (exactly `dst.len()` bytes) and its MAC trailer; returns

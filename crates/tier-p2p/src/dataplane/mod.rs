@@ -4,10 +4,13 @@
 //! - [`frame`]: the framing and the per-frame MACs;
 //! - `dest`: the consumer's whitelist of reserved rows (and the quiescence rule);
 //! - `receiver`: the consumer's listener and connection threads;
-//! - `sender`: registration and the producer's per-consumer sender threads.
+//! - `sender`: registration and the producer's per-consumer sender threads;
+//! - `outgoing`: a transfer's wire image, written in steps (the control thread writes a small
+//!   transfer itself, without a hop to the sender thread).
 
 pub(crate) mod dest;
 pub mod frame;
+pub(crate) mod outgoing;
 pub(crate) mod receiver;
 pub(crate) mod sender;
 
@@ -92,6 +95,17 @@ impl Faults {
     /// Whether a sender is being held now.
     pub fn is_holding(&self) -> bool {
         self.held.load(Ordering::Acquire)
+    }
+
+    /// Whether senders may be held (then no transfer is written by its submitter: a hold
+    /// must never block the control thread).
+    pub(crate) fn holds(&self) -> bool {
+        self.hold_after.lock().is_some()
+    }
+
+    /// Counts `n` chunks written without a hold check (see [`Faults::holds`]).
+    pub(crate) fn count_sent(&self, n: u64) {
+        self.sent.fetch_add(n, Ordering::AcqRel);
     }
 
     pub(crate) fn corrupts(&self, key: &OffloadKey) -> bool {

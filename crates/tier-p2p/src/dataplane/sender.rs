@@ -1,11 +1,16 @@
 //! The producer side of the data plane: registration (connect to the consumer's listener and
 //! greet it, off the scheduler thread) and one sender thread per consumer that pushes chunks
 //! straight from pinned arena rows and waits for the consumer's acknowledgement.
+//!
+//! A small transfer to an idle connection is written by the thread that submits it (the
+//! producer's control thread, which has just answered the fetch) as far as the socket takes it
+//! without blocking; the sender thread writes the rest, if any, and waits for the ack. The
+//! bytes leave without a thread hop, and the control thread never blocks on the socket.
 
 use std::io::{self, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -13,6 +18,7 @@ use std::time::Duration;
 use tiering_core::{OffloadKey, RowRead};
 
 use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello};
+use super::outgoing::Outgoing;
 use super::{DataCounters, DataEvent, Faults};
 use crate::auth::DataKey;
 use crate::notify::Notifier;
@@ -34,18 +40,87 @@ pub(crate) struct WriteJob {
     pub(crate) cancel: Arc<AtomicBool>,
 }
 
+/// Largest transfer (payload bytes) the submitting thread starts writing itself.
+const INLINE_MAX_BYTES: usize = 1 << 20;
+
+/// What the sender thread is handed.
+enum Queued {
+    /// A transfer to push whole.
+    Push(WriteJob),
+    /// A transfer the submitting thread started writing: the rest, then the ack.
+    Started(WriteJob, io::Result<Outgoing>),
+}
+
 /// The tier's handle on one consumer's sender thread.
 pub(crate) struct SenderHandle {
-    tx: mpsc::Sender<WriteJob>,
+    tx: mpsc::Sender<Queued>,
     stream: TcpStream,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
+    /// Transfers handed over whose ack the sender thread has not read yet: at zero the
+    /// connection is idle and a new transfer may be written by the submitting thread.
+    unacked: Arc<AtomicUsize>,
+    key: DataKey,
+    faults: Arc<Faults>,
+    counters: Arc<DataCounters>,
 }
 
 impl SenderHandle {
-    /// Queues a transfer. On failure the job is handed back (the thread is gone).
+    /// Queues a transfer (a small one to an idle connection is started from this thread). On
+    /// failure the job is handed back (the thread is gone).
     pub(crate) fn submit(&self, job: WriteJob) -> Result<(), WriteJob> {
-        self.tx.send(job).map_err(|e| e.0)
+        let idle = self.unacked.load(Ordering::Acquire) == 0;
+        let queued = if idle && self.may_start(&job) {
+            let started = self.start(&job);
+            Queued::Started(job, started)
+        } else {
+            Queued::Push(job)
+        };
+        self.unacked.fetch_add(1, Ordering::AcqRel);
+        self.tx.send(queued).map_err(|e| {
+            self.unacked.fetch_sub(1, Ordering::AcqRel);
+            match e.0 {
+                Queued::Push(job) | Queued::Started(job, _) => job,
+            }
+        })
+    }
+
+    fn may_start(&self, job: &WriteJob) -> bool {
+        let bytes: usize = job.items.iter().map(|i| i.src.len()).sum();
+        bytes <= INLINE_MAX_BYTES
+            && !job.cancel.load(Ordering::Acquire)
+            && !self.stop.load(Ordering::Acquire)
+            && !self.faults.holds()
+    }
+
+    /// Writes what the socket takes without blocking.
+    fn start(&self, job: &WriteJob) -> io::Result<Outgoing> {
+        let count = u32::try_from(job.items.len()).map_err(|_| io::Error::other("transfer too large"))?;
+        let begin = Begin {
+            transfer_id: job.transfer_id,
+            kv_request_id: job.req.clone(),
+            round: job.round,
+            count,
+        };
+        let mut headers = Vec::with_capacity(job.items.len());
+        for (i, item) in job.items.iter().enumerate() {
+            headers.push(ChunkHeader {
+                index: u32::try_from(i).unwrap_or(u32::MAX),
+                dst_row: item.dst_row,
+                key: item.key,
+                len: u32::try_from(item.src.len()).map_err(|_| io::Error::other("chunk too large"))?,
+            });
+        }
+        let chunks = headers.into_iter().zip(job.items.iter().map(|i| &*i.src));
+        let mut out = Outgoing::new(&self.key, &begin, chunks, |h, t| tamper(&self.faults, &h.key, t))?;
+        self.faults.count_sent(job.items.len() as u64);
+        self.stream.set_nonblocking(true)?;
+        let written = out.write_on(&self.stream, |i| &job.items[i].src, &mut || {
+            count_sent(&self.counters, job);
+        });
+        self.stream.set_nonblocking(false)?;
+        written?;
+        Ok(out)
     }
 
     /// Cuts the connection (the thread fails what it holds and exits) and returns the thread
@@ -54,6 +129,17 @@ impl SenderHandle {
         self.stop.store(true, Ordering::Release);
         let _ = self.stream.shutdown(Shutdown::Both);
         self.thread.take()
+    }
+}
+
+/// A payload MAC as the fault injection wants it (flipped for a key set to be corrupted).
+fn tamper(faults: &Faults, key: &OffloadKey, t: crate::auth::Tag) -> crate::auth::Tag {
+    if faults.corrupts(key) {
+        let mut b = *t.as_bytes();
+        b[0] ^= 1;
+        crate::auth::Tag::from_bytes(b)
+    } else {
+        t
     }
 }
 
@@ -117,11 +203,16 @@ fn run_registration(reg: &Registration) {
     let (stream, control) = stream;
     let (tx, rx) = mpsc::channel();
     let stop = Arc::new(AtomicBool::new(false));
+    let unacked = Arc::new(AtomicUsize::new(0));
     let handle = SenderHandle {
         tx,
         stream: control,
         stop: Arc::clone(&stop),
         thread: None,
+        unacked: Arc::clone(&unacked),
+        key: reg.key.clone(),
+        faults: Arc::clone(&reg.faults),
+        counters: Arc::clone(&reg.counters),
     };
     let _ = reg.events.send(DataEvent::Registered {
         peer: reg.peer.clone(),
@@ -129,10 +220,16 @@ fn run_registration(reg: &Registration) {
         handle,
     });
     reg.notifier.wake();
-    send_loop(stream, &rx, reg, &stop);
+    send_loop(stream, &rx, reg, &stop, &unacked);
 }
 
-fn send_loop(stream: TcpStream, jobs: &mpsc::Receiver<WriteJob>, reg: &Registration, stop: &AtomicBool) {
+fn send_loop(
+    stream: TcpStream,
+    jobs: &mpsc::Receiver<Queued>,
+    reg: &Registration,
+    stop: &AtomicBool,
+    unacked: &AtomicUsize,
+) {
     let mut reader = match stream.try_clone() {
         Ok(s) => BufReader::new(s),
         Err(_) => return,
@@ -140,19 +237,30 @@ fn send_loop(stream: TcpStream, jobs: &mpsc::Receiver<WriteJob>, reg: &Registrat
     let mut writer = stream;
     let mut broken = false;
     // Ends when the tier drops the handle (channel closed) or the connection breaks.
-    while let Ok(job) = jobs.recv() {
+    while let Ok(queued) = jobs.recv() {
+        let (job, outcome) = match queued {
+            Queued::Push(job) if broken => (job, None),
+            Queued::Push(job) => {
+                let r = push(&mut writer, &mut reader, &job, reg, stop);
+                (job, Some(r))
+            }
+            Queued::Started(job, _) if broken => (job, None),
+            Queued::Started(job, started) => {
+                let r = started.and_then(|out| finish(&writer, &mut reader, &job, out, reg));
+                (job, Some(r))
+            }
+        };
+        // The socket is idle again: the next transfer may be started by its submitter.
+        unacked.fetch_sub(1, Ordering::AcqRel);
         let n = job.items.len();
-        let statuses = if broken {
-            vec![ChunkStatus::IoError; n]
-        } else {
-            match push(&mut writer, &mut reader, &job, reg, stop) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(peer = %reg.peer, error = %e, "data transfer failed; the connection is closed");
-                    broken = true;
-                    let _ = writer.shutdown(Shutdown::Both);
-                    vec![ChunkStatus::IoError; n]
-                }
+        let statuses = match outcome {
+            None => vec![ChunkStatus::IoError; n],
+            Some(Ok(s)) => s,
+            Some(Err(e)) => {
+                tracing::warn!(peer = %reg.peer, error = %e, "data transfer failed; the connection is closed");
+                broken = true;
+                let _ = writer.shutdown(Shutdown::Both);
+                vec![ChunkStatus::IoError; n]
             }
         };
         // The source rows are released only now: nothing reads them any more.
@@ -172,6 +280,51 @@ fn send_loop(stream: TcpStream, jobs: &mpsc::Receiver<WriteJob>, reg: &Registrat
             reg.notifier.wake();
         }
     }
+}
+
+/// Writes the rest of a transfer its submitter started, then reads the ack.
+fn finish(
+    w: &TcpStream,
+    r: &mut BufReader<TcpStream>,
+    job: &WriteJob,
+    mut out: Outgoing,
+    reg: &Registration,
+) -> io::Result<Vec<ChunkStatus>> {
+    // The socket blocks here: `false` means its write timeout passed.
+    if !out.write_on(w, |i| &job.items[i].src, &mut || {
+        count_sent(&reg.counters, job);
+    })? {
+        return Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the data connection stalled",
+        ));
+    }
+    read_ack(r, job)
+}
+
+/// Counts a transfer's chunks as pushed.
+fn count_sent(counters: &DataCounters, job: &WriteJob) {
+    for item in &job.items {
+        counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
+        counters
+            .bytes_sent
+            .fetch_add(item.src.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Reads a transfer's ack and checks it belongs to `job`.
+fn read_ack(r: &mut BufReader<TcpStream>, job: &WriteJob) -> io::Result<Vec<ChunkStatus>> {
+    let (id, statuses) = frame::read_ack(r)?;
+    if id != job.transfer_id || statuses.len() != job.items.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "ack for transfer {id} does not match transfer {}",
+                job.transfer_id
+            ),
+        ));
+    }
+    Ok(statuses)
 }
 
 fn push(
@@ -205,15 +358,8 @@ fn push(
             key: item.key,
             len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
         };
-        let corrupt = reg.faults.corrupts(&item.key);
         frame::write_chunk(w, &reg.key, &begin, &header, payload, |t| {
-            if corrupt {
-                let mut b = *t.as_bytes();
-                b[0] ^= 1;
-                crate::auth::Tag::from_bytes(b)
-            } else {
-                t
-            }
+            tamper(&reg.faults, &item.key, t)
         })?;
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
@@ -223,15 +369,5 @@ fn push(
     }
     frame::write_end(w, sent)?;
     w.flush()?;
-    let (id, statuses) = frame::read_ack(r)?;
-    if id != job.transfer_id || statuses.len() != job.items.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!(
-                "ack for transfer {id} does not match transfer {}",
-                job.transfer_id
-            ),
-        ));
-    }
-    Ok(statuses)
+    read_ack(r, job)
 }

@@ -1,10 +1,11 @@
 //! [`P2pTier`]: the `SecondaryTier` that lets peers share chunks.
 //!
-//! Every method runs under the manager lock and returns at once: socket work happens on the
-//! tier's own threads (one ZeroMQ I/O thread, the data-plane listener and connection threads),
-//! which report through channels and wake the manager's control plane. Each call first drains
-//! those channels (`pump`), so the state machines only ever run on the thread that holds the
-//! lock.
+//! Every method runs under the manager lock and returns at once: control messages are sent
+//! and (in `pump`) received on the calling thread without blocking; the tier's own threads
+//! (a ZeroMQ I/O thread for connection events and the inbound backstop, the data-plane
+//! listener, connection and sender threads) report through channels and wake the manager's
+//! control plane. Each call first drains those channels and the control socket (`pump`), so
+//! the state machines only ever run on the thread that holds the lock.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -206,6 +207,8 @@ impl P2pTier {
                 }
             }
         }
+        // Drained: the control thread's wait may end on the ROUTER again.
+        self.core.transport.end_pump();
         for (peer, generation, reason) in std::mem::take(&mut self.core.dead_links) {
             if self
                 .sessions
@@ -373,6 +376,7 @@ impl SecondaryTier for P2pTier {
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
+        self.core.transport.set_waker(&waker);
         self.core.notifier.set(waker);
     }
 
