@@ -79,13 +79,7 @@ fn idle_connected_nodes_do_not_spin_on_heartbeats() {
     a.store("a-req", &ks);
     let ctx = b.pull_ctx("b-req", &a.p2p);
     b.mgr.on_new_request(&ctx).unwrap();
-    let trace = b.pull_until_settled(&ctx, &ks);
-    assert!(
-        trace
-            .iter()
-            .all(|t| t.last() == Some(&tiering_core::LookupResult::Hit)),
-        "{trace:?}"
-    );
+    b.assert_all_landed(&ctx, &ks);
     b.finish(&ctx);
     b.wait_clean();
     a.wait_clean();
@@ -102,13 +96,7 @@ fn idle_connected_nodes_do_not_spin_on_heartbeats() {
     // The session is still up and serves at once.
     let ctx = b.pull_ctx("b-req-2", &a.p2p);
     b.mgr.on_new_request(&ctx).unwrap();
-    let trace = b.pull_until_settled(&ctx, &ks);
-    assert!(
-        trace
-            .iter()
-            .all(|t| t.last() == Some(&tiering_core::LookupResult::Hit)),
-        "{trace:?}"
-    );
+    b.assert_all_landed(&ctx, &ks);
     b.finish(&ctx);
     b.wait_clean();
     a.wait_clean();
