@@ -47,7 +47,18 @@ pub enum PeerFailure {
     },
 }
 
+/// The reason a node gives its peers when it shuts down (its goodbye message).
+pub(crate) const SHUTTING_DOWN: &str = "shutting down";
+
 impl PeerFailure {
+    /// Whether the peer announced its own orderly shutdown (peers come and go: not a fault of
+    /// either side, though its sessions are gone all the same).
+    #[must_use]
+    pub fn is_shutdown_goodbye(&self) -> bool {
+        matches!(self, Self::ProducerDied { reason, .. }
+            if reason.strip_prefix("peer disconnected: ") == Some(SHUTTING_DOWN))
+    }
+
     /// The peer it concerns.
     #[must_use]
     pub fn peer(&self) -> &str {
@@ -72,7 +83,11 @@ pub(crate) struct FailureLog(Arc<Mutex<Failures>>);
 
 impl FailureLog {
     pub(crate) fn record(&self, f: PeerFailure) {
-        tracing::warn!(error = %f, "p2p peer failure");
+        if f.is_shutdown_goodbye() {
+            tracing::info!(error = %f, "p2p peer shut down");
+        } else {
+            tracing::warn!(error = %f, "p2p peer failure");
+        }
         let mut g = self.0.lock();
         g.by_peer.insert(f.peer().to_owned(), f.clone());
         g.last = Some(f);
@@ -84,5 +99,26 @@ impl FailureLog {
 
     pub(crate) fn last(&self) -> Option<PeerFailure> {
         self.0.lock().last.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_peers_announced_shutdown_is_a_goodbye() {
+        let died = |reason: &str| PeerFailure::ProducerDied {
+            peer: "10.0.0.1:7100".into(),
+            reason: reason.into(),
+        };
+        assert!(died(&format!("peer disconnected: {SHUTTING_DOWN}")).is_shutdown_goodbye());
+        assert!(!died("peer disconnected: authentication failed").is_shutdown_goodbye());
+        assert!(!died("connection reset").is_shutdown_goodbye());
+        let refused = PeerFailure::HandshakeRefused {
+            peer: "10.0.0.1:7100".into(),
+            reason: SHUTTING_DOWN.into(),
+        };
+        assert!(!refused.is_shutdown_goodbye());
     }
 }

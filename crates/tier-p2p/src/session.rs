@@ -408,12 +408,22 @@ impl Session {
 
     /// Tears the session down: no more messages either way, every pin not in flight released,
     /// every load closed (reported once its rows are quiescent). Returns the consumer requests
-    /// that must now miss.
-    pub(crate) fn kill(&mut self, core: &mut Core, reason: &str, notify_peer: bool) -> Vec<String> {
+    /// that must now miss. `orderly`: a shutdown on either side, logged without a warning.
+    pub(crate) fn kill(
+        &mut self,
+        core: &mut Core,
+        reason: &str,
+        notify_peer: bool,
+        orderly: bool,
+    ) -> Vec<String> {
         if self.dead.is_some() {
             return Vec::new();
         }
-        tracing::warn!(peer = %self.peer, %reason, "p2p session closed");
+        if orderly {
+            tracing::debug!(peer = %self.peer, %reason, "p2p session closed");
+        } else {
+            tracing::warn!(peer = %self.peer, %reason, "p2p session closed");
+        }
         // Counted before the goodbye leaves: a peer that reads it finds the loss counted.
         P2pCounters::bump(&core.counters.sessions_lost);
         if notify_peer {

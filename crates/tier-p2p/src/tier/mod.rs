@@ -168,10 +168,15 @@ impl P2pTier {
     }
 
     fn kill(&mut self, peer: &str, reason: &str, notify: bool) {
+        self.end_session(peer, reason, notify, reason == crate::failure::SHUTTING_DOWN);
+    }
+
+    /// Ends the session with `peer`; `orderly` when either side shut down.
+    fn end_session(&mut self, peer: &str, reason: &str, notify: bool, orderly: bool) {
         let Some(mut s) = self.sessions.remove(peer) else {
             return;
         };
-        for kv in s.kill(&mut self.core, reason, notify) {
+        for kv in s.kill(&mut self.core, reason, notify, orderly) {
             self.failed_reqs.insert((peer.to_owned(), kv));
         }
         self.retiring.push(s);
@@ -335,10 +340,11 @@ impl P2pTier {
     /// Tears a session down and records why, as its consumer sees it.
     pub(super) fn fail(&mut self, peer: &str, failure: crate::PeerFailure, notify: bool) {
         let reason = failure.to_string();
+        let orderly = failure.is_shutdown_goodbye();
         if self.sessions.contains_key(peer) {
             self.core.failures.record(failure);
         }
-        self.kill(peer, &reason, notify);
+        self.end_session(peer, &reason, notify, orderly);
     }
 
     /// How the loss of `peer`'s connection looks to a consumer: unreachable if the session
@@ -613,7 +619,7 @@ impl SecondaryTier for P2pTier {
         }
         let peers: Vec<String> = self.sessions.keys().cloned().collect();
         for p in peers {
-            self.kill(&p, "shutting down", true);
+            self.kill(&p, crate::failure::SHUTTING_DOWN, true);
         }
         self.release_idle_supply();
         let drain = self.core.drain();
