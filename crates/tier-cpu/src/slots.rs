@@ -442,30 +442,29 @@ impl ChunkTable {
 
     /// [`ChunkTable::release`] of a row whose key's digest is `digest`.
     pub(crate) fn release_digested(&mut self, chunk: ChunkId, digest: u64) -> OffloadKey {
-        let row = &mut self.rows[chunk as usize];
-        let key = row.key;
-        match row.ref_cnt {
-            WRITING => self.num_write_pending -= 1,
-            0 => self.num_evictable -= 1,
-            _ => {}
-        }
-        row.ref_cnt = FREE;
+        let key = self.free_row(chunk);
         self.index.remove(digest, chunk);
         self.free.push(chunk);
         key
     }
 
-    /// [`ChunkTable::release_digested`] that keeps the key as a ghost at the back of ghost list
-    /// `list`: its index slot is renamed to the ghost in place.
-    pub(crate) fn release_to_ghost(&mut self, chunk: ChunkId, digest: u64, list: usize) -> OffloadKey {
+    /// Marks row `chunk` free, off the pending-write or evictable count it was on; returns
+    /// its key (the index and the free list are the caller's).
+    fn free_row(&mut self, chunk: ChunkId) -> OffloadKey {
         let row = &mut self.rows[chunk as usize];
-        let key = row.key;
         match row.ref_cnt {
             WRITING => self.num_write_pending -= 1,
             0 => self.num_evictable -= 1,
             _ => {}
         }
         row.ref_cnt = FREE;
+        row.key
+    }
+
+    /// [`ChunkTable::release_digested`] that keeps the key as a ghost at the back of ghost list
+    /// `list`: its index slot is renamed to the ghost in place.
+    pub(crate) fn release_to_ghost(&mut self, chunk: ChunkId, digest: u64, list: usize) -> OffloadKey {
+        let key = self.free_row(chunk);
         let tag = KeyIndex::tag(digest);
         match self.ghosts.push(list, key, tag) {
             Some(g) => {

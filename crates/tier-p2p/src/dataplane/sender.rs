@@ -40,6 +40,19 @@ pub(crate) struct WriteJob {
     pub(crate) cancel: Arc<AtomicBool>,
 }
 
+impl WriteJob {
+    /// The frame that opens this transfer on the wire.
+    fn begin(&self) -> io::Result<Begin> {
+        let count = u32::try_from(self.items.len()).map_err(|_| io::Error::other("transfer too large"))?;
+        Ok(Begin {
+            transfer_id: self.transfer_id,
+            kv_request_id: self.req.clone(),
+            round: self.round,
+            count,
+        })
+    }
+}
+
 /// Largest transfer (payload bytes) the submitting thread starts writing itself.
 const INLINE_MAX_BYTES: usize = 1 << 20;
 
@@ -95,13 +108,7 @@ impl SenderHandle {
 
     /// Writes what the socket takes without blocking.
     fn start(&self, job: &WriteJob) -> io::Result<Outgoing> {
-        let count = u32::try_from(job.items.len()).map_err(|_| io::Error::other("transfer too large"))?;
-        let begin = Begin {
-            transfer_id: job.transfer_id,
-            kv_request_id: job.req.clone(),
-            round: job.round,
-            count,
-        };
+        let begin = job.begin()?;
         let mut headers = Vec::with_capacity(job.items.len());
         for (i, item) in job.items.iter().enumerate() {
             headers.push(ChunkHeader {
@@ -334,13 +341,7 @@ fn push(
     reg: &Registration,
     stop: &AtomicBool,
 ) -> io::Result<Vec<ChunkStatus>> {
-    let count = u32::try_from(job.items.len()).map_err(|_| io::Error::other("transfer too large"))?;
-    let begin = Begin {
-        transfer_id: job.transfer_id,
-        kv_request_id: job.req.clone(),
-        round: job.round,
-        count,
-    };
+    let begin = job.begin()?;
     frame::write_begin(w, &reg.key, &begin)?;
     let mut sent = 0u32;
     for (i, item) in job.items.iter().enumerate() {
