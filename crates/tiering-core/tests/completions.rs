@@ -439,3 +439,45 @@ fn a_worker_of_another_arena_is_refused() {
     p.m.shutdown().unwrap();
     let _ = PrimaryTier::arena(&p.primary);
 }
+
+#[test]
+fn a_step_driven_manager_reads_the_channel_at_its_steps() {
+    // No control thread: the channel is read where the engine's steps apply completions.
+    let mut p = producer(off_step(1));
+    let ctx = ReqContext::local("prefill-1");
+    p.m.on_new_request(&ctx).unwrap();
+    let out = p.m.prepare_store(&[key(1), key(2)], &ctx).unwrap().unwrap();
+    end_step(&mut p.m);
+    for (k, c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
+        p.arena.write_row(*c).unwrap().copy_from_slice(&pattern(k));
+    }
+    let mut reporter = WorkerReporter::connect(&p.socket, 0, p.fp).unwrap();
+    reporter.report(&out.keys_to_store, true).unwrap();
+    // The report waits in the socket until the next step's first call reads it (the write
+    // above has returned, so the bytes are there).
+    assert_eq!(p.tier.count("submit_store"), 0);
+    assert_eq!(
+        p.m.lookup(&key(1), &ctx).unwrap(),
+        LookupResult::Hit,
+        "the step's first call applied the report"
+    );
+    end_step(&mut p.m);
+    assert!(
+        eventually(|| {
+            end_step(&mut p.m);
+            p.tier.count("submit_store") == 1
+        }),
+        "the completed store is cascaded"
+    );
+    assert_eq!(p.tier.get(&key(2)), Some(pattern(&key(2))));
+    reporter.close().unwrap();
+    p.m.complete_store(&out.keys_to_store, &ctx, true).unwrap();
+    p.m.on_request_finished(&ctx).unwrap();
+    end_step(&mut p.m);
+    let stats = p.m.stats().unwrap().manager;
+    assert_eq!(stats.off_step_store_completions, 2);
+    assert_eq!(stats.completion_messages_rejected, 0);
+    p.m.shutdown().unwrap();
+    assert!(!p.socket.exists(), "shutdown removes the socket");
+    let _ = &p.primary;
+}

@@ -56,7 +56,6 @@ pub use step::Step;
 pub struct TieringManager {
     shared: Arc<Shared>,
     arena: Arc<ChunkArena>,
-    channel: Option<ChannelServer>,
 }
 
 impl TieringManager {
@@ -86,7 +85,6 @@ impl TieringManager {
         Self {
             shared: Arc::new(Shared::new(state, waker, config)),
             arena,
-            channel: None,
         }
     }
 
@@ -139,22 +137,23 @@ impl TieringManager {
     /// # Errors
     /// The socket cannot be bound, or a channel is already open.
     pub fn open_completion_channel(&mut self, path: &Path) -> Result<(), ManagerError> {
-        if self.channel.is_some() {
-            return Err(ManagerError::Channel(
+        let mut guard = self.shared.state.lock();
+        let result = if guard.channel.is_some() {
+            Err(ManagerError::Channel(
                 "a completion channel is already open".to_owned(),
-            ));
-        }
-        let queue = Arc::clone(&self.shared.state.lock().completion_queue);
-        let server = ChannelServer::bind(
-            path,
-            crate::channel::arena_fingerprint(&self.arena),
-            self.shared.config.reporters,
-            queue,
-            self.shared.waker.clone(),
-        )
-        .map_err(|e| ManagerError::Channel(format!("cannot bind {}: {e}", path.display())))?;
-        self.channel = Some(server);
-        Ok(())
+            ))
+        } else {
+            ChannelServer::bind(
+                path,
+                crate::channel::arena_fingerprint(&self.arena),
+                self.shared.config.reporters,
+                self.shared.waker.clone(),
+            )
+            .map(|server| guard.channel = Some(server))
+            .map_err(|e| ManagerError::Channel(format!("cannot bind {}: {e}", path.display())))
+        };
+        MutexGuard::unlock_fair(guard);
+        result
     }
 
     /// Sets (or, with `None`, clears) the engine's recompute cost: from now on a secondary hit
@@ -274,9 +273,6 @@ impl TieringManager {
             return Ok(());
         }
         self.stop_control_thread();
-        if let Some(channel) = self.channel.take() {
-            channel.stop();
-        }
         // A control thread stuck inside a tier call still holds the lock; waiting for it forever
         // would turn a wedged tier into a hung engine, so give up with an error instead (the
         // tiers and the arena then stay alive, which is the safe side).
@@ -284,6 +280,10 @@ impl TieringManager {
         let Some(mut guard) = self.shared.state.try_lock_for(timeout) else {
             return Err(ManagerError::ShutdownTimedOut(timeout));
         };
+        if let Some(channel) = guard.channel.take() {
+            // Reports that arrived before the stop still count.
+            channel.stop();
+        }
         let result = guard.shutdown_tiers();
         MutexGuard::unlock_fair(guard);
         self.shared.shut_down.store(true, Ordering::Release);

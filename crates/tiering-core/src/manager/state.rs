@@ -83,6 +83,8 @@ pub struct TieringState {
     pub(crate) results: Vec<JobResult>,
     /// Reports queued by copy workers (in process or over the channel).
     pub(crate) completion_queue: Arc<CompletionQueue>,
+    /// The completion channel of worker processes, when open; read where the queue is applied.
+    pub(crate) channel: Option<crate::channel::ChannelServer>,
     /// Per-key record of prepared device→primary stores and who reported them.
     pub(crate) ledger: StoreLedger,
     /// Sweeps also submit the promotions that serving peers reserved (off-step mode).
@@ -139,6 +141,7 @@ impl TieringState {
             counters: ManagerCounters::default(),
             results: Vec::new(),
             completion_queue: Arc::new(CompletionQueue::default()),
+            channel: None,
             ledger: StoreLedger::new(config.off_step, config.reporters, config.worker_deadline),
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,

@@ -72,7 +72,7 @@ impl CompletionQueue {
         self.items.lock().push(event);
     }
 
-    fn take(&self) -> Vec<WorkerEvent> {
+    pub(crate) fn take(&self) -> Vec<WorkerEvent> {
         std::mem::take(&mut *self.items.lock())
     }
 }
@@ -232,6 +232,9 @@ impl TieringState {
     /// Applies every report workers queued since the last call, and fails the keys of ranks
     /// that disconnected and did not come back within the deadline.
     pub(crate) fn apply_queued_completions(&mut self) {
+        if let Some(channel) = &mut self.channel {
+            channel.drain(&self.completion_queue);
+        }
         for event in self.completion_queue.take() {
             match event {
                 WorkerEvent::Stored { rank, keys, success } => self.apply_worker_report(rank, &keys, success),
