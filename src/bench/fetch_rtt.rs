@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
-use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
+use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions, SharedSecret};
 use tiering_core::{ChunkArena, ManagerConfig, ScheduleEndContext, TieringManager};
 
 use super::BenchError;
@@ -503,6 +503,12 @@ fn node_with(
     let primary = CpuTier::from_options(primary, cfg.chunk_bytes).map_err(|e| err("cpu", e.to_string()))?;
     let arena = Arc::clone(tiering_core::PrimaryTier::arena(&primary));
     let mut opts = P2pTierOptions::loopback();
+    // Authenticated as a deployment runs (the MACs are part of what a fetch costs), with a
+    // secret of this run that both nodes share.
+    opts.insecure = false;
+    opts.secret = Some(SharedSecret::new(
+        format!("kvtier-bench-fetch-rtt-{}-{:x}", std::process::id(), cfg.seed).as_bytes(),
+    ));
     opts.hash_seed = "kvtier-bench".into();
     opts.layout_fingerprint = format!("bench-{}", cfg.chunk_bytes);
     let tier = P2pTier::new(opts, &arena).map_err(|e| err("p2p", e.to_string()))?;

@@ -198,6 +198,10 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     let stats = mgr.stats().map_err(|e| mgr_err(&e))?;
     mgr.shutdown().map_err(|e| mgr_err(&e))?;
     consumer.mgr.shutdown().map_err(|e| mgr_err(&e))?;
+    // The manager owns the shared arena, whose file is removed when it drops: before the
+    // directory holding it.
+    drop(mgr);
+    drop(producer.arena);
     drop(scratch);
     Ok(ModeResult {
         mode,
