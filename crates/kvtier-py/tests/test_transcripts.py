@@ -5,7 +5,9 @@ a manager over a CPU-only chain, driven with keys as bytes, must give op-for-op 
 Two op kinds have no counterpart on the engine-facing manager: `order` (the policy's internal
 list order, observable only on the tier itself) is skipped, and `read` (`prepare_read`, the pin
 the manager takes internally for cascades) cannot be issued by an engine, so a transcript is
-replayed up to its first `read` (its remaining ops depend on that pin).
+replayed up to its first `read` (its remaining ops depend on that pin). The `*_engine_*`
+transcripts were recorded with engine ops only (`gen.py ... --engine-ops`: every pin is a
+`prepare_load`) and replay to their last op.
 
 One documented difference of granularity: the manager completes a store batch by batch (it
 tracks each `prepare_store` batch to cascade it as one job), so a `complete_store` whose keys
@@ -236,6 +238,21 @@ def test_transcript_replays_identically_through_the_binding(path):
     assert compared > 0
 
 
+ENGINE = [p for p in FILES if "_engine_" in p.stem]
+
+
+def test_engine_op_transcripts_are_present():
+    assert len(ENGINE) >= 20, f"engine-op transcripts missing from {DATA}"
+
+
+@pytest.mark.parametrize("path", ENGINE, ids=[p.stem for p in ENGINE])
+def test_engine_op_transcript_replays_to_its_last_op(path):
+    ops = sum(1 for line in path.read_text().splitlines() if line.strip() and not line.startswith(("#", "=", "order")))
+    compared, left = replay(path)
+    assert left == 0
+    assert compared == ops, (compared, ops)
+
+
 def test_replay_covers_most_of_the_recorded_ops():
     compared = left = 0
     REORDERED.clear()
@@ -245,5 +262,6 @@ def test_replay_covers_most_of_the_recorded_ops():
         left += l
     print(f"{compared} ops replayed, {left} after a first read not replayable, rows reordered: {REORDERED}")
     # Figures of the committed set; a drop means transcripts were cut short unexpectedly.
-    assert compared >= 1000, (compared, left)
-    assert len(REORDERED) <= 3, REORDERED
+    assert compared >= 6000, (compared, left)
+    # Row permutations follow a failed multi-batch store only: rare (5 in 11,385 ops here).
+    assert len(REORDERED) * 500 <= compared, REORDERED

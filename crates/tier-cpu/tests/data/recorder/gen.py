@@ -4,7 +4,7 @@ import os
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import oracle
 
-def gen(seed, policy, n_ops=120, finished_stores=False):
+def gen(seed, policy, n_ops=120, finished_stores=False, engine_ops=False):
     rnd = random.Random(seed)
     cap = rnd.choice([3, 4, 5, 8])
     universe = rnd.choice([8, 12, 20])
@@ -91,7 +91,9 @@ def gen(seed, policy, n_ops=120, finished_stores=False):
             ready = [t for t in dict.fromkeys(tok() for _ in range(4)) if m.lookup(K(t), C(r)) == oracle.LookupResult.HIT]
             if ready:
                 ks = rnd.sample(ready, rnd.randint(1, len(ready)))
-                rd = rnd.random() < 0.25
+                # An engine cannot pin for a read (vLLM's public manager API has no such call):
+                # engine-op scripts draw the same numbers and always load.
+                rd = rnd.random() < 0.25 and not engine_ops
                 m._prepare_load([K(t) for t in ks], C(r), record_access=not rd)
                 ops.append(("read " if rd else "load ") + f"{r} " + " ".join(ks))
                 pinned[r] += ks
@@ -125,17 +127,18 @@ def gen(seed, policy, n_ops=120, finished_stores=False):
     return script, out
 
 if __name__ == "__main__":
-    # gen.py DEST COUNT [SEED_OFFSET] [OPS] [--finished-stores]
+    # gen.py DEST COUNT [SEED_OFFSET] [OPS] [--finished-stores] [--engine-ops]
     late = "--finished-stores" in sys.argv
-    args = [a for a in sys.argv if a != "--finished-stores"]
+    engine = "--engine-ops" in sys.argv
+    args = [a for a in sys.argv if a not in ("--finished-stores", "--engine-ops")]
     dest = args[1]
     count = int(args[2])
     offset = int(args[3]) if len(args) > 3 else 0
     n_ops = int(args[4]) if len(args) > 4 else 120
-    prefix = "late_" if late else ""
+    prefix = ("late_" if late else "") + ("engine_" if engine else "")
     for policy in ["lru", "arc"]:
         for seed in range(count):
-            script, out = gen(seed * 7919 + (1 if policy == "arc" else 0) + offset, policy, n_ops, late)
+            script, out = gen(seed * 7919 + (1 if policy == "arc" else 0) + offset, policy, n_ops, late, engine)
             assert "assert" not in out, (policy, seed)
             with open(f"{dest}/{policy}_{prefix}{seed:03}.txt", "w") as f:
                 for s, o in zip(script, out):
