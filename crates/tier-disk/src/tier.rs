@@ -301,17 +301,10 @@ impl DiskTier {
 
     /// Common checks of a submitted job; `None` when it was refused (and already reported).
     fn admit(&self, job: TransferJob, kind: JobKind) -> Option<TransferJob> {
-        let chunk = self.shared.slab.layout().chunk_bytes;
         let refusal = if self.shut_down {
             Some("the tier is shut down")
-        } else if job.kind != kind {
-            Some("submitted through the wrong method for its kind")
-        } else if job.rows.len() != job.keys.len() {
-            Some("row grants do not match its keys")
-        } else if (0..job.rows.len()).any(|i| job.rows.row(i).map(<[u8]>::len) != Some(chunk)) {
-            Some("a granted row is not one chunk long")
         } else {
-            None
+            job.defect(kind, self.shared.slab.layout().chunk_bytes)
         };
         match refusal {
             Some(why) => {

@@ -50,6 +50,25 @@ pub struct TransferJob {
     pub rows: RowGrant,
 }
 
+impl TransferJob {
+    /// Why a tier whose chunks are `chunk_bytes` long cannot run this job as a `kind` job, or
+    /// `None` when it can: it must have come through the method of its kind and carry one
+    /// granted row per key, each one chunk long. A tier refuses a defective job (failing every
+    /// key) rather than touch rows it was not meant to.
+    #[must_use]
+    pub fn defect(&self, kind: JobKind, chunk_bytes: usize) -> Option<&'static str> {
+        if self.kind != kind {
+            Some("submitted through the wrong method for its kind")
+        } else if self.rows.len() != self.keys.len() {
+            Some("row grants do not match its keys")
+        } else if (0..self.rows.len()).any(|i| self.rows.row(i).map(<[u8]>::len) != Some(chunk_bytes)) {
+            Some("a granted row is not one chunk long")
+        } else {
+            None
+        }
+    }
+}
+
 /// How a job ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobOutcome {
@@ -126,5 +145,51 @@ impl JobResult {
             bytes,
             elapsed,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arena::ChunkArena;
+
+    fn job(kind: JobKind, keys: usize, rows: RowGrant) -> TransferJob {
+        TransferJob {
+            id: JobId(1),
+            kind,
+            keys: (0..keys as u64).map(OffloadKey::from_u64).collect(),
+            chunk_ids: (0..keys as u32).collect(),
+            req: ReqContext::local("r"),
+            rows,
+        }
+    }
+
+    #[test]
+    fn a_job_is_runnable_only_as_its_kind_with_one_chunk_long_row_per_key() {
+        let arena = ChunkArena::new(4, 64).unwrap();
+        let store = job(
+            JobKind::Store,
+            2,
+            RowGrant::Read(arena.read_rows(&[0, 1]).unwrap()),
+        );
+        assert_eq!(store.defect(JobKind::Store, 64), None);
+        assert_eq!(
+            store.defect(JobKind::Promotion, 64),
+            Some("submitted through the wrong method for its kind")
+        );
+        assert_eq!(
+            store.defect(JobKind::Store, 128),
+            Some("a granted row is not one chunk long")
+        );
+        drop(store);
+        let short = job(
+            JobKind::Promotion,
+            3,
+            RowGrant::Write(arena.write_rows(&[2, 3]).unwrap()),
+        );
+        assert_eq!(
+            short.defect(JobKind::Promotion, 64),
+            Some("row grants do not match its keys")
+        );
     }
 }
