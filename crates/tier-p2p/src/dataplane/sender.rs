@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tiering_core::{OffloadKey, RowRead};
 
-use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello};
+use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, TransferMac};
 use super::outgoing::Outgoing;
 use super::{DataCounters, DataEvent, Faults};
 use crate::auth::DataKey;
@@ -343,6 +343,7 @@ fn push(
 ) -> io::Result<Vec<ChunkStatus>> {
     let begin = job.begin()?;
     frame::write_begin(w, &reg.key, &begin)?;
+    let macs = TransferMac::new(&reg.key, &begin);
     let mut sent = 0u32;
     for (i, item) in job.items.iter().enumerate() {
         if job.cancel.load(Ordering::Acquire) {
@@ -359,9 +360,7 @@ fn push(
             key: item.key,
             len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
         };
-        frame::write_chunk(w, &reg.key, &begin, &header, payload, |t| {
-            tamper(&reg.faults, &item.key, t)
-        })?;
+        frame::write_chunk_with(w, &macs, &header, payload, |t| tamper(&reg.faults, &item.key, t))?;
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
             .bytes_sent
