@@ -395,6 +395,31 @@ pub fn write_chunk_with(
     Ok(mac)
 }
 
+/// Writes a `CHUNK`'s header, header tag and payload in one vectored write (its payload MAC,
+/// computed elsewhere, must follow).
+///
+/// # Errors
+/// I/O errors.
+pub fn write_chunk_head_and_payload(
+    w: &mut impl Write,
+    macs: &TransferMac,
+    h: &ChunkHeader,
+    payload: &[u8],
+) -> io::Result<()> {
+    let head = chunk_head(macs, h);
+    let mut bufs = [io::IoSlice::new(&head), io::IoSlice::new(payload)];
+    let mut bufs = &mut bufs[..];
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 const CHUNK_HEAD: usize = 1 + 4 + 4 + KEY_BYTES + 4;
 
 /// A `CHUNK`'s header and header tag.

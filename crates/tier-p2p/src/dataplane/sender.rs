@@ -6,6 +6,9 @@
 //! producer's control thread, which has just answered the fetch) as far as the socket takes it
 //! without blocking; the sender thread writes the rest, if any, and waits for the ack. The
 //! bytes leave without a thread hop, and the control thread never blocks on the socket.
+//!
+//! A large transfer's payload MACs are computed by a helper thread, ahead of the sender
+//! thread's writes, so MACs and socket work run on two cores.
 
 use std::io::{self, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -334,6 +337,12 @@ fn read_ack(r: &mut BufReader<TcpStream>, job: &WriteJob) -> io::Result<Vec<Chun
     Ok(statuses)
 }
 
+/// Transfers of at least this many payload bytes have their payload MACs computed by a
+/// helper thread ahead of the writes: the socket thread only writes (on loopback it also runs
+/// the whole TCP path of both ends, so it is the busiest thread of a transfer), and the MACs
+/// run in parallel on another core. Below it, the thread spawn is not worth it.
+const MAC_AHEAD_MIN_BYTES: usize = 4 << 20;
+
 fn push(
     w: &mut TcpStream,
     r: &mut BufReader<TcpStream>,
@@ -342,8 +351,96 @@ fn push(
     stop: &AtomicBool,
 ) -> io::Result<Vec<ChunkStatus>> {
     let begin = job.begin()?;
+    let mut headers = Vec::with_capacity(job.items.len());
+    for (i, item) in job.items.iter().enumerate() {
+        headers.push(ChunkHeader {
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            dst_row: item.dst_row,
+            key: item.key,
+            len: u32::try_from(item.src.len()).map_err(|_| io::Error::other("chunk too large"))?,
+        });
+    }
     frame::write_begin(w, &reg.key, &begin)?;
     let macs = TransferMac::new(&reg.key, &begin);
+    let bytes: usize = job.items.iter().map(|i| i.src.len()).sum();
+    let sent = if bytes >= MAC_AHEAD_MIN_BYTES {
+        push_with_macs_ahead(w, job, reg, stop, &macs, &headers)?
+    } else {
+        push_chunks(w, job, reg, stop, &headers, |i, out| {
+            let item = &job.items[i];
+            frame::write_chunk_with(out, &macs, &headers[i], &item.src, |t| {
+                tamper(&reg.faults, &item.key, t)
+            })
+            .map(drop)
+        })?
+    };
+    frame::write_end(w, sent)?;
+    w.flush()?;
+    read_ack(r, job)
+}
+
+/// [`push_chunks`] with the payload MACs computed by a scoped helper thread, in chunk order,
+/// while this thread writes: chunk `i`'s MAC is usually ready when its payload is written.
+fn push_with_macs_ahead(
+    w: &mut TcpStream,
+    job: &WriteJob,
+    reg: &Registration,
+    stop: &AtomicBool,
+    macs: &TransferMac,
+    headers: &[ChunkHeader],
+) -> io::Result<u32> {
+    let quit = AtomicBool::new(false);
+    let quit = &quit;
+    std::thread::scope(|scope| {
+        let (tags_tx, tags_rx) = mpsc::channel::<io::Result<crate::auth::Tag>>();
+        let spawned = std::thread::Builder::new()
+            .name("kvtier-p2p-mac".into())
+            .spawn_scoped(scope, move || {
+                for (h, item) in headers.iter().zip(&job.items) {
+                    if quit.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if tags_tx.send(macs.payload(h).tag_of(&item.src)).is_err() {
+                        return;
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            // No helper: the MACs are computed inline.
+            tracing::debug!(error = %e, "cannot spawn a MAC thread");
+            return push_chunks(w, job, reg, stop, headers, |i, out| {
+                let item = &job.items[i];
+                frame::write_chunk_with(out, macs, &headers[i], &item.src, |t| {
+                    tamper(&reg.faults, &item.key, t)
+                })
+                .map(drop)
+            });
+        }
+        let sent = push_chunks(w, job, reg, stop, headers, |i, out| {
+            let item = &job.items[i];
+            frame::write_chunk_head_and_payload(out, macs, &headers[i], &item.src)?;
+            let tag = tags_rx
+                .recv()
+                .map_err(|_| io::Error::other("the MAC thread ended early"))??;
+            out.write_all(tamper(&reg.faults, &item.key, tag).as_bytes())
+        });
+        // A cancelled or failed transfer stops the helper at its next chunk.
+        quit.store(true, Ordering::Release);
+        drop(tags_rx);
+        sent
+    })
+}
+
+/// Writes the chunks of `job` (each with `write(i, stream)`) until done or cancelled; returns
+/// how many were sent.
+fn push_chunks(
+    w: &mut TcpStream,
+    job: &WriteJob,
+    reg: &Registration,
+    stop: &AtomicBool,
+    headers: &[ChunkHeader],
+    mut write: impl FnMut(usize, &mut TcpStream) -> io::Result<()>,
+) -> io::Result<u32> {
     let mut sent = 0u32;
     for (i, item) in job.items.iter().enumerate() {
         if job.cancel.load(Ordering::Acquire) {
@@ -353,21 +450,130 @@ fn push(
         if job.cancel.load(Ordering::Acquire) {
             break;
         }
-        let payload: &[u8] = &item.src;
-        let header = ChunkHeader {
-            index: u32::try_from(i).unwrap_or(u32::MAX),
-            dst_row: item.dst_row,
-            key: item.key,
-            len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
-        };
-        frame::write_chunk_with(w, &macs, &header, payload, |t| tamper(&reg.faults, &item.key, t))?;
+        write(i, w)?;
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
             .bytes_sent
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+            .fetch_add(u64::from(headers[i].len), Ordering::Relaxed);
         sent += 1;
+        debug_assert_eq!(item.src.len(), headers[i].len as usize);
     }
-    frame::write_end(w, sent)?;
-    w.flush()?;
-    read_ack(r, job)
+    Ok(sent)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    use tiering_core::ChunkArena;
+
+    use super::*;
+    use crate::dataplane::frame::Frame;
+
+    /// A transfer large enough for the MAC helper thread goes out byte for byte as the
+    /// streaming writer writes it (a corrupted key's MAC flipped), and every MAC verifies
+    /// except the corrupted one.
+    #[test]
+    fn a_large_transfer_with_macs_from_the_helper_thread_matches_the_streaming_writer() {
+        // Not a multiple of the piece size: each payload ends with a short piece.
+        let chunk = (2 << 20) + 4096;
+        let arena = ChunkArena::new(3, chunk).unwrap();
+        for c in 0..3u32 {
+            let mut row = arena.write_row(c).unwrap();
+            for (i, b) in row.iter_mut().enumerate() {
+                *b = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(c) as u8;
+            }
+        }
+        let key = DataKey::from_bytes([5; 32]);
+        let faults = Arc::new(Faults::default());
+        faults.corrupt_key(OffloadKey::from_u64(101));
+        let (events, _events_rx) = mpsc::channel();
+        let reg = Registration {
+            peer: "p".into(),
+            generation: 1,
+            data_addr: String::new(),
+            hello: Hello {
+                peer_id: "p".into(),
+                instance: 1,
+            },
+            key: key.clone(),
+            connect_timeout: Duration::from_secs(5),
+            io_timeout: Duration::from_secs(5),
+            events,
+            notifier: Notifier::default(),
+            counters: Arc::default(),
+            faults,
+        };
+        let job = WriteJob {
+            transfer_id: 4,
+            req: "req".into(),
+            round: 2,
+            items: (0..3u32)
+                .map(|c| WriteItem {
+                    key: OffloadKey::from_u64(100 + u64::from(c)),
+                    dst_row: 10 + c,
+                    src: arena.read_row(c).unwrap(),
+                })
+                .collect(),
+            cancel: Arc::default(),
+        };
+        assert!(3 * chunk >= MAC_AHEAD_MIN_BYTES, "the helper thread's path");
+        let begin = job.begin().unwrap();
+        let mut expected = Vec::new();
+        frame::write_begin(&mut expected, &key, &begin).unwrap();
+        for (i, item) in job.items.iter().enumerate() {
+            let h = ChunkHeader {
+                index: i as u32,
+                dst_row: item.dst_row,
+                key: item.key,
+                len: chunk as u32,
+            };
+            frame::write_chunk(&mut expected, &key, &begin, &h, &item.src, |t| {
+                tamper(&reg.faults, &item.key, t)
+            })
+            .unwrap();
+        }
+        frame::write_end(&mut expected, 3).unwrap();
+
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut w = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let mut r = BufReader::new(w.try_clone().unwrap());
+        let (len, verify_key) = (expected.len(), key.clone());
+        let consumer = std::thread::spawn(move || {
+            let mut got = vec![0u8; len];
+            peer.read_exact(&mut got).unwrap();
+            let mut s = got.as_slice();
+            let Frame::Begin(b, tag) = frame::read_frame(&mut s).unwrap() else {
+                panic!("expected BEGIN")
+            };
+            assert_eq!(tag, frame::begin_tag(&verify_key, &b));
+            let macs = TransferMac::new(&verify_key, &b);
+            let mut statuses = Vec::new();
+            while let Frame::Chunk(h, tag) = frame::read_frame(&mut s).unwrap() {
+                assert_eq!(tag, macs.header_tag(&h));
+                let mut dst = vec![0u8; h.len as usize];
+                let ok = frame::read_payload(&mut s, macs.payload(&h), &mut dst).unwrap();
+                statuses.push(if ok {
+                    ChunkStatus::Ok
+                } else {
+                    ChunkStatus::ChecksumMismatch
+                });
+            }
+            assert!(s.is_empty());
+            frame::write_ack(&mut peer, b.transfer_id, &statuses).unwrap();
+            got
+        });
+        let statuses = push(&mut w, &mut r, &job, &reg, &AtomicBool::new(false)).unwrap();
+        assert_eq!(
+            statuses,
+            [ChunkStatus::Ok, ChunkStatus::ChecksumMismatch, ChunkStatus::Ok]
+        );
+        assert!(
+            consumer.join().unwrap() == expected,
+            "the bytes differ from the streaming writer's"
+        );
+        assert_eq!(reg.counters.chunks_sent.load(Ordering::Relaxed), 3);
+    }
 }
