@@ -369,21 +369,8 @@ pub fn write_chunk(
     payload: &[u8],
     tamper: impl FnOnce(Tag) -> Tag,
 ) -> io::Result<Tag> {
-    write_chunk_with(w, &TransferMac::new(key, b), h, payload, tamper)
-}
-
-/// [`write_chunk`] with the transfer's MACs set up once.
-///
-/// # Errors
-/// I/O errors.
-pub fn write_chunk_with(
-    w: &mut impl Write,
-    macs: &TransferMac,
-    h: &ChunkHeader,
-    payload: &[u8],
-    tamper: impl FnOnce(Tag) -> Tag,
-) -> io::Result<Tag> {
-    w.write_all(&chunk_head(macs, h))?;
+    let macs = TransferMac::new(key, b);
+    w.write_all(&chunk_head(&macs, h))?;
     let mut mac = macs.payload(h);
     for piece in payload.chunks(PIECE) {
         w.write_all(piece)?;
@@ -395,35 +382,10 @@ pub fn write_chunk_with(
     Ok(mac)
 }
 
-/// Writes a `CHUNK`'s header, header tag and payload in one vectored write (its payload MAC,
-/// computed elsewhere, must follow).
-///
-/// # Errors
-/// I/O errors.
-pub fn write_chunk_head_and_payload(
-    w: &mut impl Write,
-    macs: &TransferMac,
-    h: &ChunkHeader,
-    payload: &[u8],
-) -> io::Result<()> {
-    let head = chunk_head(macs, h);
-    let mut bufs = [io::IoSlice::new(&head), io::IoSlice::new(payload)];
-    let mut bufs = &mut bufs[..];
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
 const CHUNK_HEAD: usize = 1 + 4 + 4 + KEY_BYTES + 4;
 
 /// A `CHUNK`'s header and header tag.
-fn chunk_head(macs: &TransferMac, h: &ChunkHeader) -> [u8; CHUNK_HEAD + TAG_BYTES] {
+pub(crate) fn chunk_head(macs: &TransferMac, h: &ChunkHeader) -> [u8; CHUNK_HEAD + TAG_BYTES] {
     let mut buf = [0u8; CHUNK_HEAD + TAG_BYTES];
     buf[0] = TAG_CHUNK;
     buf[1..5].copy_from_slice(&h.index.to_le_bytes());
@@ -475,10 +437,15 @@ fn read_tag(r: &mut impl Read) -> io::Result<Tag> {
 /// # Errors
 /// I/O errors.
 pub fn write_end(w: &mut impl Write, sent: u32) -> io::Result<()> {
+    w.write_all(&end_frame(sent))
+}
+
+/// An `END`'s bytes.
+pub(crate) fn end_frame(sent: u32) -> [u8; 5] {
     let mut buf = [0u8; 5];
     buf[0] = TAG_END;
     buf[1..].copy_from_slice(&sent.to_le_bytes());
-    w.write_all(&buf)
+    buf
 }
 
 /// Reads the next frame header (a chunk's payload is left unread).

@@ -6,9 +6,6 @@
 //! producer's control thread, which has just answered the fetch) as far as the socket takes it
 //! without blocking; the sender thread writes the rest, if any, and waits for the ack. The
 //! bytes leave without a thread hop, and the control thread never blocks on the socket.
-//!
-//! A large transfer's payload MACs are computed by a helper thread, ahead of the sender
-//! thread's writes, so MACs and socket work run on two cores.
 
 use std::io::{self, BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
@@ -20,10 +17,11 @@ use std::time::Duration;
 
 use tiering_core::{OffloadKey, RowRead};
 
-use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, TransferMac};
+use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, PIECE, TransferMac};
 use super::outgoing::Outgoing;
 use super::{DataCounters, DataEvent, Faults};
 use crate::auth::DataKey;
+use crate::auth::Tag;
 use crate::notify::Notifier;
 
 /// One chunk to push.
@@ -337,12 +335,6 @@ fn read_ack(r: &mut BufReader<TcpStream>, job: &WriteJob) -> io::Result<Vec<Chun
     Ok(statuses)
 }
 
-/// Transfers of at least this many payload bytes have their payload MACs computed by a
-/// helper thread ahead of the writes: the socket thread only writes (on loopback it also runs
-/// the whole TCP path of both ends, so it is the busiest thread of a transfer), and the MACs
-/// run in parallel on another core. Below it, the thread spawn is not worth it.
-const MAC_AHEAD_MIN_BYTES: usize = 4 << 20;
-
 fn push(
     w: &mut TcpStream,
     r: &mut BufReader<TcpStream>,
@@ -351,114 +343,88 @@ fn push(
     stop: &AtomicBool,
 ) -> io::Result<Vec<ChunkStatus>> {
     let begin = job.begin()?;
-    let mut headers = Vec::with_capacity(job.items.len());
-    for (i, item) in job.items.iter().enumerate() {
-        headers.push(ChunkHeader {
-            index: u32::try_from(i).unwrap_or(u32::MAX),
-            dst_row: item.dst_row,
-            key: item.key,
-            len: u32::try_from(item.src.len()).map_err(|_| io::Error::other("chunk too large"))?,
-        });
-    }
     frame::write_begin(w, &reg.key, &begin)?;
     let macs = TransferMac::new(&reg.key, &begin);
-    let bytes: usize = job.items.iter().map(|i| i.src.len()).sum();
-    let sent = if bytes >= MAC_AHEAD_MIN_BYTES {
-        push_with_macs_ahead(w, job, reg, stop, &macs, &headers)?
-    } else {
-        push_chunks(w, job, reg, stop, &headers, |i, out| {
-            let item = &job.items[i];
-            frame::write_chunk_with(out, &macs, &headers[i], &item.src, |t| {
-                tamper(&reg.faults, &item.key, t)
-            })
-            .map(drop)
-        })?
-    };
-    frame::write_end(w, sent)?;
-    w.flush()?;
-    read_ack(r, job)
-}
-
-/// [`push_chunks`] with the payload MACs computed by a scoped helper thread, in chunk order,
-/// while this thread writes: chunk `i`'s MAC is usually ready when its payload is written.
-fn push_with_macs_ahead(
-    w: &mut TcpStream,
-    job: &WriteJob,
-    reg: &Registration,
-    stop: &AtomicBool,
-    macs: &TransferMac,
-    headers: &[ChunkHeader],
-) -> io::Result<u32> {
-    let quit = AtomicBool::new(false);
-    let quit = &quit;
-    std::thread::scope(|scope| {
-        let (tags_tx, tags_rx) = mpsc::channel::<io::Result<crate::auth::Tag>>();
-        let spawned = std::thread::Builder::new()
-            .name("kvtier-p2p-mac".into())
-            .spawn_scoped(scope, move || {
-                for (h, item) in headers.iter().zip(&job.items) {
-                    if quit.load(Ordering::Acquire) {
-                        return;
-                    }
-                    if tags_tx.send(macs.payload(h).tag_of(&item.src)).is_err() {
-                        return;
-                    }
-                }
-            });
-        if let Err(e) = spawned {
-            // No helper: the MACs are computed inline.
-            tracing::debug!(error = %e, "cannot spawn a MAC thread");
-            return push_chunks(w, job, reg, stop, headers, |i, out| {
-                let item = &job.items[i];
-                frame::write_chunk_with(out, macs, &headers[i], &item.src, |t| {
-                    tamper(&reg.faults, &item.key, t)
-                })
-                .map(drop)
-            });
-        }
-        let sent = push_chunks(w, job, reg, stop, headers, |i, out| {
-            let item = &job.items[i];
-            frame::write_chunk_head_and_payload(out, macs, &headers[i], &item.src)?;
-            let tag = tags_rx
-                .recv()
-                .map_err(|_| io::Error::other("the MAC thread ended early"))??;
-            out.write_all(tamper(&reg.faults, &item.key, tag).as_bytes())
-        });
-        // A cancelled or failed transfer stops the helper at its next chunk.
-        quit.store(true, Ordering::Release);
-        drop(tags_rx);
-        sent
-    })
-}
-
-/// Writes the chunks of `job` (each with `write(i, stream)`) until done or cancelled; returns
-/// how many were sent.
-fn push_chunks(
-    w: &mut TcpStream,
-    job: &WriteJob,
-    reg: &Registration,
-    stop: &AtomicBool,
-    headers: &[ChunkHeader],
-    mut write: impl FnMut(usize, &mut TcpStream) -> io::Result<()>,
-) -> io::Result<u32> {
+    // A chunk's MAC trailer leaves with the next chunk's header (or with `END`): one write,
+    // not three small segments per chunk.
+    let mut trailer: Option<Tag> = None;
     let mut sent = 0u32;
     for (i, item) in job.items.iter().enumerate() {
         if job.cancel.load(Ordering::Acquire) {
             break;
         }
+        if reg.faults.holds() {
+            // A held sender leaves every chunk before the hold complete.
+            write_all_vectored(w, &mut [io::IoSlice::new(trailer_bytes(trailer.take().as_ref()))])?;
+        }
         reg.faults.before_chunk(stop, &job.cancel)?;
         if job.cancel.load(Ordering::Acquire) {
             break;
         }
-        write(i, w)?;
+        let payload: &[u8] = &item.src;
+        let header = ChunkHeader {
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            dst_row: item.dst_row,
+            key: item.key,
+            len: u32::try_from(payload.len()).map_err(|_| io::Error::other("chunk too large"))?,
+        };
+        let head = frame::chunk_head(&macs, &header);
+        let mut mac = macs.payload(&header);
+        let mut pieces = payload.chunks(PIECE);
+        let first = pieces.next().unwrap_or_default();
+        let prev = trailer.take();
+        write_all_vectored(
+            w,
+            &mut [
+                io::IoSlice::new(trailer_bytes(prev.as_ref())),
+                io::IoSlice::new(&head),
+                io::IoSlice::new(first),
+            ],
+        )?;
+        // Each piece is MACed right after its write, while the kernel's copy left it in cache.
+        if !first.is_empty() {
+            mac.piece(first);
+        }
+        for piece in pieces {
+            w.write_all(piece)?;
+            mac.piece(piece);
+        }
+        trailer = Some(tamper(&reg.faults, &item.key, mac.finalize()?));
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
         reg.counters
             .bytes_sent
-            .fetch_add(u64::from(headers[i].len), Ordering::Relaxed);
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
         sent += 1;
-        debug_assert_eq!(item.src.len(), headers[i].len as usize);
     }
-    Ok(sent)
+    let end = frame::end_frame(sent);
+    write_all_vectored(
+        w,
+        &mut [
+            io::IoSlice::new(trailer_bytes(trailer.as_ref())),
+            io::IoSlice::new(&end),
+        ],
+    )?;
+    w.flush()?;
+    read_ack(r, job)
+}
+
+fn trailer_bytes(t: Option<&Tag>) -> &[u8] {
+    t.map_or(&[], |t| t.as_bytes().as_slice())
+}
+
+/// Writes every byte of `bufs` (in as few system calls as the socket allows).
+fn write_all_vectored(w: &mut impl Write, mut bufs: &mut [io::IoSlice<'_>]) -> io::Result<()> {
+    // Drops leading empty slices: nothing at all to write is no write (not a `WriteZero`).
+    io::IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -471,11 +437,11 @@ mod tests {
     use super::*;
     use crate::dataplane::frame::Frame;
 
-    /// A transfer large enough for the MAC helper thread goes out byte for byte as the
-    /// streaming writer writes it (a corrupted key's MAC flipped), and every MAC verifies
-    /// except the corrupted one.
+    /// A transfer of several pieces per chunk goes out byte for byte as the streaming writer
+    /// writes it (each trailer leaves with the next header; a corrupted key's MAC flipped),
+    /// and every MAC verifies except the corrupted one.
     #[test]
-    fn a_large_transfer_with_macs_from_the_helper_thread_matches_the_streaming_writer() {
+    fn a_pushed_transfer_matches_the_streaming_writer() {
         // Not a multiple of the piece size: each payload ends with a short piece.
         let chunk = (2 << 20) + 4096;
         let arena = ChunkArena::new(3, chunk).unwrap();
@@ -518,7 +484,6 @@ mod tests {
                 .collect(),
             cancel: Arc::default(),
         };
-        assert!(3 * chunk >= MAC_AHEAD_MIN_BYTES, "the helper thread's path");
         let begin = job.begin().unwrap();
         let mut expected = Vec::new();
         frame::write_begin(&mut expected, &key, &begin).unwrap();
