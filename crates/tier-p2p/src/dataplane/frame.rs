@@ -3,7 +3,8 @@
 //! The producer opens the connection and sends a `HELLO` naming itself; then, per transfer,
 //! `BEGIN`, one `CHUNK` per row (header, then exactly `len` payload bytes), and `END`. The
 //! consumer answers each transfer with one `ACK` carrying a status per chunk. Integers are
-//! little-endian.
+//! little-endian. `BEGIN`, each chunk header and each chunk payload carry a MAC under the
+//! session's data key (see [`TransferMac`]).
 
 use std::io::{self, Read, Write};
 use std::sync::Arc;
@@ -53,7 +54,10 @@ fn absorb_header(h: &mut blake3::Hasher, c: &ChunkHeader) {
 /// touched.
 #[must_use]
 pub fn header_tag(key: &DataKey, b: &Begin, c: &ChunkHeader) -> Tag {
-    TransferMac::new(key, b).header_tag(c)
+    let mut h = key.hasher(b"chunk header");
+    absorb_begin(&mut h, b);
+    absorb_header(&mut h, c);
+    h.finalize()
 }
 
 /// The MAC of a chunk's payload (see [`PayloadMac`]): header and transfer absorbed; feed the
@@ -101,7 +105,8 @@ impl TransferMac {
         }
     }
 
-    /// The tag of chunk header `c` of this transfer.
+    /// The tag of chunk header `c` of this transfer (as [`header_tag`], without absorbing the
+    /// transfer's fields again).
     #[must_use]
     pub fn header_tag(&self, c: &ChunkHeader) -> Tag {
         let mut h = self.header.clone();
@@ -705,6 +710,7 @@ mod tests {
         payload[..PIECE].fill(1);
         payload[PIECE..2 * PIECE].fill(2);
         let macs = TransferMac::new(&dk, &b);
+        assert_eq!(macs.header_tag(&c), header_tag(&dk, &b, &c));
         let tag = macs.payload(&c).tag_of(&payload).unwrap();
         assert_eq!(tag, payload_mac(&dk, &b, &c).tag_of(&payload).unwrap());
 
