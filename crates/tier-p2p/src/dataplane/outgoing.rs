@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use tiering_core::key::KEY_BYTES;
 
-use super::frame::{self, Begin, ChunkHeader};
+use super::frame::{self, Begin, ChunkHeader, TransferMac};
 use crate::auth::{DataKey, TAG_BYTES, Tag};
 
 /// One piece of the wire image.
@@ -47,16 +47,16 @@ impl Outgoing {
         let per_chunk = 1 + 4 + 4 + KEY_BYTES + 4 + 2 * TAG_BYTES;
         let mut frames = Vec::with_capacity(64 + begin.kv_request_id.len() + n * per_chunk + 5);
         frame::write_begin(&mut frames, key, begin)?;
+        let macs = TransferMac::new(key, begin);
         let mut parts = Vec::with_capacity(3 * n + 2);
         let mut start = 0;
         for (i, (h, payload)) in chunks.enumerate() {
-            frame::put_chunk_header(&mut frames, key, begin, &h);
+            frame::put_chunk_header(&mut frames, &macs, &h);
             parts.push(Part::Frames(start..frames.len()));
             parts.push(Part::Payload(i));
-            let mut mac = frame::payload_mac(key, begin, &h);
-            mac.update(payload);
+            let mac = macs.payload(&h).tag_of(payload)?;
             start = frames.len();
-            frames.extend_from_slice(tamper(&h, mac.finalize()).as_bytes());
+            frames.extend_from_slice(tamper(&h, mac).as_bytes());
         }
         frame::write_end(
             &mut frames,

@@ -13,8 +13,7 @@ use parking_lot::Mutex;
 
 use super::DataCounters;
 use super::dest::{BeginVerdict, DestKey, DestTable};
-use super::frame::{self, ChunkStatus, Frame};
-use crate::auth::DataKey;
+use super::frame::{self, ChunkStatus, Frame, TransferMac};
 
 type ConnTable = Arc<Mutex<HashMap<u64, (String, TcpStream)>>>;
 
@@ -177,11 +176,12 @@ fn serve_connection(
                     return Err(refuse(counters, &dk, "more chunks announced than rows reserved"));
                 }
                 let mut statuses = vec![ChunkStatus::NotSent; begin.count as usize];
+                let macs = TransferMac::new(&key, &begin);
                 loop {
                     match frame::read_frame(&mut reader)? {
                         Frame::Chunk(h, tag) => {
                             // Checked before the row is touched: without the key, no byte lands.
-                            if frame::header_tag(&key, &begin, &h) != tag {
+                            if macs.header_tag(&h) != tag {
                                 return Err(refuse(counters, &dk, "a chunk header tag does not verify"));
                             }
                             let Some(slot) = statuses.get_mut(h.index as usize) else {
@@ -190,7 +190,7 @@ fn serve_connection(
                                     "chunk index out of range",
                                 ));
                             };
-                            *slot = receive_chunk(&mut reader, dest, &dk, (&key, &begin), &h, counters)?;
+                            *slot = receive_chunk(&mut reader, dest, &dk, &macs, &h, counters)?;
                         }
                         Frame::End { .. } => break,
                         Frame::Begin(..) => {
@@ -255,7 +255,7 @@ fn receive_chunk(
     reader: &mut BufReader<TcpStream>,
     dest: &DestTable,
     dk: &DestKey,
-    (key, begin): (&DataKey, &frame::Begin),
+    macs: &TransferMac,
     h: &frame::ChunkHeader,
     counters: &DataCounters,
 ) -> io::Result<ChunkStatus> {
@@ -273,7 +273,7 @@ fn receive_chunk(
         frame::skip_payload(reader, h.len)?;
         return Ok(ChunkStatus::BadLength);
     }
-    let ok = match frame::read_payload(reader, frame::payload_mac(key, begin, h), &mut grant[..]) {
+    let ok = match frame::read_payload(reader, macs.payload(h), &mut grant[..]) {
         Ok(ok) => ok,
         Err(e) => {
             dest.checkin(dk, grant, false);
