@@ -8,7 +8,7 @@ use tiering_core::{
     PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
-use crate::access::RequestAccess;
+use crate::access::{NO_ROW, OfferedKey, RequestAccess};
 use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
 use crate::slots::{Probe, WRITING};
@@ -226,13 +226,13 @@ impl CpuTier {
     }
 
     /// Splits a store offer into new keys (deduplicated, offer order), the keys the request
-    /// observes (all but keys another write has in flight; `true` when ready, a reuse), and the
-    /// rows of the ready ones (protected from this offer's eviction).
+    /// observes (all but keys another write has in flight, each with its row when ready, a
+    /// reuse), and the rows of the ready ones (protected from this offer's eviction).
     fn partition_offer(
         &mut self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
-        observed: &mut Vec<KeyRef>,
+        observed: &mut Vec<OfferedKey>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
@@ -248,9 +248,11 @@ impl CpuTier {
         self.buf_store_ghosts.clear();
         self.buf_observed_ghosts.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
-        // Small offers compare new keys by their first word, then in full on a match.
+        // Small offers compare new keys by their first word, then in full on a match; a bit per
+        // distinct top six bits of the words seen settles most first sightings without a scan.
         let mut words = [0u64; SMALL_BATCH];
-        for (k, &d) in keys.iter().zip(&digests) {
+        let mut seen_bits = 0u64;
+        for (at, (k, &d)) in (0u32..).zip(keys.iter().zip(&digests)) {
             let (found, ghost) = if ghost_bound.is_some() {
                 match self.table.probe(k, d) {
                     Probe::Absent => (None, NO_GHOST),
@@ -267,13 +269,16 @@ impl CpuTier {
                         Some(set) => !set.insert(*k),
                         None => {
                             let w = first_word(k);
+                            let bit = 1u64 << (w >> 58);
                             let n = to_store.len();
-                            let dup = words[..n]
-                                .iter()
-                                .zip(to_store.iter())
-                                .any(|(&x, other)| x == w && other == k);
+                            let dup = seen_bits & bit != 0
+                                && words[..n]
+                                    .iter()
+                                    .zip(to_store.iter())
+                                    .any(|(&x, other)| x == w && other == k);
                             if !dup {
                                 words[n] = w;
+                                seen_bits |= bit;
                             }
                             dup
                         }
@@ -285,21 +290,13 @@ impl CpuTier {
                             self.buf_store_ghosts.push(ghost);
                         }
                     }
-                    observed.push(KeyRef {
-                        key: *k,
-                        chunk: None,
-                        position: None,
-                    });
+                    observed.push(OfferedKey { at, row: NO_ROW });
                     if ghost_bound.is_some() {
                         self.buf_observed_ghosts.push(ghost);
                     }
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    observed.push(KeyRef {
-                        key: *k,
-                        chunk: Some(e.chunk),
-                        position: None,
-                    });
+                    observed.push(OfferedKey { at, row: e.chunk });
                     if ghost_bound.is_some() {
                         self.buf_observed_ghosts.push(NO_GHOST);
                     }
@@ -408,7 +405,11 @@ impl CpuTier {
         }
         let mut positions = std::mem::take(&mut self.buf_positions);
         positions.clear();
-        ctx.key_positions_into(&to_store, &mut positions);
+        if self.policy.uses_insert_position() {
+            ctx.key_positions_into(&to_store, &mut positions);
+        } else {
+            positions.resize(to_store.len(), None);
+        }
         let digests = std::mem::take(&mut self.buf_store_digests);
         let ghosts = std::mem::take(&mut self.buf_store_ghosts);
         debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
@@ -483,7 +484,7 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut observed = std::mem::take(&mut self.buf_refs);
+        let mut observed = std::mem::take(&mut self.buf_offered);
         let mut ready_rows = std::mem::take(&mut self.buf_rows);
         let mut misses = std::mem::take(&mut self.buf_misses);
         let mut new = std::mem::take(&mut self.buf_new);
@@ -495,7 +496,7 @@ impl PrimaryTier for CpuTier {
         let mut absent = std::mem::take(&mut self.buf_entries);
         absent.clear();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record_store(&observed, &mut misses, &mut new, &mut absent);
+            rec.record_store(keys, &observed, &mut misses, &mut new, &mut absent);
         });
         // ARC learns from ghost hits before insertion revives the ghosts (once per key per
         // request, last miss first), then the policy sees first observations; both before any
@@ -506,14 +507,21 @@ impl PrimaryTier for CpuTier {
             self.buf_observed_ghosts = ghosts;
         }
         if !new.is_empty() && self.policy.observes_request_access() {
-            // First observations, in offer order: compact them to the front of `observed`.
-            for (dst, &src) in new.iter().enumerate() {
-                observed[dst] = observed[src];
-            }
-            observed.truncate(new.len());
-            self.announce_first_access(&mut observed, ctx);
+            // First observations, in offer order.
+            let mut refs = std::mem::take(&mut self.buf_refs);
+            refs.clear();
+            refs.extend(new.iter().map(|&j| {
+                let o = observed[j];
+                KeyRef {
+                    key: keys[o.at as usize],
+                    chunk: (o.row != NO_ROW).then_some(o.row),
+                    position: None,
+                }
+            }));
+            self.announce_first_access(&mut refs, ctx);
+            self.buf_refs = refs;
         }
-        self.buf_refs = observed;
+        self.buf_offered = observed;
         self.buf_misses = misses;
         self.buf_new = new;
 

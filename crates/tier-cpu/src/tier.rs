@@ -59,6 +59,8 @@ pub struct CpuTier {
     pub(crate) buf_observed_ghosts: Vec<u32>,
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
+    /// The keys a store offer observes (see `CpuTier::partition_offer`).
+    pub(crate) buf_offered: Vec<crate::access::OfferedKey>,
     /// The chunks a touched batch resolved to.
     pub(crate) buf_resolved: Vec<Option<ChunkId>>,
     pub(crate) buf_chunks: Vec<ChunkId>,
@@ -169,6 +171,7 @@ impl CpuTier {
             buf_observed_ghosts: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
+            buf_offered: Vec::new(),
             buf_resolved: Vec::new(),
             buf_chunks: Vec::new(),
             buf_hints: Vec::new(),

@@ -122,6 +122,10 @@ impl EvictionPolicy for ArcPolicy {
         false
     }
 
+    fn uses_insert_position(&self) -> bool {
+        false
+    }
+
     fn observes_request_access(&self) -> bool {
         false
     }

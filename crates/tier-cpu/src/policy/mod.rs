@@ -212,6 +212,13 @@ pub trait EvictionPolicy: Send {
         let _ = (keys, slots, ctx);
     }
 
+    /// Whether [`EvictionPolicy::insert`] reads the key's recorded position: a policy that
+    /// ignores it returns `false`, and the tier passes `None` instead of looking positions up.
+    /// Defaults to `true`.
+    fn uses_insert_position(&self) -> bool {
+        true
+    }
+
     /// A chunk was reserved for `key` (write in flight); `position` is the request's recorded
     /// position of the key. `slots` already maps `chunk` to `key`.
     fn insert(
