@@ -117,6 +117,7 @@ impl RequestAccess {
         )
     }
 
+    #[inline]
     fn find(&self, key: &OffloadKey) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(key).map(|&i| i as usize),
@@ -140,6 +141,7 @@ impl RequestAccess {
     }
 
     /// The index of `key`'s flags, adding the key with no flag when absent.
+    #[inline]
     fn slot(&mut self, key: &OffloadKey) -> usize {
         if let Some(i) = self.find(key) {
             return i;
@@ -158,19 +160,29 @@ impl RequestAccess {
             Some(index) => {
                 index.insert(*key, i as u32);
             }
-            None if self.entries.len() > SMALL_RECORD => {
-                self.index = Some(
-                    self.entries
-                        .iter()
-                        .map(|e| &e.key)
-                        .enumerate()
-                        .map(|(j, k)| (*k, j as u32))
-                        .collect(),
-                );
-            }
-            None => {}
+            None => self.index_when_large(),
         }
         i
+    }
+
+    /// Builds the key→entry map once the record outgrows scanning.
+    #[cold]
+    fn build_index(&mut self) {
+        self.index = Some(
+            self.entries
+                .iter()
+                .map(|e| &e.key)
+                .enumerate()
+                .map(|(j, k)| (*k, j as u32))
+                .collect(),
+        );
+    }
+
+    #[inline]
+    fn index_when_large(&mut self) {
+        if self.index.is_none() && self.entries.len() > SMALL_RECORD {
+            self.build_index();
+        }
     }
 
     #[cfg(test)]
@@ -234,6 +246,7 @@ impl RequestAccess {
     }
 
     /// Marks the key at `i` seen; whether it was new to the request.
+    #[inline]
     fn see(&mut self, i: usize) -> bool {
         if self.entries[i].flags & SEEN != 0 {
             return false;
@@ -253,15 +266,39 @@ impl RequestAccess {
     /// not reported before, and to `new` the indices (into `observed`) of keys observed for the
     /// first time, and to `absent_entries` the record entry of every offered key that is not
     /// resident (for [`RequestAccess::mark_inserted_entries`] once they are stored).
+    ///
+    /// `all_new` says that every observed key is a store miss and no key repeats: on a fresh
+    /// record (the first store of a request) every key is then a new entry, appended without
+    /// a search.
     pub(crate) fn record_store(
         &mut self,
         keys: &[OffloadKey],
         observed: &[OfferedKey],
+        all_new: bool,
         misses: &mut Vec<usize>,
         new: &mut Vec<usize>,
         absent_entries: &mut Vec<u32>,
     ) {
         self.entries.reserve(observed.len());
+        if all_new && self.entries.is_empty() && !self.finished {
+            for (j, o) in observed.iter().enumerate() {
+                let key = keys[o.at as usize];
+                if let Some(w) = self.words.get_mut(j) {
+                    *w = word_of(&key);
+                    self.filter |= filter_bit(*w);
+                }
+                self.entries.push(Flagged {
+                    key,
+                    flags: SEEN | STORE_MISS,
+                    row: NO_ROW,
+                });
+                absent_entries.push(j as u32);
+                misses.push(j);
+                new.push(j);
+            }
+            self.index_when_large();
+            return;
+        }
         for (j, o) in observed.iter().enumerate() {
             let ready = o.row != NO_ROW;
             let i = self.slot(&keys[o.at as usize]);
@@ -400,7 +437,7 @@ mod tests {
         // A store offer with a repeated absent key: the entry gets the row of its one insertion.
         let (mut misses, mut absent) = (Vec::new(), Vec::new());
         let (keys, observed) = offer(&[(k(5, 0), false), (k(6, 0), false), (k(5, 0), false)]);
-        rec.record_store(&keys, &observed, &mut misses, &mut new, &mut absent);
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut absent);
         rec.mark_inserted_entries(&absent, &[k(5, 0), k(6, 0)], &[30, 31]);
         let mut hints = Vec::new();
         // In recorded order, out of order, and a key the request never saw.
@@ -453,14 +490,14 @@ mod tests {
             (k(6, 0), false),
             (k(2, 0), true),
         ]);
-        rec.record_store(&keys, &observed, &mut misses, &mut new, &mut Vec::new());
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut Vec::new());
         assert_eq!((misses.clone(), new.clone()), (vec![0, 2], vec![0, 2]));
         rec.finish(&ReqContext::local("r"));
         misses.clear();
         new.clear();
         let mut absent = Vec::new();
         let (keys, observed) = offer(&[(k(6, 0), false), (k(9, 0), false)]);
-        rec.record_store(&keys, &observed, &mut misses, &mut new, &mut absent);
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut absent);
         assert_eq!(absent.len(), 2, "absent keys are reported even after finish");
         assert_eq!(
             misses,

@@ -90,6 +90,7 @@ impl GhostLists {
 
     /// Appends `key`, whose index tag is `tag`, to the back of list `l`; its new ghost id, or
     /// `None` when the id space is exhausted (the key is then forgotten instead).
+    #[inline]
     pub(crate) fn push(&mut self, l: usize, key: OffloadKey, tag: u32) -> Option<u32> {
         let ghost = Ghost { key, list: l as u8 };
         let g = match self.free.pop() {

@@ -126,6 +126,57 @@ impl KeyIndex {
         }
     }
 
+    /// As [`KeyIndex::find`], but for an absent key also says where its probe run ended: the
+    /// empty slot an insertion would take, for [`KeyIndex::occupy`].
+    #[inline]
+    pub(crate) fn find_or_vacancy(
+        &self,
+        digest: u64,
+        mut is_key: impl FnMut(u32) -> bool,
+    ) -> Result<u32, usize> {
+        let tag = tag_of(digest);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slots[i];
+            if slot == EMPTY {
+                return Err(i);
+            }
+            if (slot >> 32) as u32 == tag && is_key(id_of(slot)) {
+                return Ok(id_of(slot));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Makes sure `extra` more ids fit without growing (grows now if not), so that vacancies
+    /// found by [`KeyIndex::find_or_vacancy`] stay where they are until filled.
+    pub(crate) fn reserve(&mut self, extra: usize) {
+        while (self.len + extra) * 2 > self.slots.len() {
+            self.grow();
+        }
+    }
+
+    /// Puts `id`, for a key with `digest`, in empty slot `at`: the vacancy a
+    /// [`KeyIndex::find_or_vacancy`] of that digest just returned, with nothing inserted or
+    /// removed since and room reserved ([`KeyIndex::reserve`]).
+    #[inline]
+    pub(crate) fn occupy(&mut self, at: usize, digest: u64, id: u32) {
+        debug_assert_eq!(self.slots[at], EMPTY, "a vacancy is filled once");
+        self.slots[at] = pack(tag_of(digest), id);
+        self.len += 1;
+    }
+
+    /// [`KeyIndex::replace_tagged`] that first tries slot `at`, where `old` was put (removals
+    /// since may have moved it back, in which case the run is searched from its start).
+    #[inline]
+    pub(crate) fn replace_at(&mut self, at: usize, tag: u32, old: u32, new: u32) -> bool {
+        if self.slots.get(at) == Some(&pack(tag, old)) {
+            self.slots[at] = pack(tag, new);
+            return true;
+        }
+        self.replace_tagged(tag, old, new)
+    }
+
     /// Adds `id` for a key with `digest`; the caller knows the key is absent.
     pub(crate) fn insert(&mut self, digest: u64, id: u32) {
         if (self.len + 1) * 2 > self.slots.len() {

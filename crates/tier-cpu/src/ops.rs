@@ -11,7 +11,7 @@ use tiering_core::{
 use crate::access::{NO_ROW, OfferedKey, RequestAccess};
 use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
-use crate::slots::{Probe, WRITING};
+use crate::slots::{NO_SLOT, Probe, WRITING};
 use crate::tier::CpuTier;
 
 /// Batches up to this size check duplicates by scanning instead of hashing.
@@ -241,10 +241,14 @@ impl CpuTier {
         if let Some(bound) = ghost_bound {
             self.table.prefetch_ghost_trims(keys.len(), bound);
         }
-        // The digests and ghost ids of `to_store`, side by side, for their insertion, and the
-        // ghost id of every observed key (no ghost ids when the policy keeps no ghosts here: its
-        // probes confirm rows only, the tighter loop).
+        // Each new key takes its index slot during its probe (the probe has just walked to it),
+        // so that its insertion finds the slot without walking the run again.
+        self.table.reserve_for_batch(keys.len());
+        // The digests, reserved index slots and ghost ids of `to_store`, side by side, for their
+        // insertion, and the ghost id of every observed key (no ghost ids when the policy keeps
+        // no ghosts here).
         self.buf_store_digests.clear();
+        self.buf_store_slots.clear();
         self.buf_store_ghosts.clear();
         self.buf_observed_ghosts.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
@@ -253,14 +257,12 @@ impl CpuTier {
         let mut words = [0u64; SMALL_BATCH];
         let mut seen_bits = 0u64;
         for (at, (k, &d)) in (0u32..).zip(keys.iter().zip(&digests)) {
-            let (found, ghost) = if ghost_bound.is_some() {
-                match self.table.probe(k, d) {
-                    Probe::Absent => (None, NO_GHOST),
-                    Probe::Resident(e) => (Some(e), NO_GHOST),
-                    Probe::Ghost(g) => (None, g),
-                }
-            } else {
-                (self.table.get_digested(k, d), NO_GHOST)
+            // Ghosts are only in the index when the policy keeps them there.
+            let (found, ghost, vacancy) = match self.table.probe_for_store(k, d) {
+                Err(vacancy) => (None, NO_GHOST, vacancy),
+                Ok(Probe::Resident(e)) => (Some(e), NO_GHOST, NO_SLOT),
+                Ok(Probe::Ghost(g)) => (None, g, NO_SLOT),
+                Ok(Probe::Absent) => (None, NO_GHOST, NO_SLOT),
             };
             match found {
                 None => {
@@ -284,8 +286,14 @@ impl CpuTier {
                         }
                     };
                     if !repeat {
+                        let slot = if vacancy == NO_SLOT {
+                            NO_SLOT
+                        } else {
+                            self.table.reserve_slot(vacancy, d)
+                        };
                         to_store.push(*k);
                         self.buf_store_digests.push(d);
+                        self.buf_store_slots.push(slot);
                         if ghost_bound.is_some() {
                             self.buf_store_ghosts.push(ghost);
                         }
@@ -306,6 +314,16 @@ impl CpuTier {
             }
         }
         self.buf_digests = digests;
+    }
+
+    /// Gives back the index slots the store offer being served reserved for its new keys.
+    fn cancel_reserved_slots(&mut self) {
+        for (&digest, &slot) in self.buf_store_digests.iter().zip(&self.buf_store_slots) {
+            if slot != NO_SLOT {
+                self.table.cancel_slot(digest);
+            }
+        }
+        self.buf_store_slots.clear();
     }
 
     /// Marks the evictable rows among `rows` as protected; returns how many there were.
@@ -385,7 +403,13 @@ impl CpuTier {
 
         let need = to_store.len().saturating_sub(self.table.num_free());
         let evicted = if need > 0 {
-            self.make_room(need, ready_rows)?
+            match self.make_room(need, ready_rows) {
+                Some(evicted) => evicted,
+                None => {
+                    self.cancel_reserved_slots();
+                    return None;
+                }
+            }
         } else {
             Vec::new()
         };
@@ -401,6 +425,7 @@ impl CpuTier {
                 wanted = to_store.len(),
                 "cpu tier allocation failed after eviction"
             );
+            self.cancel_reserved_slots();
             return None;
         }
         let mut positions = std::mem::take(&mut self.buf_positions);
@@ -411,22 +436,26 @@ impl CpuTier {
             positions.resize(to_store.len(), None);
         }
         let digests = std::mem::take(&mut self.buf_store_digests);
+        let slots = std::mem::take(&mut self.buf_store_slots);
         let ghosts = std::mem::take(&mut self.buf_store_ghosts);
         debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
+        debug_assert_eq!(slots.len(), to_store.len(), "a slot hint per key to store");
         // A ghost id per key when the policy keeps ghosts here, none otherwise.
         debug_assert!(ghosts.is_empty() || ghosts.len() == to_store.len());
-        for (i, (((k, &chunk), &position), &digest)) in to_store
+        for (i, ((((k, &chunk), &position), &digest), &slot)) in to_store
             .iter()
             .zip(&chunk_ids)
             .zip(&positions)
             .zip(&digests)
+            .zip(&slots)
             .enumerate()
         {
             let ghost = ghosts.get(i).copied().unwrap_or(NO_GHOST);
-            self.table.insert_writing(*k, digest, chunk, ghost);
+            self.table.insert_writing(*k, digest, chunk, ghost, slot);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_store_digests = digests;
+        self.buf_store_slots = slots;
         self.buf_store_ghosts = ghosts;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
@@ -495,8 +524,10 @@ impl PrimaryTier for CpuTier {
         self.partition_offer(keys, &mut to_store, &mut observed, &mut ready_rows);
         let mut absent = std::mem::take(&mut self.buf_entries);
         absent.clear();
+        // Every observed key new and distinct: each was stored once.
+        let all_new = observed.len() == to_store.len() && ready_rows.is_empty();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record_store(keys, &observed, &mut misses, &mut new, &mut absent);
+            rec.record_store(keys, &observed, all_new, &mut misses, &mut new, &mut absent);
         });
         // ARC learns from ghost hits before insertion revives the ghosts (once per key per
         // request, last miss first), then the policy sees first observations; both before any

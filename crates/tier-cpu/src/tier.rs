@@ -48,6 +48,9 @@ pub struct CpuTier {
     pub(crate) buf_digests: Vec<u64>,
     /// Digests of the keys a `prepare_store` is storing, in `keys_to_store` order.
     pub(crate) buf_store_digests: Vec<u64>,
+    /// Index slots a `prepare_store` reserved for the keys it is storing, in `keys_to_store`
+    /// order (`NO_SLOT` for none).
+    pub(crate) buf_store_slots: Vec<usize>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
@@ -163,6 +166,7 @@ impl CpuTier {
             buf_keys: Vec::new(),
             buf_digests: Vec::new(),
             buf_store_digests: Vec::new(),
+            buf_store_slots: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),
