@@ -211,7 +211,10 @@ impl RequestAccess {
             if let Some(e) = self.entries.get_mut(i as usize) {
                 e.flags |= INSERTED;
                 // A repeated key's entry got its row at its first occurrence.
-                if stored.get(next) == Some(&e.key) {
+                if stored
+                    .get(next)
+                    .is_some_and(|k| crate::slots::same_key(k, &e.key))
+                {
                     e.row = rows.get(next).copied().unwrap_or(NO_ROW);
                     next += 1;
                 }
@@ -226,7 +229,7 @@ impl RequestAccess {
         let mut guess = 0;
         out.extend(keys.iter().map(|k| {
             let at = match self.entries.get(guess) {
-                Some(e) if e.key == *k => Some(guess),
+                Some(e) if crate::slots::same_key(&e.key, k) => Some(guess),
                 _ => self.find(k),
             };
             at.map_or(NO_ROW, |i| {

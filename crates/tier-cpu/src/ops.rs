@@ -379,7 +379,10 @@ impl CpuTier {
             })
             .collect();
         if let Some(bound) = self.policy.ghost_bound() {
-            self.table.trim_ghosts(bound);
+            // `partition_offer` requested the slots of the oldest ghosts each list would drop
+            // if every key of the offer were a victim joining it (up to 32).
+            self.table
+                .trim_ghosts(bound, self.buf_store_digests.len().min(32));
         }
         self.buf_digests = digests;
         self.buf_chunks = victims;
@@ -661,7 +664,12 @@ impl PrimaryTier for CpuTier {
         let Some(events) = self.events.as_mut() else {
             return Vec::new();
         };
-        let mut out = std::mem::take(events);
+        if events.is_empty() {
+            return Vec::new();
+        }
+        // The next batch of events gets room for as many as this one had (no growth steps).
+        let room = events.len();
+        let mut out = std::mem::replace(events, Vec::with_capacity(room));
         // A failed store's cleanup names keys a retry may have stored again since; drop those.
         out.retain_mut(|ev| {
             if ev.metadata_only {

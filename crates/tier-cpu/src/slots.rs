@@ -67,6 +67,11 @@ pub(crate) fn same_key(a: &OffloadKey, b: &OffloadKey) -> bool {
 /// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
 const PREFETCH_WINDOW: usize = 32;
 
+/// Tables of at most this many rows skip prefetching: their metadata (rows, index, ghosts and
+/// policy links, about 150 bytes per row) fits in a core's L2 cache, where a prefetch finds
+/// its line already there and only costs its instructions.
+const PREFETCH_MIN_ROWS: u32 = 16_384;
+
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;
 
@@ -92,6 +97,8 @@ pub(crate) struct ChunkTable {
     free: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
+    /// Whether batches request their lines ahead (see [`PREFETCH_MIN_ROWS`]).
+    prefetching: bool,
     /// Resident rows with ref count 0.
     pub(crate) num_evictable: usize,
     /// Resident rows with ref count −1.
@@ -115,6 +122,7 @@ impl ChunkTable {
             free: Vec::new(),
             num_allocated: 0,
             capacity,
+            prefetching: capacity > PREFETCH_MIN_ROWS,
             num_evictable: 0,
             num_write_pending: 0,
         }
@@ -127,7 +135,7 @@ impl ChunkTable {
     pub(crate) fn digest_batch(&self, keys: &[OffloadKey], digests: &mut Vec<u64>) {
         digests.clear();
         digests.extend(keys.iter().map(digest_of));
-        if keys.len() < 2 {
+        if keys.len() < 2 || !self.prefetching {
             return;
         }
         // More lines than the core can have in flight would only evict each other.
@@ -149,6 +157,9 @@ impl ChunkTable {
     pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
         digests.clear();
         digests.extend(rows.iter().map(|&row| digest_of(&self.rows[row as usize].key)));
+        if !self.prefetching {
+            return;
+        }
         for &d in digests.iter().take(PREFETCH_WINDOW) {
             self.index.prefetch(d);
         }
@@ -241,6 +252,9 @@ impl ChunkTable {
     /// is then trimmed to `bound`: the records new ghosts take and the index slots of the ghosts
     /// the trims drop. A hint only.
     pub(crate) fn prefetch_ghost_trims(&self, n: usize, bound: usize) {
+        if !self.prefetching {
+            return;
+        }
         self.ghosts.prefetch_free(n);
         let mut oldest = [(0u32, 0u32); 32];
         for l in 0..crate::ghost_lists::GHOST_LISTS {
@@ -367,6 +381,9 @@ impl ChunkTable {
     /// Starts loading the rows named by `hints` (rows about to be checked by
     /// [`ChunkTable::hinted`]).
     pub(crate) fn prefetch_rows(&self, hints: &[ChunkId]) {
+        if !self.prefetching {
+            return;
+        }
         for &row in hints.iter().take(PREFETCH_WINDOW) {
             if let Some(r) = self.rows.get(row as usize) {
                 crate::memory::prefetch(r);
@@ -537,12 +554,20 @@ impl ChunkTable {
         key
     }
 
-    /// Drops the oldest ghosts of every list until each holds at most `bound`, a batch at a
-    /// time: the batch is read from the front of the list's log, its index slots requested, and
-    /// only then removed.
-    pub(crate) fn trim_ghosts(&mut self, bound: usize) {
+    /// Drops the oldest ghosts of every list until each holds at most `bound`. The first
+    /// `requested` of each list are dropped at once (their index slots were requested by
+    /// [`ChunkTable::prefetch_ghost_trims`], or the table is small enough to be cached); any
+    /// further ones a batch at a time: the batch is read from the front of the list's log, its
+    /// index slots requested, and only then removed.
+    pub(crate) fn trim_ghosts(&mut self, bound: usize, requested: usize) {
         let mut batch = [(0u32, 0u32); 32];
         for l in 0..crate::ghost_lists::GHOST_LISTS {
+            let direct = self.ghosts.len(l).saturating_sub(bound).min(requested);
+            for _ in 0..direct {
+                if let Some((g, tag)) = self.ghosts.pop_oldest(l) {
+                    self.index.remove_tagged(tag, g | GHOST);
+                }
+            }
             while self.ghosts.len(l) > bound {
                 let excess = (self.ghosts.len(l) - bound).min(batch.len());
                 let got = self.ghosts.oldest(l, &mut batch[..excess]);
@@ -702,7 +727,7 @@ mod tests {
         t.release_to_ghost(2, digest_of(&k(2)), 0);
         let stale = ghost_of(&t, &k(2)).unwrap();
         // An eviction drops k(2)'s ghost, and the next victim's ghost takes its id.
-        t.trim_ghosts(0);
+        t.trim_ghosts(0, 0);
         assert_eq!(ghost_of(&t, &k(2)), None);
         t.release_to_ghost(3, digest_of(&k(3)), 0);
         assert_eq!(ghost_of(&t, &k(3)), Some(stale), "ghost ids are recycled");
@@ -724,7 +749,7 @@ mod tests {
         }
         t.ghost_to_back(ghost_of(&t, &k(0)).unwrap());
         // List 0 is 2, 4, 0; list 1 is 1, 3, 5.
-        t.trim_ghosts(1);
+        t.trim_ghosts(1, 1);
         assert_eq!(ghost_of(&t, &k(2)).or(ghost_of(&t, &k(4))), None);
         assert!(ghost_of(&t, &k(0)).is_some() && ghost_of(&t, &k(5)).is_some());
         assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
