@@ -68,11 +68,13 @@ struct Flagged {
 pub(crate) const NO_ROW: u32 = u32::MAX;
 
 /// A key of a store offer that the request observes: its index in the offer and the row holding
-/// it when it is ready ([`NO_ROW`] when it is not resident, a store miss).
+/// it when it is ready ([`NO_ROW`] when it is not resident, a store miss), and for the tier, the
+/// ghost id the offer's probe found for it (`NO_GHOST` when none; the record ignores it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct OfferedKey {
     pub(crate) at: u32,
     pub(crate) row: u32,
+    pub(crate) ghost: u32,
 }
 
 /// A key of a finished request's record with what the request did with it.
@@ -405,6 +407,7 @@ mod tests {
             .map(|(at, &(_, ready))| OfferedKey {
                 at,
                 row: if ready { 0 } else { NO_ROW },
+                ghost: crate::ghost_lists::NO_GHOST,
             })
             .collect();
         (keys, observed)

@@ -14,6 +14,16 @@ use crate::policy::{FinishedKey, KeyRef, Protected};
 use crate::slots::{NO_SLOT, Probe, WRITING};
 use crate::tier::CpuTier;
 
+/// What inserting a key a store offer is storing needs from the offer's probe of it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewKey {
+    digest: u64,
+    /// The index slot reserved for the key ([`NO_SLOT`] when none: a ghost, renamed instead).
+    slot: usize,
+    /// The key's ghost id when it was a ghost ([`NO_GHOST`] otherwise).
+    ghost: u32,
+}
+
 /// Batches up to this size check duplicates by scanning instead of hashing.
 const SMALL_BATCH: usize = 32;
 
@@ -244,13 +254,8 @@ impl CpuTier {
         // Each new key takes its index slot during its probe (the probe has just walked to it),
         // so that its insertion finds the slot without walking the run again.
         self.table.reserve_for_batch(keys.len());
-        // The digests, reserved index slots and ghost ids of `to_store`, side by side, for their
-        // insertion, and the ghost id of every observed key (no ghost ids when the policy keeps
-        // no ghosts here).
-        self.buf_store_digests.clear();
-        self.buf_store_slots.clear();
-        self.buf_store_ghosts.clear();
-        self.buf_observed_ghosts.clear();
+        // What the insertion of each key of `to_store` needs from its probe.
+        self.buf_store.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
         // Small offers compare new keys by their first word, then in full on a match; a bit per
         // distinct top six bits of the words seen settles most first sightings without a scan.
@@ -292,22 +297,24 @@ impl CpuTier {
                             self.table.reserve_slot(vacancy, d)
                         };
                         to_store.push(*k);
-                        self.buf_store_digests.push(d);
-                        self.buf_store_slots.push(slot);
-                        if ghost_bound.is_some() {
-                            self.buf_store_ghosts.push(ghost);
-                        }
+                        self.buf_store.push(NewKey {
+                            digest: d,
+                            slot,
+                            ghost,
+                        });
                     }
-                    observed.push(OfferedKey { at, row: NO_ROW });
-                    if ghost_bound.is_some() {
-                        self.buf_observed_ghosts.push(ghost);
-                    }
+                    observed.push(OfferedKey {
+                        at,
+                        row: NO_ROW,
+                        ghost,
+                    });
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    observed.push(OfferedKey { at, row: e.chunk });
-                    if ghost_bound.is_some() {
-                        self.buf_observed_ghosts.push(NO_GHOST);
-                    }
+                    observed.push(OfferedKey {
+                        at,
+                        row: e.chunk,
+                        ghost: NO_GHOST,
+                    });
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
@@ -318,12 +325,12 @@ impl CpuTier {
 
     /// Gives back the index slots the store offer being served reserved for its new keys.
     fn cancel_reserved_slots(&mut self) {
-        for (&digest, &slot) in self.buf_store_digests.iter().zip(&self.buf_store_slots) {
-            if slot != NO_SLOT {
-                self.table.cancel_slot(digest);
+        for new in &mut self.buf_store {
+            if new.slot != NO_SLOT {
+                self.table.cancel_slot(new.digest);
+                new.slot = NO_SLOT;
             }
         }
-        self.buf_store_slots.clear();
     }
 
     /// Marks the evictable rows among `rows` as protected; returns how many there were.
@@ -381,8 +388,7 @@ impl CpuTier {
         if let Some(bound) = self.policy.ghost_bound() {
             // `partition_offer` requested the slots of the oldest ghosts each list would drop
             // if every key of the offer were a victim joining it (up to 32).
-            self.table
-                .trim_ghosts(bound, self.buf_store_digests.len().min(32));
+            self.table.trim_ghosts(bound, self.buf_store.len().min(32));
         }
         self.buf_digests = digests;
         self.buf_chunks = victims;
@@ -438,28 +444,14 @@ impl CpuTier {
         } else {
             positions.resize(to_store.len(), None);
         }
-        let digests = std::mem::take(&mut self.buf_store_digests);
-        let slots = std::mem::take(&mut self.buf_store_slots);
-        let ghosts = std::mem::take(&mut self.buf_store_ghosts);
-        debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
-        debug_assert_eq!(slots.len(), to_store.len(), "a slot hint per key to store");
-        // A ghost id per key when the policy keeps ghosts here, none otherwise.
-        debug_assert!(ghosts.is_empty() || ghosts.len() == to_store.len());
-        for (i, ((((k, &chunk), &position), &digest), &slot)) in to_store
-            .iter()
-            .zip(&chunk_ids)
-            .zip(&positions)
-            .zip(&digests)
-            .zip(&slots)
-            .enumerate()
-        {
-            let ghost = ghosts.get(i).copied().unwrap_or(NO_GHOST);
-            self.table.insert_writing(*k, digest, chunk, ghost, slot);
+        let news = std::mem::take(&mut self.buf_store);
+        debug_assert_eq!(news.len(), to_store.len(), "a probe outcome per key to store");
+        for (((k, &chunk), &position), new) in to_store.iter().zip(&chunk_ids).zip(&positions).zip(&news) {
+            self.table
+                .insert_writing(*k, new.digest, chunk, new.ghost, new.slot);
             self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
-        self.buf_store_digests = digests;
-        self.buf_store_slots = slots;
-        self.buf_store_ghosts = ghosts;
+        self.buf_store = news;
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -536,9 +528,7 @@ impl PrimaryTier for CpuTier {
         // request, last miss first), then the policy sees first observations; both before any
         // early return, as upstream does.
         if !misses.is_empty() && self.policy.ghost_bound().is_some() {
-            let ghosts = std::mem::take(&mut self.buf_observed_ghosts);
-            self.ghost_hits(misses.iter().map(|&j| ghosts[j]));
-            self.buf_observed_ghosts = ghosts;
+            self.ghost_hits(misses.iter().map(|&j| observed[j].ghost));
         }
         if !new.is_empty() && self.policy.observes_request_access() {
             // First observations, in offer order.

@@ -46,18 +46,13 @@ pub struct CpuTier {
     pub(crate) buf_keys: Vec<OffloadKey>,
     /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
     pub(crate) buf_digests: Vec<u64>,
-    /// Digests of the keys a `prepare_store` is storing, in `keys_to_store` order.
-    pub(crate) buf_store_digests: Vec<u64>,
-    /// Index slots a `prepare_store` reserved for the keys it is storing, in `keys_to_store`
-    /// order (`NO_SLOT` for none).
-    pub(crate) buf_store_slots: Vec<usize>,
+    /// The probe outcomes of the keys a `prepare_store` is storing, in `keys_to_store` order.
+    pub(crate) buf_store: Vec<crate::ops::NewKey>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
     /// Indices (into the observed keys) of a store offer's misses new to its request.
     pub(crate) buf_misses: Vec<usize>,
-    /// Ghost ids of the keys a `prepare_store` is storing, in `keys_to_store` order.
-    pub(crate) buf_store_ghosts: Vec<u32>,
     /// Ghost ids of the keys a batch observed or touched.
     pub(crate) buf_observed_ghosts: Vec<u32>,
     pub(crate) buf_positions: Vec<Option<u64>>,
@@ -165,13 +160,11 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_digests: Vec::new(),
-            buf_store_digests: Vec::new(),
-            buf_store_slots: Vec::new(),
+            buf_store: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
-            buf_store_ghosts: Vec::new(),
             buf_observed_ghosts: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
