@@ -446,12 +446,15 @@ impl CpuTier {
         }
         let news = std::mem::take(&mut self.buf_store);
         debug_assert_eq!(news.len(), to_store.len(), "a probe outcome per key to store");
-        for (((k, &chunk), &position), new) in to_store.iter().zip(&chunk_ids).zip(&positions).zip(&news) {
+        for ((k, &chunk), new) in to_store.iter().zip(&chunk_ids).zip(&news) {
             self.table
                 .insert_writing(*k, new.digest, chunk, new.ghost, new.slot);
-            self.policy.insert(chunk, k, position, self.table.view(), ctx);
         }
         self.buf_store = news;
+        // Policies read only the keys of chunks they already order, so every row can be filled
+        // before the first insertion.
+        self.policy
+            .insert_batch(&chunk_ids, &to_store, &positions, self.table.view(), ctx);
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,

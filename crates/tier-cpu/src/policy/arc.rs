@@ -164,6 +164,20 @@ impl EvictionPolicy for ArcPolicy {
         self.set_in_t2(chunk, false);
     }
 
+    fn insert_batch(
+        &mut self,
+        chunks: &[ChunkId],
+        _keys: &[OffloadKey],
+        _positions: &[Option<u64>],
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        for &chunk in chunks {
+            self.t1.push_back(&mut self.links, chunk);
+            self.set_in_t2(chunk, false);
+        }
+    }
+
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
         if self.is_in_t2(chunk) {
             self.t2.remove(&mut self.links, chunk);

@@ -230,6 +230,22 @@ pub trait EvictionPolicy: Send {
         ctx: &ReqContext,
     );
 
+    /// Chunks were reserved for `keys` (writes in flight), `chunks[i]` for `keys[i]` with the
+    /// request's recorded position `positions[i]`: the same as [`EvictionPolicy::insert`] of
+    /// each in order, which the default does. `slots` already maps every chunk to its key.
+    fn insert_batch(
+        &mut self,
+        chunks: &[ChunkId],
+        keys: &[OffloadKey],
+        positions: &[Option<u64>],
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    ) {
+        for ((&chunk, key), &position) in chunks.iter().zip(keys).zip(positions) {
+            self.insert(chunk, key, position, slots, ctx);
+        }
+    }
+
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
 
