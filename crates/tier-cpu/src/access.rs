@@ -224,14 +224,16 @@ impl RequestAccess {
         }
     }
 
-    /// Appends to `out` the row hint of each of `keys` ([`NO_ROW`] for keys without one).
+    /// Appends to `out` the row hint of each of `keys` ([`NO_ROW`] for keys without one). A hint
+    /// may name another key's row (the tier checks every hint against the row's key).
     pub(crate) fn row_hints(&self, keys: &[OffloadKey], out: &mut Vec<u32>) {
         // A completion usually lists the keys in the order the request recorded them: try the
-        // entry after the previous key's first, and search only when that is not the key.
+        // entry after the previous key's first, confirmed by the (random) first hash word only,
+        // and search only when that is not the key.
         let mut guess = 0;
         out.extend(keys.iter().map(|k| {
             let at = match self.entries.get(guess) {
-                Some(e) if crate::slots::same_key(&e.key, k) => Some(guess),
+                Some(e) if word_of(&e.key) == word_of(k) => Some(guess),
                 _ => self.find(k),
             };
             at.map_or(NO_ROW, |i| {
@@ -297,10 +299,12 @@ impl RequestAccess {
                     flags: SEEN | STORE_MISS,
                     row: NO_ROW,
                 });
-                absent_entries.push(j as u32);
-                misses.push(j);
-                new.push(j);
             }
+            // Entry j is observed key j: each is absent, a first store miss and a first sighting.
+            let n = observed.len();
+            absent_entries.extend(0..n as u32);
+            misses.extend(0..n);
+            new.extend(0..n);
             self.index_when_large();
             return;
         }

@@ -76,6 +76,17 @@ impl KeyIndex {
         ((u64::from(tag) * self.slots.len() as u64) >> 32) as usize
     }
 
+    /// The content of slot `i`, which is a home ([`KeyIndex::home`]) or a position masked by
+    /// `mask`: below the slot count either way, so the probe loops skip the bounds check.
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> u64 {
+        debug_assert!(i < self.slots.len());
+        // SAFETY: every caller passes a home, `(tag * len) >> 32 < len` for a 32-bit tag, or an
+        // index reduced by `& self.mask`, `mask == len - 1` with `len` a power of two; so
+        // `i < self.slots.len()`.
+        unsafe { *self.slots.get_unchecked(i) }
+    }
+
     /// Starts loading the home slot of `digest` (see [`crate::memory::prefetch`]).
     #[inline]
     pub(crate) fn prefetch(&self, digest: u64) {
@@ -105,7 +116,7 @@ impl KeyIndex {
     #[inline]
     pub(crate) fn likely(&self, digest: u64) -> Option<u32> {
         let tag = tag_of(digest);
-        let slot = self.slots[self.home(tag)];
+        let slot = self.slot_at(self.home(tag));
         (slot != EMPTY && (slot >> 32) as u32 == tag).then(|| id_of(slot))
     }
 
@@ -115,7 +126,7 @@ impl KeyIndex {
         let tag = tag_of(digest);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return None;
             }
@@ -137,7 +148,7 @@ impl KeyIndex {
         let tag = tag_of(digest);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return Err(i);
             }
@@ -200,7 +211,7 @@ impl KeyIndex {
         let tag = tag_of(digest);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 let id = new();
                 self.slots[i] = pack(tag, id);
@@ -221,7 +232,7 @@ impl KeyIndex {
         let want = pack(tag, old);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return false;
             }
@@ -256,7 +267,7 @@ impl KeyIndex {
         let want = pack(tag, id);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return false;
             }
@@ -275,13 +286,13 @@ impl KeyIndex {
         let mut j = i;
         loop {
             j = (j + 1) & mask;
-            let slot = self.slots[j];
+            let slot = self.slot_at(j);
             if slot == EMPTY {
                 break;
             }
             let home = self.home((slot >> 32) as u32);
             let moves = (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask);
-            let kept = self.slots[hole];
+            let kept = self.slot_at(hole);
             self.slots[hole] = if moves { slot } else { kept };
             hole = if moves { j } else { hole };
         }
