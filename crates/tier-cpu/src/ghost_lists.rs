@@ -157,7 +157,12 @@ impl GhostLists {
     /// for the line. A hint only.
     pub(crate) fn prefetch_free(&self, count: usize) {
         for &g in self.free.iter().rev().take(count.min(32)) {
-            self.prefetch(g);
+            if let Some(ghost) = self.ghosts.get(g as usize) {
+                // A record may straddle two lines: request both ends.
+                crate::memory::prefetch(ghost);
+                crate::memory::prefetch(&ghost.list);
+            }
+            self.order.prefetch_position(g);
         }
     }
 
