@@ -1,8 +1,8 @@
 //! Thread CPU time per tier-cpu operation (the loops of `benches/cpu_tier.rs`), robust to a
 //! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`
-//! (a third argument runs one op only; 10M rows work too, over a sparse file arena). Also prints two references on the same keys: one plain
-//! hash-map probe (`hashmap_probe_hit`, for `lookup_hit`) and 16 of them (`probe16`, the floor of
-//! a 16-key batch op).
+//! (a third argument runs one op only; 10M rows work too, over a sparse file arena). Also prints
+//! two references on the same keys: one plain hash-map probe (`hashmap_probe_hit`, for
+//! `lookup_hit`) and 16 of them (`probe16`, the floor of a 16-key batch op).
 
 use std::hint::black_box;
 
