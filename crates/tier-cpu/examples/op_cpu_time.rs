@@ -1,13 +1,13 @@
 //! Thread CPU time per tier-cpu operation (the loops of `benches/cpu_tier.rs`), robust to a
 //! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`
-//! (a third argument runs one op only). Also prints two references on the same keys: one plain
-//! hash-map probe (`hashmap_probe_hit`, for `lookup_hit`) and 16 of them (`probe16`, the floor of
-//! a 16-key batch op).
+//! (a third argument runs one op only; 10M rows work too, over a sparse file arena). Also prints
+//! two references on the same keys: one plain hash-map probe (`hashmap_probe_hit`, for
+//! `lookup_hit`) and 16 of them (`probe16`, the floor of a 16-key batch op).
 
 use std::hint::black_box;
 
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{ArenaOptions, ChunkArena, OffloadKey, PrimaryTier, ReqContext};
 
 fn cpu_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -48,7 +48,18 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(PolicyKind::Lru);
     let only = args.get(3).cloned();
-    let mut tier = CpuTier::new(n, 64, policy).unwrap();
+    // A tier too large for an anonymous arena of one page per row (10M rows would be 40 GiB)
+    // gets a sparse file arena that is never touched, as `benches/scaling.rs` does: only the
+    // tier's metadata is measured.
+    let dir = tempfile::tempdir().unwrap();
+    let mut tier = CpuTier::new(n, 64, policy).unwrap_or_else(|_| {
+        let arena = ChunkArena::with_options(&ArenaOptions {
+            shared_memory: Some(dir.path().join("arena")),
+            ..ArenaOptions::new(n, 64)
+        })
+        .unwrap();
+        CpuTier::with_arena(arena, policy.build(n), true)
+    });
     let keys: Vec<OffloadKey> = (0..n as u64).map(OffloadKey::from_u64).collect();
     for batch in keys.chunks(1024) {
         let ctx = ReqContext::local("fill");

@@ -8,8 +8,6 @@
 
 use tiering_core::{KeyMap, OffloadKey, ReqContext};
 
-use crate::policy::KeyRef;
-
 const SEEN: u8 = 1;
 const INSERTED: u8 = 2;
 const REUSED: u8 = 4;
@@ -66,8 +64,18 @@ struct Flagged {
     row: u32,
 }
 
-/// No row hint.
+/// No row hint; also a store offer's key that is not resident.
 pub(crate) const NO_ROW: u32 = u32::MAX;
+
+/// A key of a store offer that the request observes: its index in the offer and the row holding
+/// it when it is ready ([`NO_ROW`] when it is not resident, a store miss), and for the tier, the
+/// ghost id the offer's probe found for it (`NO_GHOST` when none; the record ignores it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct OfferedKey {
+    pub(crate) at: u32,
+    pub(crate) row: u32,
+    pub(crate) ghost: u32,
+}
 
 /// A key of a finished request's record with what the request did with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +119,7 @@ impl RequestAccess {
         )
     }
 
+    #[inline]
     fn find(&self, key: &OffloadKey) -> Option<usize> {
         match &self.index {
             Some(index) => index.get(key).map(|&i| i as usize),
@@ -134,6 +143,7 @@ impl RequestAccess {
     }
 
     /// The index of `key`'s flags, adding the key with no flag when absent.
+    #[inline]
     fn slot(&mut self, key: &OffloadKey) -> usize {
         if let Some(i) = self.find(key) {
             return i;
@@ -152,19 +162,29 @@ impl RequestAccess {
             Some(index) => {
                 index.insert(*key, i as u32);
             }
-            None if self.entries.len() > SMALL_RECORD => {
-                self.index = Some(
-                    self.entries
-                        .iter()
-                        .map(|e| &e.key)
-                        .enumerate()
-                        .map(|(j, k)| (*k, j as u32))
-                        .collect(),
-                );
-            }
-            None => {}
+            None => self.index_when_large(),
         }
         i
+    }
+
+    /// Builds the key→entry map once the record outgrows scanning.
+    #[cold]
+    fn build_index(&mut self) {
+        self.index = Some(
+            self.entries
+                .iter()
+                .map(|e| &e.key)
+                .enumerate()
+                .map(|(j, k)| (*k, j as u32))
+                .collect(),
+        );
+    }
+
+    #[inline]
+    fn index_when_large(&mut self) {
+        if self.index.is_none() && self.entries.len() > SMALL_RECORD {
+            self.build_index();
+        }
     }
 
     #[cfg(test)]
@@ -193,7 +213,10 @@ impl RequestAccess {
             if let Some(e) = self.entries.get_mut(i as usize) {
                 e.flags |= INSERTED;
                 // A repeated key's entry got its row at its first occurrence.
-                if stored.get(next) == Some(&e.key) {
+                if stored
+                    .get(next)
+                    .is_some_and(|k| crate::slots::same_key(k, &e.key))
+                {
                     e.row = rows.get(next).copied().unwrap_or(NO_ROW);
                     next += 1;
                 }
@@ -201,14 +224,16 @@ impl RequestAccess {
         }
     }
 
-    /// Appends to `out` the row hint of each of `keys` ([`NO_ROW`] for keys without one).
+    /// Appends to `out` the row hint of each of `keys` ([`NO_ROW`] for keys without one). A hint
+    /// may name another key's row (the tier checks every hint against the row's key).
     pub(crate) fn row_hints(&self, keys: &[OffloadKey], out: &mut Vec<u32>) {
         // A completion usually lists the keys in the order the request recorded them: try the
-        // entry after the previous key's first, and search only when that is not the key.
+        // entry after the previous key's first, confirmed by the (random) first hash word only,
+        // and search only when that is not the key.
         let mut guess = 0;
         out.extend(keys.iter().map(|k| {
             let at = match self.entries.get(guess) {
-                Some(e) if e.key == *k => Some(guess),
+                Some(e) if word_of(&e.key) == word_of(k) => Some(guess),
                 _ => self.find(k),
             };
             at.map_or(NO_ROW, |i| {
@@ -228,6 +253,7 @@ impl RequestAccess {
     }
 
     /// Marks the key at `i` seen; whether it was new to the request.
+    #[inline]
     fn see(&mut self, i: usize) -> bool {
         if self.entries[i].flags & SEEN != 0 {
             return false;
@@ -241,36 +267,65 @@ impl RequestAccess {
         true
     }
 
-    /// Records a store offer in one pass: `observed` are the offered keys that are not being
-    /// written by someone else, with their chunk when ready (a reuse) and none when new (a store
-    /// miss). Appends to `misses` the store misses this request has not reported before, and to
-    /// `new` the indices (into `observed`) of keys observed for the first time, and to
-    /// `absent_entries` the record entry of every offered key that is not resident (for
-    /// [`RequestAccess::mark_inserted_entries`] once they are stored).
+    /// Records a store offer in one pass: `observed` are the offered keys (indices into `keys`)
+    /// that are not being written by someone else, with their row when ready (a reuse) and
+    /// [`NO_ROW`] when new (a store miss). Appends to `misses` the store misses this request has
+    /// not reported before, and to `new` the indices (into `observed`) of keys observed for the
+    /// first time, and to `absent_entries` the record entry of every offered key that is not
+    /// resident (for [`RequestAccess::mark_inserted_entries`] once they are stored).
+    ///
+    /// `all_new` says that every observed key is a store miss and no key repeats: on a fresh
+    /// record (the first store of a request) every key is then a new entry, appended without
+    /// a search.
     pub(crate) fn record_store(
         &mut self,
-        observed: &[KeyRef],
+        keys: &[OffloadKey],
+        observed: &[OfferedKey],
+        all_new: bool,
         misses: &mut Vec<usize>,
         new: &mut Vec<usize>,
         absent_entries: &mut Vec<u32>,
     ) {
         self.entries.reserve(observed.len());
-        for (j, r) in observed.iter().enumerate() {
-            let (k, ready) = (&r.key, r.chunk.is_some());
-            let i = self.slot(k);
+        if all_new && self.entries.is_empty() && !self.finished {
+            for (j, o) in observed.iter().enumerate() {
+                let key = keys[o.at as usize];
+                if let Some(w) = self.words.get_mut(j) {
+                    *w = word_of(&key);
+                    self.filter |= filter_bit(*w);
+                }
+                self.entries.push(Flagged {
+                    key,
+                    flags: SEEN | STORE_MISS,
+                    row: NO_ROW,
+                });
+            }
+            // Entry j is observed key j: each is absent, a first store miss and a first sighting.
+            let n = observed.len();
+            absent_entries.extend(0..n as u32);
+            misses.extend(0..n);
+            new.extend(0..n);
+            self.index_when_large();
+            return;
+        }
+        for (j, o) in observed.iter().enumerate() {
+            let ready = o.row != NO_ROW;
+            let i = self.slot(&keys[o.at as usize]);
+            let flags = self.entries[i].flags;
+            let mut add = 0;
             if !ready {
                 absent_entries.push(i as u32);
+                if flags & STORE_MISS == 0 {
+                    add |= STORE_MISS;
+                    misses.push(j);
+                }
+            } else if flags & INSERTED == 0 {
+                // Re-reading a chunk this request inserted is not a reuse.
+                add |= REUSED;
             }
-            if !ready && self.entries[i].flags & STORE_MISS == 0 {
-                self.entries[i].flags |= STORE_MISS;
-                misses.push(j);
-            }
+            self.entries[i].flags |= add;
             if self.see(i) {
                 new.push(j);
-            }
-            // Re-reading a chunk this request inserted is not a reuse.
-            if ready && self.entries[i].flags & INSERTED == 0 {
-                self.entries[i].flags |= REUSED;
             }
         }
     }
@@ -348,15 +403,18 @@ mod tests {
         rec.finish(ctx).map(|v| v.into_iter().map(|o| o.key).collect())
     }
 
-    fn refs(offer: &[(OffloadKey, bool)]) -> Vec<KeyRef> {
-        offer
-            .iter()
-            .map(|&(key, ready)| KeyRef {
-                key,
-                chunk: ready.then_some(0),
-                position: None,
+    /// An offer's keys and the observed entries of all of them (ready ones in row 0).
+    fn offer(offer: &[(OffloadKey, bool)]) -> (Vec<OffloadKey>, Vec<OfferedKey>) {
+        let keys = offer.iter().map(|&(key, _)| key).collect();
+        let observed = (0u32..)
+            .zip(offer)
+            .map(|(at, &(_, ready))| OfferedKey {
+                at,
+                row: if ready { 0 } else { NO_ROW },
+                ghost: crate::ghost_lists::NO_GHOST,
             })
-            .collect()
+            .collect();
+        (keys, observed)
     }
 
     #[test]
@@ -388,8 +446,8 @@ mod tests {
         rec.record_load(&[k(1, 0), k(2, 0)], &[7, 8], &mut new);
         // A store offer with a repeated absent key: the entry gets the row of its one insertion.
         let (mut misses, mut absent) = (Vec::new(), Vec::new());
-        let offer = [(k(5, 0), false), (k(6, 0), false), (k(5, 0), false)];
-        rec.record_store(&refs(&offer), &mut misses, &mut new, &mut absent);
+        let (keys, observed) = offer(&[(k(5, 0), false), (k(6, 0), false), (k(5, 0), false)]);
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut absent);
         rec.mark_inserted_entries(&absent, &[k(5, 0), k(6, 0)], &[30, 31]);
         let mut hints = Vec::new();
         // In recorded order, out of order, and a key the request never saw.
@@ -436,24 +494,20 @@ mod tests {
         assert!(rec.reused(&k(2, 0)) && !rec.reused(&k(1, 0)));
         assert!(rec.inserted(&k(1, 0)) && !rec.inserted(&k(2, 0)));
         let (mut misses, mut new) = (Vec::new(), Vec::new());
-        let offer = [
+        let (keys, observed) = offer(&[
             (k(5, 0), false),
             (k(5, 0), false),
             (k(6, 0), false),
             (k(2, 0), true),
-        ];
-        rec.record_store(&refs(&offer), &mut misses, &mut new, &mut Vec::new());
+        ]);
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut Vec::new());
         assert_eq!((misses.clone(), new.clone()), (vec![0, 2], vec![0, 2]));
         rec.finish(&ReqContext::local("r"));
         misses.clear();
         new.clear();
         let mut absent = Vec::new();
-        rec.record_store(
-            &refs(&[(k(6, 0), false), (k(9, 0), false)]),
-            &mut misses,
-            &mut new,
-            &mut absent,
-        );
+        let (keys, observed) = offer(&[(k(6, 0), false), (k(9, 0), false)]);
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut absent);
         assert_eq!(absent.len(), 2, "absent keys are reported even after finish");
         assert_eq!(
             misses,

@@ -90,6 +90,7 @@ impl GhostLists {
 
     /// Appends `key`, whose index tag is `tag`, to the back of list `l`; its new ghost id, or
     /// `None` when the id space is exhausted (the key is then forgotten instead).
+    #[inline]
     pub(crate) fn push(&mut self, l: usize, key: OffloadKey, tag: u32) -> Option<u32> {
         let ghost = Ghost { key, list: l as u8 };
         let g = match self.free.pop() {
@@ -156,7 +157,12 @@ impl GhostLists {
     /// for the line. A hint only.
     pub(crate) fn prefetch_free(&self, count: usize) {
         for &g in self.free.iter().rev().take(count.min(32)) {
-            self.prefetch(g);
+            if let Some(ghost) = self.ghosts.get(g as usize) {
+                // A record may straddle two lines: request both ends.
+                crate::memory::prefetch(ghost);
+                crate::memory::prefetch(&ghost.list);
+            }
+            self.order.prefetch_position(g);
         }
     }
 

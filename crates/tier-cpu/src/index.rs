@@ -76,6 +76,17 @@ impl KeyIndex {
         ((u64::from(tag) * self.slots.len() as u64) >> 32) as usize
     }
 
+    /// The content of slot `i`, which is a home ([`KeyIndex::home`]) or a position masked by
+    /// `mask`: below the slot count either way, so the probe loops skip the bounds check.
+    #[inline(always)]
+    fn slot_at(&self, i: usize) -> u64 {
+        debug_assert!(i < self.slots.len());
+        // SAFETY: every caller passes a home, `(tag * len) >> 32 < len` for a 32-bit tag, or an
+        // index reduced by `& self.mask`, `mask == len - 1` with `len` a power of two; so
+        // `i < self.slots.len()`.
+        unsafe { *self.slots.get_unchecked(i) }
+    }
+
     /// Starts loading the home slot of `digest` (see [`crate::memory::prefetch`]).
     #[inline]
     pub(crate) fn prefetch(&self, digest: u64) {
@@ -86,7 +97,13 @@ impl KeyIndex {
     /// [`KeyIndex::tag`]).
     #[inline]
     pub(crate) fn prefetch_tag(&self, tag: u32) {
-        crate::memory::prefetch(&self.slots[self.home(tag)]);
+        let home = self.home(tag);
+        crate::memory::prefetch(&self.slots[home]);
+        // A removal reads the run past its member, into the next line when the home is near
+        // the end of its own (eight slots a line).
+        if home & 7 >= 5 {
+            crate::memory::prefetch(&self.slots[(home + 8) & self.mask]);
+        }
     }
 
     /// The part of a digest the index keeps and places keys by: removing an id needs only this.
@@ -105,7 +122,7 @@ impl KeyIndex {
     #[inline]
     pub(crate) fn likely(&self, digest: u64) -> Option<u32> {
         let tag = tag_of(digest);
-        let slot = self.slots[self.home(tag)];
+        let slot = self.slot_at(self.home(tag));
         (slot != EMPTY && (slot >> 32) as u32 == tag).then(|| id_of(slot))
     }
 
@@ -115,7 +132,7 @@ impl KeyIndex {
         let tag = tag_of(digest);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return None;
             }
@@ -124,6 +141,57 @@ impl KeyIndex {
             }
             i = (i + 1) & self.mask;
         }
+    }
+
+    /// As [`KeyIndex::find`], but for an absent key also says where its probe run ended: the
+    /// empty slot an insertion would take, for [`KeyIndex::occupy`].
+    #[inline]
+    pub(crate) fn find_or_vacancy(
+        &self,
+        digest: u64,
+        mut is_key: impl FnMut(u32) -> bool,
+    ) -> Result<u32, usize> {
+        let tag = tag_of(digest);
+        let mut i = self.home(tag);
+        loop {
+            let slot = self.slot_at(i);
+            if slot == EMPTY {
+                return Err(i);
+            }
+            if (slot >> 32) as u32 == tag && is_key(id_of(slot)) {
+                return Ok(id_of(slot));
+            }
+            i = (i + 1) & self.mask;
+        }
+    }
+
+    /// Makes sure `extra` more ids fit without growing (grows now if not), so that vacancies
+    /// found by [`KeyIndex::find_or_vacancy`] stay where they are until filled.
+    pub(crate) fn reserve(&mut self, extra: usize) {
+        while (self.len + extra) * 2 > self.slots.len() {
+            self.grow();
+        }
+    }
+
+    /// Puts `id`, for a key with `digest`, in empty slot `at`: the vacancy a
+    /// [`KeyIndex::find_or_vacancy`] of that digest just returned, with nothing inserted or
+    /// removed since and room reserved ([`KeyIndex::reserve`]).
+    #[inline]
+    pub(crate) fn occupy(&mut self, at: usize, digest: u64, id: u32) {
+        debug_assert_eq!(self.slots[at], EMPTY, "a vacancy is filled once");
+        self.slots[at] = pack(tag_of(digest), id);
+        self.len += 1;
+    }
+
+    /// [`KeyIndex::replace_tagged`] that first tries slot `at`, where `old` was put (removals
+    /// since may have moved it back, in which case the run is searched from its start).
+    #[inline]
+    pub(crate) fn replace_at(&mut self, at: usize, tag: u32, old: u32, new: u32) -> bool {
+        if self.slots.get(at) == Some(&pack(tag, old)) {
+            self.slots[at] = pack(tag, new);
+            return true;
+        }
+        self.replace_tagged(tag, old, new)
     }
 
     /// Adds `id` for a key with `digest`; the caller knows the key is absent.
@@ -149,7 +217,7 @@ impl KeyIndex {
         let tag = tag_of(digest);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 let id = new();
                 self.slots[i] = pack(tag, id);
@@ -170,7 +238,7 @@ impl KeyIndex {
         let want = pack(tag, old);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return false;
             }
@@ -205,7 +273,7 @@ impl KeyIndex {
         let want = pack(tag, id);
         let mut i = self.home(tag);
         loop {
-            let slot = self.slots[i];
+            let slot = self.slot_at(i);
             if slot == EMPTY {
                 return false;
             }
@@ -224,13 +292,13 @@ impl KeyIndex {
         let mut j = i;
         loop {
             j = (j + 1) & mask;
-            let slot = self.slots[j];
+            let slot = self.slot_at(j);
             if slot == EMPTY {
                 break;
             }
             let home = self.home((slot >> 32) as u32);
             let moves = (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask);
-            let kept = self.slots[hole];
+            let kept = self.slot_at(hole);
             self.slots[hole] = if moves { slot } else { kept };
             hole = if moves { j } else { hole };
         }

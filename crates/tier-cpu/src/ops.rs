@@ -8,11 +8,21 @@ use tiering_core::{
     PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
 };
 
-use crate::access::RequestAccess;
+use crate::access::{NO_ROW, OfferedKey, RequestAccess};
 use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
-use crate::slots::{Probe, WRITING};
+use crate::slots::{NO_SLOT, Probe, WRITING};
 use crate::tier::CpuTier;
+
+/// What inserting a key a store offer is storing needs from the offer's probe of it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewKey {
+    digest: u64,
+    /// The index slot reserved for the key ([`NO_SLOT`] when none: a ghost, renamed instead).
+    slot: usize,
+    /// The key's ghost id when it was a ghost ([`NO_GHOST`] otherwise).
+    ghost: u32,
+}
 
 /// Batches up to this size check duplicates by scanning instead of hashing.
 const SMALL_BATCH: usize = 32;
@@ -226,13 +236,13 @@ impl CpuTier {
     }
 
     /// Splits a store offer into new keys (deduplicated, offer order), the keys the request
-    /// observes (all but keys another write has in flight; `true` when ready, a reuse), and the
-    /// rows of the ready ones (protected from this offer's eviction).
+    /// observes (all but keys another write has in flight, each with its row when ready, a
+    /// reuse), and the rows of the ready ones (protected from this offer's eviction).
     fn partition_offer(
         &mut self,
         keys: &[OffloadKey],
         to_store: &mut Vec<OffloadKey>,
-        observed: &mut Vec<KeyRef>,
+        observed: &mut Vec<OfferedKey>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
         let mut digests = std::mem::take(&mut self.buf_digests);
@@ -241,24 +251,23 @@ impl CpuTier {
         if let Some(bound) = ghost_bound {
             self.table.prefetch_ghost_trims(keys.len(), bound);
         }
-        // The digests and ghost ids of `to_store`, side by side, for their insertion, and the
-        // ghost id of every observed key (no ghost ids when the policy keeps no ghosts here: its
-        // probes confirm rows only, the tighter loop).
-        self.buf_store_digests.clear();
-        self.buf_store_ghosts.clear();
-        self.buf_observed_ghosts.clear();
+        // Each new key takes its index slot during its probe (the probe has just walked to it),
+        // so that its insertion finds the slot without walking the run again.
+        self.table.reserve_for_batch(keys.len());
+        // What the insertion of each key of `to_store` needs from its probe.
+        self.buf_store.clear();
         let mut offered: Option<KeySet> = (keys.len() > SMALL_BATCH).then(KeySet::default);
-        // Small offers compare new keys by their first word, then in full on a match.
+        // Small offers compare new keys by their first word, then in full on a match; a bit per
+        // distinct top six bits of the words seen settles most first sightings without a scan.
         let mut words = [0u64; SMALL_BATCH];
-        for (k, &d) in keys.iter().zip(&digests) {
-            let (found, ghost) = if ghost_bound.is_some() {
-                match self.table.probe(k, d) {
-                    Probe::Absent => (None, NO_GHOST),
-                    Probe::Resident(e) => (Some(e), NO_GHOST),
-                    Probe::Ghost(g) => (None, g),
-                }
-            } else {
-                (self.table.get_digested(k, d), NO_GHOST)
+        let mut seen_bits = 0u64;
+        for (at, (k, &d)) in (0u32..).zip(keys.iter().zip(&digests)) {
+            // Ghosts are only in the index when the policy keeps them there.
+            let (found, ghost, vacancy) = match self.table.probe_for_store(k, d) {
+                Err(vacancy) => (None, NO_GHOST, vacancy),
+                Ok(Probe::Resident(e)) => (Some(e), NO_GHOST, NO_SLOT),
+                Ok(Probe::Ghost(g)) => (None, g, NO_SLOT),
+                Ok(Probe::Absent) => (None, NO_GHOST, NO_SLOT),
             };
             match found {
                 None => {
@@ -267,48 +276,61 @@ impl CpuTier {
                         Some(set) => !set.insert(*k),
                         None => {
                             let w = first_word(k);
+                            let bit = 1u64 << (w >> 58);
                             let n = to_store.len();
-                            let dup = words[..n]
-                                .iter()
-                                .zip(to_store.iter())
-                                .any(|(&x, other)| x == w && other == k);
+                            let dup = seen_bits & bit != 0
+                                && words[..n]
+                                    .iter()
+                                    .zip(to_store.iter())
+                                    .any(|(&x, other)| x == w && other == k);
                             if !dup {
                                 words[n] = w;
+                                seen_bits |= bit;
                             }
                             dup
                         }
                     };
                     if !repeat {
+                        let slot = if vacancy == NO_SLOT {
+                            NO_SLOT
+                        } else {
+                            self.table.reserve_slot(vacancy, d)
+                        };
                         to_store.push(*k);
-                        self.buf_store_digests.push(d);
-                        if ghost_bound.is_some() {
-                            self.buf_store_ghosts.push(ghost);
-                        }
+                        self.buf_store.push(NewKey {
+                            digest: d,
+                            slot,
+                            ghost,
+                        });
                     }
-                    observed.push(KeyRef {
-                        key: *k,
-                        chunk: None,
-                        position: None,
+                    observed.push(OfferedKey {
+                        at,
+                        row: NO_ROW,
+                        ghost,
                     });
-                    if ghost_bound.is_some() {
-                        self.buf_observed_ghosts.push(ghost);
-                    }
                 }
                 Some(e) if e.ref_cnt != WRITING => {
-                    observed.push(KeyRef {
-                        key: *k,
-                        chunk: Some(e.chunk),
-                        position: None,
+                    observed.push(OfferedKey {
+                        at,
+                        row: e.chunk,
+                        ghost: NO_GHOST,
                     });
-                    if ghost_bound.is_some() {
-                        self.buf_observed_ghosts.push(NO_GHOST);
-                    }
                     ready_rows.push(e.chunk);
                 }
                 Some(_) => {}
             }
         }
         self.buf_digests = digests;
+    }
+
+    /// Gives back the index slots the store offer being served reserved for its new keys.
+    fn cancel_reserved_slots(&mut self) {
+        for new in &mut self.buf_store {
+            if new.slot != NO_SLOT {
+                self.table.cancel_slot(new.digest);
+                new.slot = NO_SLOT;
+            }
+        }
     }
 
     /// Marks the evictable rows among `rows` as protected; returns how many there were.
@@ -364,7 +386,9 @@ impl CpuTier {
             })
             .collect();
         if let Some(bound) = self.policy.ghost_bound() {
-            self.table.trim_ghosts(bound);
+            // `partition_offer` requested the slots of the oldest ghosts each list would drop
+            // if every key of the offer were a victim joining it (up to 32).
+            self.table.trim_ghosts(bound, self.buf_store.len().min(32));
         }
         self.buf_digests = digests;
         self.buf_chunks = victims;
@@ -388,7 +412,13 @@ impl CpuTier {
 
         let need = to_store.len().saturating_sub(self.table.num_free());
         let evicted = if need > 0 {
-            self.make_room(need, ready_rows)?
+            match self.make_room(need, ready_rows) {
+                Some(evicted) => evicted,
+                None => {
+                    self.cancel_reserved_slots();
+                    return None;
+                }
+            }
         } else {
             Vec::new()
         };
@@ -404,29 +434,27 @@ impl CpuTier {
                 wanted = to_store.len(),
                 "cpu tier allocation failed after eviction"
             );
+            self.cancel_reserved_slots();
             return None;
         }
         let mut positions = std::mem::take(&mut self.buf_positions);
         positions.clear();
-        ctx.key_positions_into(&to_store, &mut positions);
-        let digests = std::mem::take(&mut self.buf_store_digests);
-        let ghosts = std::mem::take(&mut self.buf_store_ghosts);
-        debug_assert_eq!(digests.len(), to_store.len(), "a digest per key to store");
-        // A ghost id per key when the policy keeps ghosts here, none otherwise.
-        debug_assert!(ghosts.is_empty() || ghosts.len() == to_store.len());
-        for (i, (((k, &chunk), &position), &digest)) in to_store
-            .iter()
-            .zip(&chunk_ids)
-            .zip(&positions)
-            .zip(&digests)
-            .enumerate()
-        {
-            let ghost = ghosts.get(i).copied().unwrap_or(NO_GHOST);
-            self.table.insert_writing(*k, digest, chunk, ghost);
-            self.policy.insert(chunk, k, position, self.table.view(), ctx);
+        if self.policy.uses_insert_position() {
+            ctx.key_positions_into(&to_store, &mut positions);
+        } else {
+            positions.resize(to_store.len(), None);
         }
-        self.buf_store_digests = digests;
-        self.buf_store_ghosts = ghosts;
+        let news = std::mem::take(&mut self.buf_store);
+        debug_assert_eq!(news.len(), to_store.len(), "a probe outcome per key to store");
+        for ((k, &chunk), new) in to_store.iter().zip(&chunk_ids).zip(&news) {
+            self.table
+                .insert_writing(*k, new.digest, chunk, new.ghost, new.slot);
+        }
+        self.buf_store = news;
+        // Policies read only the keys of chunks they already order, so every row can be filled
+        // before the first insertion.
+        self.policy
+            .insert_batch(&chunk_ids, &to_store, &positions, self.table.view(), ctx);
         self.buf_positions = positions;
         Some(PrepareStoreOutput {
             keys_to_store: to_store,
@@ -483,7 +511,7 @@ impl PrimaryTier for CpuTier {
 
     fn prepare_store(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Option<PrepareStoreOutput> {
         let mut to_store = Vec::with_capacity(keys.len());
-        let mut observed = std::mem::take(&mut self.buf_refs);
+        let mut observed = std::mem::take(&mut self.buf_offered);
         let mut ready_rows = std::mem::take(&mut self.buf_rows);
         let mut misses = std::mem::take(&mut self.buf_misses);
         let mut new = std::mem::take(&mut self.buf_new);
@@ -494,26 +522,33 @@ impl PrimaryTier for CpuTier {
         self.partition_offer(keys, &mut to_store, &mut observed, &mut ready_rows);
         let mut absent = std::mem::take(&mut self.buf_entries);
         absent.clear();
+        // Every observed key new and distinct: each was stored once.
+        let all_new = observed.len() == to_store.len() && ready_rows.is_empty();
         RequestAccess::with(ctx, self.id, self.generation, |rec| {
-            rec.record_store(&observed, &mut misses, &mut new, &mut absent);
+            rec.record_store(keys, &observed, all_new, &mut misses, &mut new, &mut absent);
         });
         // ARC learns from ghost hits before insertion revives the ghosts (once per key per
         // request, last miss first), then the policy sees first observations; both before any
         // early return, as upstream does.
         if !misses.is_empty() && self.policy.ghost_bound().is_some() {
-            let ghosts = std::mem::take(&mut self.buf_observed_ghosts);
-            self.ghost_hits(misses.iter().map(|&j| ghosts[j]));
-            self.buf_observed_ghosts = ghosts;
+            self.ghost_hits(misses.iter().map(|&j| observed[j].ghost));
         }
         if !new.is_empty() && self.policy.observes_request_access() {
-            // First observations, in offer order: compact them to the front of `observed`.
-            for (dst, &src) in new.iter().enumerate() {
-                observed[dst] = observed[src];
-            }
-            observed.truncate(new.len());
-            self.announce_first_access(&mut observed, ctx);
+            // First observations, in offer order.
+            let mut refs = std::mem::take(&mut self.buf_refs);
+            refs.clear();
+            refs.extend(new.iter().map(|&j| {
+                let o = observed[j];
+                KeyRef {
+                    key: keys[o.at as usize],
+                    chunk: (o.row != NO_ROW).then_some(o.row),
+                    position: None,
+                }
+            }));
+            self.announce_first_access(&mut refs, ctx);
+            self.buf_refs = refs;
         }
-        self.buf_refs = observed;
+        self.buf_offered = observed;
         self.buf_misses = misses;
         self.buf_new = new;
 
@@ -622,7 +657,12 @@ impl PrimaryTier for CpuTier {
         let Some(events) = self.events.as_mut() else {
             return Vec::new();
         };
-        let mut out = std::mem::take(events);
+        if events.is_empty() {
+            return Vec::new();
+        }
+        // The next batch of events gets room for as many as this one had (no growth steps).
+        let room = events.len();
+        let mut out = std::mem::replace(events, Vec::with_capacity(room));
         // A failed store's cleanup names keys a retry may have stored again since; drop those.
         out.retain_mut(|ev| {
             if ev.metadata_only {

@@ -22,8 +22,16 @@ use crate::policy::SlotView;
 /// The bit of an index id that makes it a ghost id (see the module docs); rows stay below it.
 pub(crate) const GHOST: u32 = 1 << 31;
 
-/// The most rows a table holds (ids with the [`GHOST`] bit name ghosts).
-pub(crate) const MAX_ROWS: u64 = GHOST as u64;
+/// The most rows a table holds (ids with the [`GHOST`] bit name ghosts, and the id just below
+/// it is [`RESERVED`]).
+pub(crate) const MAX_ROWS: u64 = RESERVED as u64;
+
+/// The index id of a slot a store offer reserved for a new key until the key gets its row (see
+/// [`ChunkTable::probe_for_store`]); it names no row, so no probe matches it.
+const RESERVED: u32 = GHOST - 1;
+
+/// No reserved index slot.
+pub(crate) const NO_SLOT: usize = usize::MAX;
 
 /// What one probe of the index found for a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +67,11 @@ pub(crate) fn same_key(a: &OffloadKey, b: &OffloadKey) -> bool {
 /// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
 const PREFETCH_WINDOW: usize = 32;
 
+/// Tables of at most this many rows skip prefetching: their metadata (rows, index, ghosts and
+/// policy links, about 150 bytes per row) fits in a core's L2 cache, where a prefetch finds
+/// its line already there and only costs its instructions.
+const PREFETCH_MIN_ROWS: u32 = 16_384;
+
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;
 
@@ -84,6 +97,8 @@ pub(crate) struct ChunkTable {
     free: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
+    /// Whether batches request their lines ahead (see [`PREFETCH_MIN_ROWS`]).
+    prefetching: bool,
     /// Resident rows with ref count 0.
     pub(crate) num_evictable: usize,
     /// Resident rows with ref count −1.
@@ -107,6 +122,7 @@ impl ChunkTable {
             free: Vec::new(),
             num_allocated: 0,
             capacity,
+            prefetching: capacity > PREFETCH_MIN_ROWS,
             num_evictable: 0,
             num_write_pending: 0,
         }
@@ -119,7 +135,7 @@ impl ChunkTable {
     pub(crate) fn digest_batch(&self, keys: &[OffloadKey], digests: &mut Vec<u64>) {
         digests.clear();
         digests.extend(keys.iter().map(digest_of));
-        if keys.len() < 2 {
+        if keys.len() < 2 || !self.prefetching {
             return;
         }
         // More lines than the core can have in flight would only evict each other.
@@ -141,6 +157,9 @@ impl ChunkTable {
     pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
         digests.clear();
         digests.extend(rows.iter().map(|&row| digest_of(&self.rows[row as usize].key)));
+        if !self.prefetching {
+            return;
+        }
         for &d in digests.iter().take(PREFETCH_WINDOW) {
             self.index.prefetch(d);
         }
@@ -155,11 +174,12 @@ impl ChunkTable {
         })
     }
 
-    /// Whether index id `id` (a row or a ghost) holds `key`.
+    /// Whether index id `id` (a row, a ghost or [`RESERVED`]) holds `key`.
     #[inline(always)]
     fn holds(&self, id: u32, key: &OffloadKey) -> bool {
         if id & GHOST == 0 {
-            same_key(&self.rows[id as usize].key, key)
+            // RESERVED is beyond every row, so the bounds check rejects it.
+            self.rows.get(id as usize).is_some_and(|r| same_key(&r.key, key))
         } else {
             same_key(self.ghosts.key(id & !GHOST), key)
         }
@@ -178,6 +198,44 @@ impl ChunkTable {
         }
     }
 
+    /// What a store offer's probe of `key`, whose digest is `digest`, found: `Ok` with the key's
+    /// row or ghost, or `Err` with the vacancy that ends its probe run, which
+    /// [`ChunkTable::reserve_slot`] can take for it at once. Call
+    /// [`ChunkTable::reserve_for_batch`] before the batch's first probe.
+    #[inline(always)]
+    pub(crate) fn probe_for_store(&self, key: &OffloadKey, digest: u64) -> Result<Probe, usize> {
+        match self.index.find_or_vacancy(digest, |id| self.holds(id, key)) {
+            Err(vacancy) => Err(vacancy),
+            Ok(id) if id & GHOST != 0 => Ok(Probe::Ghost(id & !GHOST)),
+            Ok(chunk) => Ok(Probe::Resident(Entry {
+                chunk,
+                ref_cnt: self.rows[chunk as usize].ref_cnt,
+            })),
+        }
+    }
+
+    /// Makes room in the index for `n` more keys, so that slots reserved by the next `n`
+    /// [`ChunkTable::reserve_slot`] calls stay where they are (nothing is rehashed).
+    pub(crate) fn reserve_for_batch(&mut self, n: usize) {
+        self.index.reserve(n);
+    }
+
+    /// Takes `vacancy`, the slot [`ChunkTable::probe_for_store`] just returned for an absent key
+    /// whose digest is `digest`, with nothing changed in the index since, so the key's
+    /// insertion ([`ChunkTable::insert_writing`] with the returned hint) finds its slot without
+    /// walking the run again; [`ChunkTable::cancel_slot`] gives it back. Returns the hint.
+    #[inline]
+    pub(crate) fn reserve_slot(&mut self, vacancy: usize, digest: u64) -> usize {
+        self.index.occupy(vacancy, digest, RESERVED);
+        vacancy
+    }
+
+    /// Gives back a slot [`ChunkTable::reserve_slot`] took for a key whose digest is `digest`
+    /// (its store failed before the insertion).
+    pub(crate) fn cancel_slot(&mut self, digest: u64) {
+        self.index.remove(digest, RESERVED);
+    }
+
     /// The ghost lists.
     #[inline]
     pub(crate) fn ghosts(&self) -> &GhostLists {
@@ -194,6 +252,9 @@ impl ChunkTable {
     /// is then trimmed to `bound`: the records new ghosts take and the index slots of the ghosts
     /// the trims drop. A hint only.
     pub(crate) fn prefetch_ghost_trims(&self, n: usize, bound: usize) {
+        if !self.prefetching {
+            return;
+        }
         self.ghosts.prefetch_free(n);
         let mut oldest = [(0u32, 0u32); 32];
         for l in 0..crate::ghost_lists::GHOST_LISTS {
@@ -320,6 +381,9 @@ impl ChunkTable {
     /// Starts loading the rows named by `hints` (rows about to be checked by
     /// [`ChunkTable::hinted`]).
     pub(crate) fn prefetch_rows(&self, hints: &[ChunkId]) {
+        if !self.prefetching {
+            return;
+        }
         for &row in hints.iter().take(PREFETCH_WINDOW) {
             if let Some(r) = self.rows.get(row as usize) {
                 crate::memory::prefetch(r);
@@ -414,17 +478,24 @@ impl ChunkTable {
     /// Makes `key`, whose digest is `digest`, resident in `chunk` with a write in flight.
     /// `ghost` is the ghost id a probe of this key found earlier ([`NO_GHOST`] if none): when
     /// it still is `key`'s ghost (an eviction since may have dropped it), the ghost is revived
-    /// in place, its index slot renamed to `chunk`.
+    /// in place, its index slot renamed to `chunk`. Else `slot` is the hint
+    /// [`ChunkTable::reserve_slot`] returned for the key ([`NO_SLOT`] if none): the reserved
+    /// slot is renamed to `chunk`, or the key inserted.
     ///
     /// [`NO_GHOST`]: crate::ghost_lists::NO_GHOST
-    pub(crate) fn insert_writing(&mut self, key: OffloadKey, digest: u64, chunk: ChunkId, ghost: u32) {
-        if self.ghosts.is_live_ghost_of(ghost, &key)
-            && self
-                .index
-                .replace_tagged(KeyIndex::tag(digest), ghost | GHOST, chunk)
-        {
+    #[inline]
+    pub(crate) fn insert_writing(
+        &mut self,
+        key: OffloadKey,
+        digest: u64,
+        chunk: ChunkId,
+        ghost: u32,
+        slot: usize,
+    ) {
+        let tag = KeyIndex::tag(digest);
+        if self.ghosts.is_live_ghost_of(ghost, &key) && self.index.replace_tagged(tag, ghost | GHOST, chunk) {
             self.ghosts.remove(ghost);
-        } else {
+        } else if slot == NO_SLOT || !self.index.replace_at(slot, tag, RESERVED, chunk) {
             self.index.insert(digest, chunk);
         }
         self.rows[chunk as usize] = Row {
@@ -450,6 +521,7 @@ impl ChunkTable {
 
     /// Marks row `chunk` free, off the pending-write or evictable count it was on; returns
     /// its key (the index and the free list are the caller's).
+    #[inline]
     fn free_row(&mut self, chunk: ChunkId) -> OffloadKey {
         let row = &mut self.rows[chunk as usize];
         match row.ref_cnt {
@@ -463,6 +535,7 @@ impl ChunkTable {
 
     /// [`ChunkTable::release_digested`] that keeps the key as a ghost at the back of ghost list
     /// `list`: its index slot is renamed to the ghost in place.
+    #[inline]
     pub(crate) fn release_to_ghost(&mut self, chunk: ChunkId, digest: u64, list: usize) -> OffloadKey {
         let key = self.free_row(chunk);
         let tag = KeyIndex::tag(digest);
@@ -481,12 +554,20 @@ impl ChunkTable {
         key
     }
 
-    /// Drops the oldest ghosts of every list until each holds at most `bound`, a batch at a
-    /// time: the batch is read from the front of the list's log, its index slots requested, and
-    /// only then removed.
-    pub(crate) fn trim_ghosts(&mut self, bound: usize) {
+    /// Drops the oldest ghosts of every list until each holds at most `bound`. The first
+    /// `requested` of each list are dropped at once (their index slots were requested by
+    /// [`ChunkTable::prefetch_ghost_trims`], or the table is small enough to be cached); any
+    /// further ones a batch at a time: the batch is read from the front of the list's log, its
+    /// index slots requested, and only then removed.
+    pub(crate) fn trim_ghosts(&mut self, bound: usize, requested: usize) {
         let mut batch = [(0u32, 0u32); 32];
         for l in 0..crate::ghost_lists::GHOST_LISTS {
+            let direct = self.ghosts.len(l).saturating_sub(bound).min(requested);
+            for _ in 0..direct {
+                if let Some((g, tag)) = self.ghosts.pop_oldest(l) {
+                    self.index.remove_tagged(tag, g | GHOST);
+                }
+            }
             while self.ghosts.len(l) > bound {
                 let excess = (self.ghosts.len(l) - bound).min(batch.len());
                 let got = self.ghosts.oldest(l, &mut batch[..excess]);
@@ -598,7 +679,7 @@ mod tests {
         assert!(t.allocate(n as usize, &mut rows));
         for (i, &c) in rows.iter().enumerate() {
             let key = OffloadKey::from_u64(i as u64);
-            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST, NO_SLOT);
             assert_eq!(t.mark_written(&key, digest_of(&key)), Some(c));
         }
         t
@@ -627,7 +708,7 @@ mod tests {
         // Storing k(0) again, with the ghost id its probe found: the ghost leaves its list.
         let mut rows = Vec::new();
         assert!(t.allocate(1, &mut rows));
-        t.insert_writing(k(0), digest_of(&k(0)), rows[0], g0);
+        t.insert_writing(k(0), digest_of(&k(0)), rows[0], g0, NO_SLOT);
         assert_eq!(
             t.probe(&k(0), digest_of(&k(0))),
             Probe::Resident(Entry {
@@ -646,13 +727,13 @@ mod tests {
         t.release_to_ghost(2, digest_of(&k(2)), 0);
         let stale = ghost_of(&t, &k(2)).unwrap();
         // An eviction drops k(2)'s ghost, and the next victim's ghost takes its id.
-        t.trim_ghosts(0);
+        t.trim_ghosts(0, 0);
         assert_eq!(ghost_of(&t, &k(2)), None);
         t.release_to_ghost(3, digest_of(&k(3)), 0);
         assert_eq!(ghost_of(&t, &k(3)), Some(stale), "ghost ids are recycled");
         let mut rows = Vec::new();
         assert!(t.allocate(1, &mut rows));
-        t.insert_writing(k(2), digest_of(&k(2)), rows[0], stale);
+        t.insert_writing(k(2), digest_of(&k(2)), rows[0], stale, NO_SLOT);
         assert_eq!(ghost_of(&t, &k(3)), Some(stale), "k(3) stays a ghost");
         assert_eq!(t.get(&k(2)).map(|e| e.chunk), Some(rows[0]));
         assert_eq!(t.ghosts().len(0), 1);
@@ -668,7 +749,7 @@ mod tests {
         }
         t.ghost_to_back(ghost_of(&t, &k(0)).unwrap());
         // List 0 is 2, 4, 0; list 1 is 1, 3, 5.
-        t.trim_ghosts(1);
+        t.trim_ghosts(1, 1);
         assert_eq!(ghost_of(&t, &k(2)).or(ghost_of(&t, &k(4))), None);
         assert!(ghost_of(&t, &k(0)).is_some() && ghost_of(&t, &k(5)).is_some());
         assert_eq!((t.ghosts().len(0), t.ghosts().len(1)), (1, 1));
@@ -688,7 +769,7 @@ mod tests {
         assert_eq!(out, vec![0, 1, 2]);
         for (i, &c) in out.iter().enumerate() {
             let key = OffloadKey::from_u64(i as u64);
-            t.insert_writing(key, digest_of(&key), c, NO_GHOST);
+            t.insert_writing(key, digest_of(&key), c, NO_GHOST, NO_SLOT);
         }
         t.release(0);
         t.release(1);

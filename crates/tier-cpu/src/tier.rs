@@ -46,19 +46,19 @@ pub struct CpuTier {
     pub(crate) buf_keys: Vec<OffloadKey>,
     /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
     pub(crate) buf_digests: Vec<u64>,
-    /// Digests of the keys a `prepare_store` is storing, in `keys_to_store` order.
-    pub(crate) buf_store_digests: Vec<u64>,
+    /// The probe outcomes of the keys a `prepare_store` is storing, in `keys_to_store` order.
+    pub(crate) buf_store: Vec<crate::ops::NewKey>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,
     /// Indices (into the observed keys) of a store offer's misses new to its request.
     pub(crate) buf_misses: Vec<usize>,
-    /// Ghost ids of the keys a `prepare_store` is storing, in `keys_to_store` order.
-    pub(crate) buf_store_ghosts: Vec<u32>,
     /// Ghost ids of the keys a batch observed or touched.
     pub(crate) buf_observed_ghosts: Vec<u32>,
     pub(crate) buf_positions: Vec<Option<u64>>,
     pub(crate) buf_refs: Vec<KeyRef>,
+    /// The keys a store offer observes (see `CpuTier::partition_offer`).
+    pub(crate) buf_offered: Vec<crate::access::OfferedKey>,
     /// The chunks a touched batch resolved to.
     pub(crate) buf_resolved: Vec<Option<ChunkId>>,
     pub(crate) buf_chunks: Vec<ChunkId>,
@@ -160,15 +160,15 @@ impl CpuTier {
             counters: Counters::default(),
             buf_keys: Vec::new(),
             buf_digests: Vec::new(),
-            buf_store_digests: Vec::new(),
+            buf_store: Vec::new(),
             buf_new: Vec::new(),
             buf_entries: Vec::new(),
             buf_rows: Vec::new(),
             buf_misses: Vec::new(),
-            buf_store_ghosts: Vec::new(),
             buf_observed_ghosts: Vec::new(),
             buf_positions: Vec::new(),
             buf_refs: Vec::new(),
+            buf_offered: Vec::new(),
             buf_resolved: Vec::new(),
             buf_chunks: Vec::new(),
             buf_hints: Vec::new(),

@@ -101,14 +101,23 @@ impl ArcPolicy {
     }
 }
 
-/// Advances `cursor` to the next evictable, unprotected node and returns it.
-fn next_candidate(links: &Links, cursor: &mut u32, slots: SlotView<'_>, protected: Protected<'_>) -> u32 {
+/// Advances `cursor` to the next evictable, unprotected node and returns it; sets `skipped`
+/// when it passes over a node that is not one.
+#[inline]
+fn next_candidate(
+    links: &Links,
+    cursor: &mut u32,
+    slots: SlotView<'_>,
+    protected: Protected<'_>,
+    skipped: &mut bool,
+) -> u32 {
     while *cursor != NIL {
         let n = *cursor;
         *cursor = links.next(n);
         if slots.is_evictable(n) && !protected.contains(n) {
             return n;
         }
+        *skipped = true;
     }
     NIL
 }
@@ -119,6 +128,10 @@ impl EvictionPolicy for ArcPolicy {
     }
 
     fn observes_evictability(&self) -> bool {
+        false
+    }
+
+    fn uses_insert_position(&self) -> bool {
         false
     }
 
@@ -149,6 +162,20 @@ impl EvictionPolicy for ArcPolicy {
         // A ghost of the key was revived by the tier.
         self.t1.push_back(&mut self.links, chunk);
         self.set_in_t2(chunk, false);
+    }
+
+    fn insert_batch(
+        &mut self,
+        chunks: &[ChunkId],
+        _keys: &[OffloadKey],
+        _positions: &[Option<u64>],
+        _slots: SlotView<'_>,
+        _ctx: &ReqContext,
+    ) {
+        for &chunk in chunks {
+            self.t1.push_back(&mut self.links, chunk);
+            self.set_in_t2(chunk, false);
+        }
     }
 
     fn remove(&mut self, chunk: ChunkId, _slots: SlotView<'_>) {
@@ -207,18 +234,22 @@ impl EvictionPolicy for ArcPolicy {
         let mut virtual_t1 = self.t1.len();
         let mut c1 = self.t1.front();
         let mut c2 = self.t2.front();
+        // Whether a scan passed over a node it could not take: when not, the list's victims
+        // are its first members and leave it in one step.
+        let (mut skipped1, mut skipped2) = (false, false);
+        let mut from_t1_count = 0;
         for _ in 0..n {
             let mut pick = NIL;
             let mut from_t1 = false;
             if virtual_t1 >= target {
-                pick = next_candidate(&self.links, &mut c1, slots, protected);
+                pick = next_candidate(&self.links, &mut c1, slots, protected, &mut skipped1);
                 from_t1 = pick != NIL;
             }
             if pick == NIL {
-                pick = next_candidate(&self.links, &mut c2, slots, protected);
+                pick = next_candidate(&self.links, &mut c2, slots, protected, &mut skipped2);
             }
             if pick == NIL {
-                pick = next_candidate(&self.links, &mut c1, slots, protected);
+                pick = next_candidate(&self.links, &mut c1, slots, protected, &mut skipped1);
                 if pick == NIL {
                     out.truncate(start);
                     self.victim_lists.clear();
@@ -228,16 +259,24 @@ impl EvictionPolicy for ArcPolicy {
             }
             if from_t1 {
                 virtual_t1 = virtual_t1.saturating_sub(1);
+                from_t1_count += 1;
             }
             out.push(pick);
             self.victim_lists.push(if from_t1 { B1 as u8 } else { B2 as u8 });
         }
         // Unlinked only once every pick is made: the scans above walk the lists as they were.
+        let from_t2_count = n - from_t1_count;
+        if !skipped1 {
+            self.t1.unlink_front(&mut self.links, from_t1_count, c1);
+        }
+        if !skipped2 {
+            self.t2.unlink_front(&mut self.links, from_t2_count, c2);
+        }
         for (&chunk, &list) in out[start..].iter().zip(&self.victim_lists) {
-            if usize::from(list) == B1 {
-                self.t1.remove(&mut self.links, chunk);
-            } else {
-                self.t2.remove(&mut self.links, chunk);
+            match (usize::from(list) == B1, skipped1, skipped2) {
+                (true, true, _) => self.t1.remove(&mut self.links, chunk),
+                (false, _, true) => self.t2.remove(&mut self.links, chunk),
+                _ => self.links.detach(chunk),
             }
         }
         true

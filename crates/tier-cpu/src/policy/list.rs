@@ -70,6 +70,12 @@ impl Links {
         }
     }
 
+    /// Marks node `n`, which some list just dropped, as in no list.
+    #[inline]
+    pub(crate) fn detach(&mut self, n: u32) {
+        self.nodes[n as usize] = DETACHED;
+    }
+
     #[inline]
     fn set_next(&mut self, n: u32, next: u32) {
         self.nodes[n as usize].next = next;
@@ -174,6 +180,22 @@ impl List {
         self.len -= 1;
     }
 
+    /// Drops the first `k` members, which `rest` follows (`rest` is [`NIL`] when they are all
+    /// the members). Their own links are left as they were: the caller detaches them.
+    #[inline]
+    pub(crate) fn unlink_front(&mut self, links: &mut Links, k: usize, rest: u32) {
+        if k == 0 {
+            return;
+        }
+        self.head = rest;
+        if rest == NIL {
+            self.tail = NIL;
+        } else {
+            links.set_prev(rest, NIL);
+        }
+        self.len -= k;
+    }
+
     /// Moves member `n` to the back.
     #[inline]
     pub(crate) fn move_to_back(&mut self, links: &mut Links, n: u32) {
@@ -246,6 +268,28 @@ mod tests {
         assert_eq!(members(&l, &links), vec![2, 3, 1]);
         l.move_to_back(&mut links, 1);
         assert_eq!(members(&l, &links), vec![2, 3, 1]);
+    }
+
+    #[test]
+    fn unlinking_a_prefix_keeps_the_rest_linked_both_ways() {
+        let mut links = Links::with_nodes(8);
+        let mut l = List::new();
+        for n in [4, 1, 6, 2] {
+            l.push_back(&mut links, n);
+        }
+        l.unlink_front(&mut links, 2, 6);
+        for n in [4, 1] {
+            links.detach(n);
+        }
+        assert_eq!(members(&l, &links), vec![6, 2]);
+        assert_eq!((l.front(), l.len(), links.prev(6)), (6, 2, NIL));
+        l.unlink_front(&mut links, 0, NIL);
+        assert_eq!(members(&l, &links), vec![6, 2], "nothing to drop");
+        l.unlink_front(&mut links, 2, NIL);
+        assert!(l.is_empty() && l.front() == NIL);
+        l.push_back(&mut links, 4);
+        assert_eq!(members(&l, &links), vec![4]);
+        assert_eq!((links.prev(4), links.next(4)), (NIL, NIL));
     }
 
     #[test]

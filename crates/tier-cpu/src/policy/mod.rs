@@ -212,6 +212,13 @@ pub trait EvictionPolicy: Send {
         let _ = (keys, slots, ctx);
     }
 
+    /// Whether [`EvictionPolicy::insert`] reads the key's recorded position: a policy that
+    /// ignores it returns `false`, and the tier passes `None` instead of looking positions up.
+    /// Defaults to `true`.
+    fn uses_insert_position(&self) -> bool {
+        true
+    }
+
     /// A chunk was reserved for `key` (write in flight); `position` is the request's recorded
     /// position of the key. `slots` already maps `chunk` to `key`.
     fn insert(
@@ -222,6 +229,22 @@ pub trait EvictionPolicy: Send {
         slots: SlotView<'_>,
         ctx: &ReqContext,
     );
+
+    /// Chunks were reserved for `keys` (writes in flight), `chunks[i]` for `keys[i]` with the
+    /// request's recorded position `positions[i]`: the same as [`EvictionPolicy::insert`] of
+    /// each in order, which the default does. `slots` already maps every chunk to its key.
+    fn insert_batch(
+        &mut self,
+        chunks: &[ChunkId],
+        keys: &[OffloadKey],
+        positions: &[Option<u64>],
+        slots: SlotView<'_>,
+        ctx: &ReqContext,
+    ) {
+        for ((&chunk, key), &position) in chunks.iter().zip(keys).zip(positions) {
+            self.insert(chunk, key, position, slots, ctx);
+        }
+    }
 
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);

@@ -73,6 +73,14 @@ impl<const N: usize> Rings<N> {
         }
     }
 
+    /// Starts loading node `n`'s position entry (written when it joins a set). A hint only.
+    #[inline]
+    pub(crate) fn prefetch_position(&self, n: u32) {
+        if let Some(p) = self.pos.get(n as usize) {
+            crate::memory::prefetch(p);
+        }
+    }
+
     /// Members of set `l`.
     #[inline]
     pub(crate) fn len(&self, l: usize) -> usize {

@@ -75,6 +75,10 @@ impl EvictionPolicy for S3FifoPolicy {
         false
     }
 
+    fn uses_insert_position(&self) -> bool {
+        false
+    }
+
     fn on_request_access(&mut self, keys: &[KeyRef], slots: SlotView<'_>, _ctx: &ReqContext) {
         for k in keys {
             if let Some(chunk) = k.chunk
