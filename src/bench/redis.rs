@@ -226,13 +226,18 @@ impl Bench<'_> {
 /// drives the connection as the tier's workers do, so it is as good a client as the tier's:
 /// commands encoded once into a reused buffer, `SET`s sent every [`SEND_BYTES`] as they are
 /// encoded, replies read one by one (each `GET` value copied out as it arrives) — minus the
-/// tier's header, checksum, worker hand-off and job bookkeeping.
+/// tier's header, checksum, worker hand-off and job bookkeeping. Each batch writes new keys, as
+/// the tier's cascades do: overwriting the same keys every round let the server reuse the
+/// values it had just freed, while the tier's new keys grow its dictionary and take fresh memory
+/// (measured at 64 KiB chunks: the tier read 0.5 of a reference that overwrote).
 struct RawRedis {
     conn: redis::Connection,
     /// Opens the clean-up connection (the measuring one may hold unread replies after an error).
     client: redis::Client,
     prefix: String,
+    /// Reference keys written so far (`prefix` + 0..keys); the last batch is the last `batch`.
     keys: usize,
+    batch: usize,
     /// The tier's keys this run stored (deleted at the end: the benchmark's data is not cache).
     stored: Vec<Vec<u8>>,
     /// The encoded commands, reused from batch to batch.
@@ -278,6 +283,7 @@ impl RawRedis {
             client,
             prefix: format!("kvtier-bench-raw:{}:", std::process::id()),
             keys: 0,
+            batch: 0,
             stored: Vec::new(),
             buf: Vec::new(),
         })
@@ -290,9 +296,10 @@ impl RawRedis {
     fn set_batch(&mut self, data: &[u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
         let n = data.len() / cb;
+        let first = self.keys;
         self.buf.clear();
         for (i, chunk) in data.chunks(cb).enumerate() {
-            let key = self.key(i);
+            let key = self.key(first + i);
             self.buf.extend_from_slice(b"*3\r\n$3\r\nSET\r\n");
             bulk(&mut self.buf, key.as_bytes());
             bulk(&mut self.buf, chunk);
@@ -320,14 +327,18 @@ impl RawRedis {
                 }
             }
         }
-        self.keys = self.keys.max(n);
+        self.keys += n;
+        self.batch = n;
         Ok(t.elapsed())
     }
 
     fn get_batch(&mut self, out: &mut [u8], cb: usize) -> Result<Duration, BenchError> {
         let t = Instant::now();
         self.buf.clear();
-        for i in 0..out.len() / cb {
+        // The batch written last: the tier, too, reads back what it just stored.
+        let first = self.keys - self.batch;
+        let n = (out.len() / cb).min(self.batch);
+        for i in first..first + n {
             let key = self.key(i);
             self.buf.extend_from_slice(b"*2\r\n$3\r\nGET\r\n");
             bulk(&mut self.buf, key.as_bytes());
@@ -335,7 +346,7 @@ impl RawRedis {
         self.conn
             .send_packed_command(&self.buf)
             .map_err(|e| raw_err(&e))?;
-        for dst in out.chunks_mut(cb) {
+        for dst in out.chunks_mut(cb).take(n) {
             match self.conn.recv_response().map_err(|e| raw_err(&e))? {
                 redis::Value::BulkString(v) if v.len() == cb => dst.copy_from_slice(&v),
                 other => {
