@@ -51,7 +51,7 @@ pub enum Message {
     Hello {
         /// 0-based tensor-parallel rank.
         rank: u32,
-        /// [`fingerprint`] of the worker's arena.
+        /// [`fingerprint`](super::fingerprint) of the worker's arena.
         fingerprint: u64,
     },
     /// Finished copies.
