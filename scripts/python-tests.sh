@@ -14,9 +14,11 @@ if ! "$venv/bin/python" -c "import maturin, pytest, numpy" 2>/dev/null; then
     "$venv/bin/python" -m pip install --quiet --upgrade pip
     "$venv/bin/python" -m pip install --quiet maturin pytest numpy
 fi
-# `maturin develop` installs the extension (release build) into the venv.
+# `maturin develop` installs the extension into the venv: a debug build (with debug assertions),
+# which reuses much of the workspace's test build; a release build of the whole dependency tree
+# cost CI minutes. The Python benchmarks build their own release wheel (bench/bench_manager.py).
 (cd "$root/crates/kvtier-py" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
-    "$venv/bin/maturin" develop --release --quiet)
+    "$venv/bin/maturin" develop --quiet)
 cd "$root/crates/kvtier-py"
 # pytest's temporary directories go under one of ours, removed on exit (its default,
 # /tmp/pytest-of-$USER, outlives the run).
