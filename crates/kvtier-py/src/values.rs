@@ -173,6 +173,18 @@ fn same_objects(
         }
         Ok(None)
     };
+    // Every offered key is to be stored (a subsequence as long as the sequence is all of it):
+    // one C-level copy of the caller's sequence instead of an item call per key.
+    if wanted.len() == offered.len() {
+        if let Ok(list) = offered_objects.cast::<PyList>()
+            && list.len() == offered.len()
+        {
+            return Ok(Some(list.get_slice(0, list.len()).unbind()));
+        }
+        if let Ok(tuple) = offered_objects.cast::<PyTuple>() {
+            return Ok(Some(PyList::new(py, tuple.iter())?.unbind()));
+        }
+    }
     let mut objects = Vec::with_capacity(wanted.len());
     let mut j = 0;
     for key in wanted {

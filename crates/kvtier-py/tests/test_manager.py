@@ -357,14 +357,22 @@ def test_results_hand_back_the_callers_key_objects_and_build_lists_once():
         events = s.take_events()
         assert [(e.removed, nums(e.keys)) for e in events] == [(False, [1]), (False, [2, 3])]
         assert events[1].keys is events[1].keys
-        # A tuple works as well; an iterator's keys come back as new, equal objects.
-        out = s.prepare_store((key(4),), a)
+        # A tuple works as well; an iterator's keys come back as new, equal objects. When
+        # every offered key is new, the list is a new list of the caller's objects.
+        offered = (key(4),)
+        out = s.prepare_store(offered, a)
         assert nums(out.keys_to_store) == [4] and len(out.evicted_keys) == 1
+        assert out.keys_to_store[0] is offered[0] and isinstance(out.keys_to_store, list)
         assert out.evicted is out.evicted_keys
         s.complete_store(out.keys_to_store, a)
         out = s.prepare_store(iter([key(5)]), a)
         assert nums(out.keys_to_store) == [5] and len(out.evicted) == 1
         s.complete_store(out.keys_to_store, a)
+        offered = [key(6)]
+        out = s.prepare_store(offered, a)
+        assert out.keys_to_store == offered and out.keys_to_store is not offered
+        assert out.keys_to_store[0] is offered[0]
+        s.complete_store(out.keys_to_store, a)
         removed = [nums(e.keys) for e in s.take_events() if e.removed]
-        assert len(removed) == 2 and all(len(r) == 1 for r in removed)
+        assert len(removed) == 3 and all(len(r) == 1 for r in removed)
     m.shutdown()
