@@ -27,6 +27,7 @@ fn handoff_every_mode(workers_process: bool) {
         // a loaded machine could overrun. A fetch that needed a producer step would then wait
         // the fetch timeout.
         hold_offstep_step_until_landed: true,
+        explain_slowest: 2,
         workers_process,
         worker_exe: Some(env!("CARGO_BIN_EXE_kvtier").into()),
         ..small()
@@ -40,6 +41,16 @@ fn handoff_every_mode(workers_process: bool) {
         assert_eq!(m.producer_steps_during_fetch.len(), 4, "{m:?}");
         assert!(m.producer_step_ms.count > 0, "{m:?}");
         assert!(m.lookup_ms.is_none(), "no probing in the hand-off");
+        // The two slowest fetches, split: slowest first, each a measured one whose store was
+        // copied (the copy workers' ends are known), the planes no longer than the round trip.
+        assert_eq!(m.slowest.len(), 2, "{m:?}");
+        assert!(m.slowest[0].rtt_ms >= m.slowest[1].rtt_ms, "{m:?}");
+        assert!((m.fetch_ms.max - m.slowest[0].rtt_ms).abs() < 1e-3, "{m:?}");
+        for t in &m.slowest {
+            assert!((1..=4).contains(&t.request), "{t:?}");
+            assert!(t.copy_done_after_sent_ms.is_some(), "{t:?}");
+            assert!(t.planes_ms >= 0.0 && t.planes_ms <= t.rtt_ms + 1e-9, "{t:?}");
+        }
         match m.mode {
             // The store completes only at a later producer step's `complete_store`: every
             // fetch landed after at least one producer step began past the one that started it.

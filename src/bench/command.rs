@@ -62,6 +62,10 @@ pub enum BenchCommand {
         /// arena, reporting on the completion channel (`reporters = 2`).
         #[arg(long)]
         workers_process: bool,
+        /// Hand-off flow: also print each mode's N slowest fetches with their round trip split
+        /// (departure, copy end, control and data planes with the consumer's poll gap).
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        explain_slowest: usize,
         /// Measured fetches per mode.
         #[arg(long, default_value_t = 200)]
         fetches: usize,
@@ -184,6 +188,7 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
             arrival_ms,
             seed,
             workers_process,
+            explain_slowest,
             fetches,
             chunks_per_fetch,
             chunk_bytes,
@@ -207,6 +212,7 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
                 arrival_mean: millis("arrival-ms", *arrival_ms)?,
                 seed: *seed,
                 workers_process: *workers_process,
+                explain_slowest: *explain_slowest,
                 fetches: *fetches,
                 chunks_per_fetch: *chunks_per_fetch,
                 chunk_bytes: *chunk_bytes,

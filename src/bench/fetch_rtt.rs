@@ -34,8 +34,10 @@ mod copy;
 mod handoff;
 mod pull;
 mod reference;
+mod timeline;
 mod worker_process;
 
+pub use timeline::FetchTimeline;
 pub use worker_process::{CopyWorkerArgs, copy_worker};
 
 use std::fmt;
@@ -177,6 +179,9 @@ pub struct FetchRttConfig {
     /// the fetch" is an ordering fact instead of a race against the step time. A fetch that
     /// needed a producer step then waits `fetch_timeout` for it. Off for measurements.
     pub hold_offstep_step_until_landed: bool,
+    /// Hand-off flow: print this many of each mode's slowest fetches with their round trip
+    /// split (departure, copy end, control and data planes, the consumer's poll gap).
+    pub explain_slowest: usize,
 }
 
 #[allow(clippy::trivially_copy_pass_by_ref)] // serde's `serialize_with` signature
@@ -202,6 +207,7 @@ impl Default for FetchRttConfig {
             transfer_samples: 200,
             fetch_timeout: Duration::from_secs(20),
             hold_offstep_step_until_landed: false,
+            explain_slowest: 0,
         }
     }
 }
@@ -227,6 +233,8 @@ pub struct ModeResult {
     pub fetches_held_back: u64,
     /// Producer stores completed off-step (reported by the copy worker).
     pub off_step_store_completions: u64,
+    /// Hand-off flow with `explain_slowest`: the slowest fetches, split, slowest first.
+    pub slowest: Vec<FetchTimeline>,
 }
 
 impl ModeResult {
@@ -399,6 +407,9 @@ impl fmt::Display for FetchRttReport {
                     "  {:<15} lookup rtt p50 {:.2} ms, p99 {:.2} ms",
                     "", l.p50, l.p99
                 )?;
+            }
+            for t in &m.slowest {
+                writeln!(f, "  {:<15} {t}", "")?;
             }
         }
         if let Some(t) = &self.target {

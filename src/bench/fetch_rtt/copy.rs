@@ -24,8 +24,8 @@ pub(super) struct CopyOrder {
     pub rows: Vec<ChunkId>,
 }
 
-/// A worker's "copy finished" for one request: (request, rank, success).
-pub(super) type CopyDone = (usize, u32, bool);
+/// A worker's "copy finished" for one request: (request, rank, success, when).
+pub(super) type CopyDone = (usize, u32, bool, Instant);
 
 /// Memcpy throughput of `chunk_bytes`-sized copies in this process, bytes per second (median
 /// of repeated copies between two warm buffers).
@@ -152,7 +152,7 @@ impl CopyWorkers {
                     if let Some(r) = &reporter {
                         r.report(&keys[order.request], ok);
                     }
-                    if done.send((order.request, 0, ok)).is_err() {
+                    if done.send((order.request, 0, ok, Instant::now())).is_err() {
                         return;
                     }
                 }

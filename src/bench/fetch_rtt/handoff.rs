@@ -35,6 +35,7 @@ use tier_cpu::{Capacity, CpuTierOptions, PolicyKind};
 use tiering_core::{LookupResult, OffloadKey, OffloadingManager, ReqContext, RequestId, TieringManager};
 
 use super::copy::{CopyDone, CopyOrder, CopyWorkers};
+use super::timeline::{self, FetchSeen, TimelineMarks, nanos_since};
 use super::worker_process::WorkerProcesses;
 use super::{ControlPlaneMode, FetchRttConfig, ModeResult, Node, end, mgr_err, ms, node_with, source_params};
 use crate::bench::BenchError;
@@ -156,8 +157,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     };
     drop(done_tx);
 
-    let progress = Arc::new(Progress::new(requests));
     let origin = Instant::now();
+    let progress = Arc::new(Progress::new(requests));
     let engine = ProducerEngine {
         mgr: producer.mgr,
         keys: keys.clone(),
@@ -212,6 +213,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
         fetches_waited: measured.waited,
         fetches_held_back: measured.held_back,
         off_step_store_completions: stats.manager.off_step_store_completions,
+        slowest: timeline::slowest(&measured.seen, &progress.marks, cfg.explain_slowest),
     })
 }
 
@@ -226,6 +228,8 @@ struct Progress {
     landed: AtomicUsize,
     /// The consumer returned (done, or failed).
     consumer_done: AtomicBool,
+    /// What the per-fetch timelines are split with.
+    marks: TimelineMarks,
 }
 
 impl Progress {
@@ -235,6 +239,7 @@ impl Progress {
             started_in: (0..requests).map(|_| AtomicU64::new(0)).collect(),
             landed: AtomicUsize::new(0),
             consumer_done: AtomicBool::new(false),
+            marks: TimelineMarks::new(requests),
         }
     }
 }
@@ -288,9 +293,11 @@ impl ProducerEngine {
             .map_err(|e| mgr_err(&e))?;
         loop {
             let begin = Instant::now();
+            self.progress.marks.step_began(self.origin, begin);
             let index = self.progress.producer_steps.fetch_add(1, Ordering::AcqRel) + 1;
             let mut finished = Vec::new();
-            while let Ok((i, _rank, ok)) = self.done.try_recv() {
+            while let Ok((i, _rank, ok, at)) = self.done.try_recv() {
+                self.progress.marks.copy_finished(i, self.origin, at);
                 let r = &mut reported[i];
                 r.0 += 1;
                 r.1 &= ok;
@@ -323,6 +330,7 @@ impl ProducerEngine {
                 }
                 s.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
             }
+            self.progress.marks.sched_ended(self.origin, Instant::now());
             // The step ended: the copies start with the model, and the prefills are known.
             for o in &orders {
                 self.workers.order(o)?;
@@ -408,6 +416,7 @@ struct InFlight {
     i: usize,
     ctx: ReqContext,
     sent_at: Instant,
+    sent_in_sched: bool,
 }
 
 /// The consumer's engine: one decode request per producer store, sent at its arrival time.
@@ -430,6 +439,7 @@ fn consume(
     let mut waited_before = 0;
     let mut held_since: Option<Instant> = None;
     let mgr = &mut consumer.mgr;
+    let mut last_step = Instant::now();
     while landed < requests {
         // A decoder with nothing in flight has nothing to step for until its next request
         // arrives; one waiting on fetches polls them every tick. (Ticking all the time would
@@ -439,6 +449,9 @@ fn consume(
             .flatten();
         std::thread::sleep(idle_until.map_or(CONSUMER_TICK, |d| d.clamp(CONSUMER_TICK, IDLE_TICK)));
         let mut step = mgr.step();
+        let this_step = Instant::now();
+        let poll_gap = this_step - last_step;
+        last_step = this_step;
         let mut still = Vec::with_capacity(inflight.len());
         for f in inflight.drain(..) {
             let batch = &keys[f.i];
@@ -465,7 +478,8 @@ fn consume(
                 still.push(f);
                 continue;
             }
-            let rtt = ms(f.sent_at.elapsed());
+            let landed_at = Instant::now();
+            let rtt = ms(landed_at - f.sent_at);
             let steps_now = progress.producer_steps.load(Ordering::Acquire);
             let started_in = progress.started_in[f.i].load(Ordering::Acquire);
             // Loaded in the same step that saw the hits (a hit is resident until it ends).
@@ -487,6 +501,13 @@ fn consume(
             } else {
                 m.fetches.push(rtt);
                 m.during.push(steps_now.saturating_sub(started_in));
+                m.seen.push(FetchSeen {
+                    i: f.i,
+                    sent_ns: nanos_since(origin, f.sent_at),
+                    landed_ns: nanos_since(origin, landed_at),
+                    sent_in_sched: f.sent_in_sched,
+                    poll_gap,
+                });
             }
         }
         inflight = still;
@@ -526,7 +547,13 @@ fn consume(
         step.on_schedule_end(&end()).map_err(|e| mgr_err(&e))?;
         drop(step);
         let sent_at = Instant::now();
-        inflight.extend(sent.into_iter().map(|(i, ctx)| InFlight { i, ctx, sent_at }));
+        let sent_in_sched = progress.marks.producer_in_sched();
+        inflight.extend(sent.into_iter().map(|(i, ctx)| InFlight {
+            i,
+            ctx,
+            sent_at,
+            sent_in_sched,
+        }));
     }
     m.waited = tier_p2p::P2pCounters::get(&from.counters().fetches_waited) - waited_before;
     Ok(m)
@@ -543,4 +570,6 @@ struct Measured {
     waited: u64,
     /// Fetches sent later than their arrival because the producer had not started the store.
     held_back: u64,
+    /// What the consumer saw of each measured fetch, for the timelines.
+    seen: Vec<FetchSeen>,
 }

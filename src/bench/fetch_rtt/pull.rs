@@ -106,6 +106,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         fetches_waited: tier_p2p::P2pCounters::get(&producer.p2p.counters().fetches_waited),
         fetches_held_back: 0,
         off_step_store_completions: stats.manager.off_step_store_completions,
+        slowest: Vec::new(),
     })
 }
 

@@ -211,7 +211,10 @@ impl WorkerProcesses {
                             }
                             (Some("done"), Some(i), Some(ok)) => {
                                 let Ok(i) = i.parse() else { return };
-                                if done.send((i, rank, ok == "1")).is_err() {
+                                if done
+                                    .send((i, rank, ok == "1", std::time::Instant::now()))
+                                    .is_err()
+                                {
                                     return;
                                 }
                             }
