@@ -25,3 +25,11 @@ cd "$root/crates/kvtier-py"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 "$venv/bin/python" -m pytest -q -p no:cacheprovider --basetemp "$scratch/pytest" tests "$@"
+# What a user installs: the wheel, built and installed into a fresh virtual environment that
+# holds nothing else (no index: the package has no dependencies), then driven once from outside
+# the source tree.
+(cd "$root/crates/kvtier-py" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
+    "$venv/bin/maturin" build --quiet --out "$scratch/wheels")
+"$python" -m venv "$scratch/clean-venv"
+"$scratch/clean-venv/bin/python" -m pip install --quiet --no-index "$scratch"/wheels/kvtier-*.whl
+(cd "$scratch" && "$scratch/clean-venv/bin/python" -I "$root/crates/kvtier-py/tests/wheel_smoke.py")
