@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use common::*;
 use tiering_core::testing::{Completion, PeerRequest, next_sequence};
-use tiering_core::{LookupResult, ManagerConfig, ManagerError, OnTierFailure, ReqContext, RequestId};
+use tiering_core::{
+    JobOutcome, LookupResult, ManagerConfig, ManagerError, OnTierFailure, ReqContext, RequestId,
+};
 
 fn threaded() -> ManagerConfig {
     ManagerConfig::default()
@@ -119,6 +121,75 @@ fn on_schedule_end_does_not_double_serve() {
         on_me.is_empty(),
         "the scheduler thread polled or served: {on_me:?}"
     );
+    r.m.shutdown().unwrap();
+}
+
+/// The engine waits on a promotion: its lookup polls the control thread's tiers itself, once
+/// per step, so a promotion that finished is a hit at that lookup even when the control thread
+/// could not sweep yet (here: it cannot, the step holds the lock).
+#[test]
+fn a_lookup_lands_a_finished_promotion_without_waiting_for_the_control_thread() {
+    let mut r = rig(8, &["peer"], threaded());
+    first_step(&mut r);
+    r.m.end();
+    r.tiers[0].set_completion(Completion::Manual);
+    let (a, b) = (ReqContext::local("engine-a"), ReqContext::local("engine-b"));
+    for (ctx, n) in [(&a, 5), (&b, 6)] {
+        r.tiers[0].insert(key(n), bytes_for(&key(n)));
+        r.m.on_new_request(ctx).unwrap();
+        assert_eq!(r.m.lookup(&key(n), ctx).unwrap(), LookupResult::HitPending);
+    }
+    end_step(&mut r.m);
+    r.m.end();
+    // One promotion job per request.
+    let jobs = r.tiers[0].held_jobs();
+    let job_of = |n: u64| {
+        jobs.iter()
+            .find(|(_, _, keys)| keys == &[key(n)])
+            .map(|j| j.0)
+            .unwrap()
+    };
+    let (job5, job6) = (job_of(5), job_of(6));
+    assert_eq!(jobs.len(), 2, "{jobs:?}");
+
+    let me = std::thread::current().id();
+    let mark = next_sequence();
+    // The step is open (the lock held) before key(5)'s promotion finishes: only this thread can
+    // apply it until the step ends.
+    assert_eq!(r.m.lookup(&key(1), &a).unwrap(), LookupResult::Hit);
+    assert!(r.tiers[0].complete(job5, JobOutcome::Ok));
+    assert_eq!(r.m.lookup(&key(6), &b).unwrap(), LookupResult::HitPending);
+    assert_eq!(
+        r.m.lookup(&key(5), &a).unwrap(),
+        LookupResult::Hit,
+        "applied by the poll of key(6)'s lookup"
+    );
+    // Once per step: key(6)'s promotion finishing now is seen at the next step.
+    assert!(r.tiers[0].complete(job6, JobOutcome::Ok));
+    assert_eq!(r.m.lookup(&key(6), &b).unwrap(), LookupResult::HitPending);
+    let polls_here = |from: u64| {
+        r.tiers[0]
+            .calls()
+            .iter()
+            .filter(|c| c.seq > from && c.op == "poll" && c.thread == me)
+            .count()
+    };
+    assert_eq!(
+        polls_here(mark),
+        1,
+        "one poll from the scheduler thread in this step"
+    );
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &a, key(5)), bytes_for(&key(5)));
+    r.m.end();
+    assert_eq!(r.m.lookup(&key(6), &b).unwrap(), LookupResult::Hit);
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &b, key(6)), bytes_for(&key(6)));
+    // Nothing awaited: a step that misses polls nothing from this thread.
+    let mark = next_sequence();
+    for n in 100..110 {
+        assert_eq!(r.m.lookup(&key(n), &a).unwrap(), LookupResult::Miss);
+    }
+    assert_eq!(polls_here(mark), 0);
+    r.m.end();
     r.m.shutdown().unwrap();
 }
 

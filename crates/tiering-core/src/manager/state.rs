@@ -77,6 +77,9 @@ pub struct TieringState {
     pub(crate) requests: RequestMap<RequestState>,
     /// The scheduler's once-per-step poll gate.
     pub(crate) polled_this_step: bool,
+    /// Whether this step already polled the control thread's tiers for a promotion it waits
+    /// on (see `lookup_unlocked`).
+    pub(crate) promotions_polled_this_step: bool,
     /// Set while the control-plane thread runs: it alone polls and serves the opted-in tiers.
     pub(crate) control_thread_live: bool,
     pub(crate) counters: ManagerCounters,
@@ -137,6 +140,7 @@ impl TieringState {
             pending_promotions: (0..n).map(|_| IndexMap::new()).collect(),
             requests: RequestMap::default(),
             polled_this_step: false,
+            promotions_polled_this_step: false,
             control_thread_live: false,
             counters: ManagerCounters::default(),
             results: Vec::new(),

@@ -47,6 +47,7 @@ impl Step<'_> {
         } else {
             let mut guard = shared.state.lock_arc();
             guard.polled_this_step = false;
+            guard.promotions_polled_this_step = false;
             Some(guard)
         };
         // Taken after the lock: a sweep may have failed while this step waited for it.

@@ -42,6 +42,7 @@ impl TieringState {
         self.primary.reset();
         self.gates.reset();
         self.polled_this_step = false;
+        self.promotions_polled_this_step = false;
         drained.and(processed)
     }
 
