@@ -156,13 +156,13 @@ fn a_lookup_lands_a_finished_promotion_without_waiting_for_the_control_thread() 
     let mark = next_sequence();
     // The step is open (the lock held) before key(5)'s promotion finishes: only this thread can
     // apply it until the step ends.
-    assert_eq!(r.m.lookup(&key(1), &a).unwrap(), LookupResult::Hit);
+    r.m.step();
     assert!(r.tiers[0].complete(job5, JobOutcome::Ok));
     assert_eq!(r.m.lookup(&key(6), &b).unwrap(), LookupResult::HitPending);
     assert_eq!(
         r.m.lookup(&key(5), &a).unwrap(),
         LookupResult::Hit,
-        "applied by the poll of key(6)'s lookup"
+        "applied by the poll at the step's first lookup"
     );
     // Once per step: key(6)'s promotion finishing now is seen at the next step.
     assert!(r.tiers[0].complete(job6, JobOutcome::Ok));
@@ -183,7 +183,7 @@ fn a_lookup_lands_a_finished_promotion_without_waiting_for_the_control_thread() 
     r.m.end();
     assert_eq!(r.m.lookup(&key(6), &b).unwrap(), LookupResult::Hit);
     assert_eq!(load_bytes(&mut r.m, &r.primary, &b, key(6)), bytes_for(&key(6)));
-    // Nothing awaited: a step that misses polls nothing from this thread.
+    // Nothing awaited: a step polls nothing from this thread.
     let mark = next_sequence();
     for n in 100..110 {
         assert_eq!(r.m.lookup(&key(n), &a).unwrap(), LookupResult::Miss);

@@ -29,42 +29,43 @@ impl TieringState {
         ctx: &ReqContext,
         poll: bool,
     ) -> Result<LookupResult, ManagerError> {
-        if poll {
+        // The gate is checked here too: a step makes hundreds of lookups, and only its first
+        // polls (the call and the empty fault list cost more than the probe at small sizes).
+        if poll && !self.polled_this_step {
             let faults = self.gated_poll();
             self.handle_faults(faults)?;
         }
-        let (mut r, mut tier) = self.walk_tiers(key, ctx);
-        if poll && r == LookupResult::HitPending && tier == Some(0) && self.poll_awaited_promotions()? {
-            (r, tier) = self.walk_tiers(key, ctx);
+        if poll && !self.promotions_polled_this_step {
+            self.poll_awaited_promotions()?;
         }
+        let (r, tier) = self.walk_tiers(key, ctx);
         if poll {
             self.telemetry.lookup(r, tier);
         }
         Ok(r)
     }
 
-    /// The engine waits on a chunk the primary holds as pending: when a tier the control thread
-    /// services has a promotion in flight, polls those tiers now, once per step, and applies
-    /// what finished, so a promotion that already landed is a `Hit` at this lookup instead of
-    /// after the control thread's next sweep (a thread wake-up, which on a busy machine waits
-    /// for a core). Returns whether it polled. The only call the scheduler thread makes into
+    /// The step's first engine lookup while a tier the control thread services has a promotion
+    /// in flight polls those tiers and applies what finished, so a promotion that already landed
+    /// is a `Hit` in this step instead of after the control thread's next sweep (a thread
+    /// wake-up, which on a busy machine waits for a core). Once per step: a promotion reserved
+    /// in this step is only submitted at its end. The only call the scheduler thread makes into
     /// those tiers; `docs/ARCHITECTURE.md`, "The control-plane thread".
-    fn poll_awaited_promotions(&mut self) -> Result<bool, ManagerError> {
-        if self.promotions_polled_this_step || !self.control_thread_live {
-            return Ok(false);
+    fn poll_awaited_promotions(&mut self) -> Result<(), ManagerError> {
+        self.promotions_polled_this_step = true;
+        if !self.control_thread_live {
+            return Ok(());
         }
         let tiers = &self.tiers;
         let awaited = self
             .jobs
             .values()
             .any(|m| m.kind == JobKind::Promotion && tiers.get(m.tier).is_some_and(|t| t.on_control_plane));
-        if !awaited {
-            return Ok(false);
+        if awaited {
+            let faults = self.poll_tiers(Servicer::ControlThread);
+            self.handle_faults(faults)?;
         }
-        self.promotions_polled_this_step = true;
-        let faults = self.poll_tiers(Servicer::ControlThread);
-        self.handle_faults(faults)?;
-        Ok(true)
+        Ok(())
     }
 
     /// The walk itself; returns the verdict and the index (0 = primary) of the tier that gave it.

@@ -68,10 +68,14 @@ impl Step<'_> {
             return Err(ManagerError::ControlPlane(f));
         }
         let state = self.guard.as_deref_mut().ok_or(ManagerError::ShutDown)?;
-        match state.deferred_failure.take() {
-            Some(e) => Err(e),
-            None => Ok(state),
+        // Checked before taking: moving the (large) error type out on every call showed in
+        // per-lookup profiles.
+        if state.deferred_failure.is_some()
+            && let Some(e) = state.deferred_failure.take()
+        {
+            return Err(e);
         }
+        Ok(state)
     }
 
     /// Events since the last call (as [`TieringManager::take_events`](super::TieringManager::take_events),
