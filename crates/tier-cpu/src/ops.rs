@@ -43,33 +43,37 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `out`, and, when the policy keeps ghosts in
-    /// the table, appends the ghost ids of the keys that are ghosts to `ghosts`, in key order.
-    /// One probe per resident key, which is what a touch mostly sees (the probe that confirms
-    /// only rows is the tighter loop); a key that is not resident is probed again for a ghost.
+    /// Resolves keys to their resident rows into `out`, and appends the ghost ids of the keys
+    /// that are ghosts to `ghosts`, in key order: one probe per key, which tells a resident key,
+    /// a ghost (only a policy that keeps ghosts in the table has any) and an absent key apart.
+    /// A table small enough to stay cached hashes each key inside the probe loop; a large one
+    /// digests the batch first, requesting every key's lines before the first probe waits.
     fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
-        let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
         out.clear();
         ghosts.clear();
-        out.extend(
-            keys.iter()
-                .zip(&digests)
-                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
-        );
-        if self.policy.ghost_bound().is_some() {
-            for ((k, &d), _) in keys
-                .iter()
-                .zip(&digests)
-                .zip(out.iter())
-                .filter(|(_, c)| c.is_none())
-            {
-                if let Probe::Ghost(g) = self.table.probe(k, d) {
-                    ghosts.push(g);
-                }
+        let mut resolve = |probe: Probe| match probe {
+            Probe::Resident(e) => Some(e.chunk),
+            Probe::Ghost(g) => {
+                ghosts.push(g);
+                None
             }
+            Probe::Absent => None,
+        };
+        if self.table.prefetches() {
+            let mut digests = std::mem::take(&mut self.buf_digests);
+            self.table.digest_batch(keys, &mut digests);
+            out.extend(
+                keys.iter()
+                    .zip(&digests)
+                    .map(|(k, &d)| resolve(self.table.probe(k, d))),
+            );
+            self.buf_digests = digests;
+        } else {
+            out.extend(
+                keys.iter()
+                    .map(|k| resolve(self.table.probe(k, crate::index::digest_of(k)))),
+            );
         }
-        self.buf_digests = digests;
     }
 
     /// Reports hits of the ghosts `ghosts` (in reverse order, [`NO_GHOST`] skipped) to the

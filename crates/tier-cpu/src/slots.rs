@@ -70,7 +70,7 @@ const PREFETCH_WINDOW: usize = 32;
 /// Tables of at most this many rows skip prefetching: their metadata (rows, index, ghosts and
 /// policy links, about 150 bytes per row) fits in a core's L2 cache, where a prefetch finds
 /// its line already there and only costs its instructions.
-const PREFETCH_MIN_ROWS: u32 = 16_384;
+pub(crate) const PREFETCH_MIN_ROWS: u32 = 16_384;
 
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;
@@ -267,6 +267,12 @@ impl ChunkTable {
                 }
             }
         }
+    }
+
+    /// Whether batches request their lines ahead (the table is too large to stay cached).
+    #[inline]
+    pub(crate) fn prefetches(&self) -> bool {
+        self.prefetching
     }
 
     /// Rows in the tier.

@@ -346,11 +346,14 @@ impl EvictionPolicy for LruPolicy {
         _slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
-        self.links.prefetch(chunks.iter().flatten().copied());
-        // Each move reads the chunk's rank (is it grouped?) and writes a new one.
-        for &chunk in chunks.iter().flatten().take(32) {
-            if let Some(rank) = self.ranks.get(chunk as usize) {
-                crate::memory::prefetch(rank);
+        // A tier small enough to stay cached finds its links there (see `PREFETCH_MIN_ROWS`).
+        if self.capacity > crate::slots::PREFETCH_MIN_ROWS {
+            self.links.prefetch(chunks.iter().flatten().copied());
+            // Each move reads the chunk's rank (is it grouped?) and writes a new one.
+            for &chunk in chunks.iter().flatten().take(32) {
+                if let Some(rank) = self.ranks.get(chunk as usize) {
+                    crate::memory::prefetch(rank);
+                }
             }
         }
         for &chunk in chunks.iter().rev().flatten() {
