@@ -249,8 +249,13 @@ impl CpuTier {
         observed: &mut Vec<OfferedKey>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
+        // A large table digests the batch first to request its lines; a cached one hashes each
+        // key inside the probe loop instead.
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        digests.clear();
+        if self.table.prefetches() {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let ghost_bound = self.policy.ghost_bound();
         if let Some(bound) = ghost_bound {
             self.table.prefetch_ghost_trims(keys.len(), bound);
@@ -265,7 +270,11 @@ impl CpuTier {
         // distinct top six bits of the words seen settles most first sightings without a scan.
         let mut words = [0u64; SMALL_BATCH];
         let mut seen_bits = 0u64;
-        for (at, (k, &d)) in (0u32..).zip(keys.iter().zip(&digests)) {
+        for (at, k) in (0u32..).zip(keys) {
+            let d = digests
+                .get(at as usize)
+                .copied()
+                .unwrap_or_else(|| crate::index::digest_of(k));
             // Ghosts are only in the index when the policy keeps them there.
             let (found, ghost, vacancy) = match self.table.probe_for_store(k, d) {
                 Err(vacancy) => (None, NO_GHOST, vacancy),
