@@ -386,16 +386,26 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
+        // A large table digests the victims first to request their index slots; a cached one
+        // digests each victim's key as it releases it.
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_rows(&victims, &mut digests);
+        digests.clear();
+        if self.table.prefetches() {
+            self.table.digest_rows(&victims, &mut digests);
+        }
         let ghost_lists = self.policy.victim_ghost_lists();
         let evicted: Vec<OffloadKey> = victims
             .iter()
-            .zip(&digests)
             .enumerate()
-            .map(|(i, (&c, &d))| match ghost_lists.get(i) {
-                Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
-                None => self.table.release_digested(c, d),
+            .map(|(i, &c)| {
+                let d = digests
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| self.table.digest_of_row(c));
+                match ghost_lists.get(i) {
+                    Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
+                    None => self.table.release_digested(c, d),
+                }
             })
             .collect();
         if let Some(bound) = self.policy.ghost_bound() {

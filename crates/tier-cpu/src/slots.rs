@@ -152,6 +152,12 @@ impl ChunkTable {
         }
     }
 
+    /// The digest of the key held in `row`.
+    #[inline]
+    pub(crate) fn digest_of_row(&self, row: ChunkId) -> u64 {
+        digest_of(&self.rows[row as usize].key)
+    }
+
     /// Puts the digests of the keys held in `rows` (about to be released) into `digests`, and
     /// starts loading their index slots.
     pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
