@@ -193,9 +193,7 @@ impl EvictionPolicy for ArcPolicy {
         slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
-        if self.capacity > crate::slots::PREFETCH_MIN_ROWS as usize {
-            self.links.prefetch(chunks.iter().flatten().copied());
-        }
+        self.links.prefetch(chunks.iter().flatten().copied());
         // Keys that are not resident may be ghosts: the tier reports those hits through
         // `on_ghost_hit`.
         for &chunk in chunks.iter().rev().flatten() {

@@ -347,7 +347,7 @@ impl EvictionPolicy for LruPolicy {
         _ctx: &ReqContext,
     ) {
         // A tier small enough to stay cached finds its links there (see `PREFETCH_MIN_ROWS`).
-        if self.capacity > crate::slots::PREFETCH_MIN_ROWS {
+        {
             self.links.prefetch(chunks.iter().flatten().copied());
             // Each move reads the chunk's rank (is it grouped?) and writes a new one.
             for &chunk in chunks.iter().flatten().take(32) {
