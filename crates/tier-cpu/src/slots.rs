@@ -70,7 +70,7 @@ const PREFETCH_WINDOW: usize = 32;
 /// Tables of at most this many rows skip prefetching: their metadata (rows, index, ghosts and
 /// policy links, about 150 bytes per row) fits in a core's L2 cache, where a prefetch finds
 /// its line already there and only costs its instructions.
-pub(crate) const PREFETCH_MIN_ROWS: u32 = 16_384;
+const PREFETCH_MIN_ROWS: u32 = 16_384;
 
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;

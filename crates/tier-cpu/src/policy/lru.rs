@@ -346,14 +346,13 @@ impl EvictionPolicy for LruPolicy {
         _slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
-        // A tier small enough to stay cached finds its links there (see `PREFETCH_MIN_ROWS`).
-        {
-            self.links.prefetch(chunks.iter().flatten().copied());
-            // Each move reads the chunk's rank (is it grouped?) and writes a new one.
-            for &chunk in chunks.iter().flatten().take(32) {
-                if let Some(rank) = self.ranks.get(chunk as usize) {
-                    crate::memory::prefetch(rank);
-                }
+        // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
+        // through it and evict the links (measured slower without, at 10k rows).
+        self.links.prefetch(chunks.iter().flatten().copied());
+        // Each move reads the chunk's rank (is it grouped?) and writes a new one.
+        for &chunk in chunks.iter().flatten().take(32) {
+            if let Some(rank) = self.ranks.get(chunk as usize) {
+                crate::memory::prefetch(rank);
             }
         }
         for &chunk in chunks.iter().rev().flatten() {
