@@ -1,13 +1,14 @@
 //! Thread CPU time per tier-cpu operation (the loops of `benches/cpu_tier.rs`), robust to a
 //! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`
 //! (a third argument runs one op only; 10M rows work too, over a sparse file arena). Also prints
-//! two references on the same keys: one plain hash-map probe (`hashmap_probe_hit`, for
-//! `lookup_hit`) and 16 of them (`probe16`, the floor of a 16-key batch op).
+//! references on the same keys: one plain hash-map probe (`hashmap_probe_hit`, for
+//! `lookup_hit`), 16 of them (`probe16`, the floor of a 16-key batch op), and 16 of the tier's
+//! own lookups (`lookup16`, what a batch op costs before any policy or request-record work).
 
 use std::hint::black_box;
 
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{ArenaOptions, ChunkArena, OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{ArenaOptions, ChunkArena, LookupResult, OffloadKey, PrimaryTier, ReqContext};
 
 fn cpu_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -100,6 +101,18 @@ fn main() {
         println!("{policy} {n} probe16 {ns:.1} ns");
     }
     drop(map);
+    if want("lookup16") {
+        // The tier's own floor of a 16-key batch: its index probes of the batch (one lookup per
+        // key: digest, index slot, row), no policy work and no request record.
+        let ns = best(20_000, |i| {
+            let hits = batch(i)
+                .iter()
+                .filter(|k| matches!(tier.lookup(k, &ctx), LookupResult::Hit))
+                .count();
+            black_box(hits);
+        });
+        println!("{policy} {n} lookup16 {ns:.1} ns");
+    }
     if want("touch16") {
         let ns = best(20_000, |i| {
             tier.touch(black_box(batch(i)), &ctx);

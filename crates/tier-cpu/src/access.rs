@@ -51,6 +51,10 @@ pub(crate) struct RequestAccess {
     filter: u64,
     index: Option<KeyMap<u32>>,
     pub(crate) finished: bool,
+    /// Set by a [`RequestAccess::record_store`] that appended every one of its `n` entries to
+    /// an empty record, one per stored key in order (`Some(n)`), until the next call: its
+    /// [`RequestAccess::mark_inserted_entries`] then pairs entries and stored keys by index.
+    fresh_store: Option<usize>,
 }
 
 /// A key the request flagged.
@@ -208,6 +212,16 @@ impl RequestAccess {
     /// and notes the rows reserved for them: `stored` are the keys stored (the distinct keys of
     /// those entries, in the same order) and `rows` their rows.
     pub(crate) fn mark_inserted_entries(&mut self, entries: &[u32], stored: &[OffloadKey], rows: &[u32]) {
+        if self.fresh_store == Some(entries.len()) && entries.len() == stored.len() {
+            // `record_store` appended entry i for stored key i (no repeats): no key to match.
+            for (e, &row) in self.entries.iter_mut().zip(rows) {
+                e.flags |= INSERTED;
+                e.row = row;
+            }
+            self.fresh_store = None;
+            return;
+        }
+        self.fresh_store = None;
         let mut next = 0;
         for &i in entries {
             if let Some(e) = self.entries.get_mut(i as usize) {
@@ -302,12 +316,14 @@ impl RequestAccess {
             }
             // Entry j is observed key j: each is absent, a first store miss and a first sighting.
             let n = observed.len();
+            self.fresh_store = Some(n);
             absent_entries.extend(0..n as u32);
             misses.extend(0..n);
             new.extend(0..n);
             self.index_when_large();
             return;
         }
+        self.fresh_store = None;
         for (j, o) in observed.iter().enumerate() {
             let ready = o.row != NO_ROW;
             let i = self.slot(&keys[o.at as usize]);
@@ -333,6 +349,7 @@ impl RequestAccess {
     /// Records loaded keys (all reuses), pinned in `rows`, in one pass; appends the indices
     /// (into `keys`) of first observations to `new`.
     pub(crate) fn record_load(&mut self, keys: &[OffloadKey], rows: &[u32], new: &mut Vec<usize>) {
+        self.fresh_store = None;
         self.entries.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
@@ -457,6 +474,32 @@ mod tests {
         rec.row_hints(&[k(6, 0), k(9, 0), k(1, 0), k(5, 0)], &mut hints);
         assert_eq!(hints, vec![31, NO_ROW, 7, 30]);
         assert!(rec.inserted(&k(5, 0)) && rec.inserted(&k(6, 0)) && !rec.inserted(&k(1, 0)));
+    }
+
+    #[test]
+    fn a_first_store_of_new_keys_pairs_entries_and_rows_by_index() {
+        let mut rec = RequestAccess::fresh(1, 0);
+        let (mut misses, mut new, mut absent) = (Vec::new(), Vec::new(), Vec::new());
+        let (keys, observed) = offer(&[(k(1, 0), false), (k(2, 0), false), (k(3, 0), false)]);
+        rec.record_store(&keys, &observed, true, &mut misses, &mut new, &mut absent);
+        assert_eq!(
+            (misses.clone(), new.clone(), absent.clone()),
+            (vec![0, 1, 2], vec![0, 1, 2], vec![0, 1, 2])
+        );
+        rec.mark_inserted_entries(&absent, &keys, &[40, 41, 42]);
+        let mut hints = Vec::new();
+        rec.row_hints(&[k(3, 0), k(1, 0), k(2, 0)], &mut hints);
+        assert_eq!(hints, vec![42, 40, 41]);
+        assert!(keys.iter().all(|key| rec.inserted(key) && !rec.reused(key)));
+        // A second store of the same request takes the searching path: a repeated new key and
+        // a key it inserted before, which is marked again with its new row.
+        let (keys, observed) = offer(&[(k(4, 0), false), (k(4, 0), false), (k(1, 0), false)]);
+        absent.clear();
+        rec.record_store(&keys, &observed, false, &mut misses, &mut new, &mut absent);
+        rec.mark_inserted_entries(&absent, &[k(4, 0), k(1, 0)], &[50, 51]);
+        hints.clear();
+        rec.row_hints(&[k(4, 0), k(1, 0), k(2, 0)], &mut hints);
+        assert_eq!(hints, vec![50, 51, 41]);
     }
 
     #[test]

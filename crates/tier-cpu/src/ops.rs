@@ -43,33 +43,37 @@ impl CpuTier {
         }
     }
 
-    /// Resolves keys to their resident rows into `out`, and, when the policy keeps ghosts in
-    /// the table, appends the ghost ids of the keys that are ghosts to `ghosts`, in key order.
-    /// One probe per resident key, which is what a touch mostly sees (the probe that confirms
-    /// only rows is the tighter loop); a key that is not resident is probed again for a ghost.
+    /// Resolves keys to their resident rows into `out`, and appends the ghost ids of the keys
+    /// that are ghosts to `ghosts`, in key order: one probe per key, which tells a resident key,
+    /// a ghost (only a policy that keeps ghosts in the table has any) and an absent key apart.
+    /// A table small enough to stay cached hashes each key inside the probe loop; a large one
+    /// digests the batch first, requesting every key's lines before the first probe waits.
     fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
-        let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
         out.clear();
         ghosts.clear();
-        out.extend(
-            keys.iter()
-                .zip(&digests)
-                .map(|(k, &d)| self.table.get_digested(k, d).map(|e| e.chunk)),
-        );
-        if self.policy.ghost_bound().is_some() {
-            for ((k, &d), _) in keys
-                .iter()
-                .zip(&digests)
-                .zip(out.iter())
-                .filter(|(_, c)| c.is_none())
-            {
-                if let Probe::Ghost(g) = self.table.probe(k, d) {
-                    ghosts.push(g);
-                }
+        let mut resolve = |probe: Probe| match probe {
+            Probe::Resident(e) => Some(e.chunk),
+            Probe::Ghost(g) => {
+                ghosts.push(g);
+                None
             }
+            Probe::Absent => None,
+        };
+        if self.table.prefetches() {
+            let mut digests = std::mem::take(&mut self.buf_digests);
+            self.table.digest_batch(keys, &mut digests);
+            out.extend(
+                keys.iter()
+                    .zip(&digests)
+                    .map(|(k, &d)| resolve(self.table.probe(k, d))),
+            );
+            self.buf_digests = digests;
+        } else {
+            out.extend(
+                keys.iter()
+                    .map(|k| resolve(self.table.probe(k, crate::index::digest_of(k)))),
+            );
         }
-        self.buf_digests = digests;
     }
 
     /// Reports hits of the ghosts `ghosts` (in reverse order, [`NO_GHOST`] skipped) to the
@@ -245,8 +249,13 @@ impl CpuTier {
         observed: &mut Vec<OfferedKey>,
         ready_rows: &mut Vec<ChunkId>,
     ) {
+        // A large table digests the batch first to request its lines; a cached one hashes each
+        // key inside the probe loop instead.
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_batch(keys, &mut digests);
+        digests.clear();
+        if self.table.prefetches() {
+            self.table.digest_batch(keys, &mut digests);
+        }
         let ghost_bound = self.policy.ghost_bound();
         if let Some(bound) = ghost_bound {
             self.table.prefetch_ghost_trims(keys.len(), bound);
@@ -261,7 +270,11 @@ impl CpuTier {
         // distinct top six bits of the words seen settles most first sightings without a scan.
         let mut words = [0u64; SMALL_BATCH];
         let mut seen_bits = 0u64;
-        for (at, (k, &d)) in (0u32..).zip(keys.iter().zip(&digests)) {
+        for (at, k) in (0u32..).zip(keys) {
+            let d = digests
+                .get(at as usize)
+                .copied()
+                .unwrap_or_else(|| crate::index::digest_of(k));
             // Ghosts are only in the index when the policy keeps them there.
             let (found, ghost, vacancy) = match self.table.probe_for_store(k, d) {
                 Err(vacancy) => (None, NO_GHOST, vacancy),
@@ -373,16 +386,26 @@ impl CpuTier {
             self.buf_chunks = victims;
             return None;
         }
+        // A large table digests the victims first to request their index slots; a cached one
+        // digests each victim's key as it releases it.
         let mut digests = std::mem::take(&mut self.buf_digests);
-        self.table.digest_rows(&victims, &mut digests);
+        digests.clear();
+        if self.table.prefetches() {
+            self.table.digest_rows(&victims, &mut digests);
+        }
         let ghost_lists = self.policy.victim_ghost_lists();
         let evicted: Vec<OffloadKey> = victims
             .iter()
-            .zip(&digests)
             .enumerate()
-            .map(|(i, (&c, &d))| match ghost_lists.get(i) {
-                Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
-                None => self.table.release_digested(c, d),
+            .map(|(i, &c)| {
+                let d = digests
+                    .get(i)
+                    .copied()
+                    .unwrap_or_else(|| self.table.digest_of_row(c));
+                match ghost_lists.get(i) {
+                    Some(&list) => self.table.release_to_ghost(c, d, usize::from(list)),
+                    None => self.table.release_digested(c, d),
+                }
             })
             .collect();
         if let Some(bound) = self.policy.ghost_bound() {

@@ -152,6 +152,12 @@ impl ChunkTable {
         }
     }
 
+    /// The digest of the key held in `row`.
+    #[inline]
+    pub(crate) fn digest_of_row(&self, row: ChunkId) -> u64 {
+        digest_of(&self.rows[row as usize].key)
+    }
+
     /// Puts the digests of the keys held in `rows` (about to be released) into `digests`, and
     /// starts loading their index slots.
     pub(crate) fn digest_rows(&self, rows: &[ChunkId], digests: &mut Vec<u64>) {
@@ -267,6 +273,12 @@ impl ChunkTable {
                 }
             }
         }
+    }
+
+    /// Whether batches request their lines ahead (the table is too large to stay cached).
+    #[inline]
+    pub(crate) fn prefetches(&self) -> bool {
+        self.prefetching
     }
 
     /// Rows in the tier.

@@ -196,9 +196,16 @@ impl EvictionPolicy for ArcPolicy {
         self.links.prefetch(chunks.iter().flatten().copied());
         // Keys that are not resident may be ghosts: the tier reports those hits through
         // `on_ghost_hit`.
-        for chunk in chunks.iter().rev().flatten().copied() {
-            if self.is_in_t2(chunk) || slots.is_ready(chunk) {
-                self.move_to_t2_back(chunk);
+        for &chunk in chunks.iter().rev().flatten() {
+            // One read of the chunk's T2 bit decides the move (`move_to_t2_back` would read it
+            // again).
+            let (word, bit) = (chunk as usize / 64, 1u64 << (chunk % 64));
+            if self.in_t2[word] & bit != 0 {
+                self.t2.move_to_back(&mut self.links, chunk);
+            } else if slots.is_ready(chunk) {
+                self.t1.remove(&mut self.links, chunk);
+                self.t2.push_back(&mut self.links, chunk);
+                self.in_t2[word] |= bit;
             } else {
                 // A store that has not completed is not a second access.
                 self.t1.move_to_back(&mut self.links, chunk);

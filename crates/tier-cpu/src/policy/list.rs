@@ -199,10 +199,25 @@ impl List {
     /// Moves member `n` to the back.
     #[inline]
     pub(crate) fn move_to_back(&mut self, links: &mut Links, n: u32) {
-        if self.tail != n {
-            self.remove(links, n);
-            self.push_back(links, n);
+        let tail = self.tail;
+        if tail == n {
+            return;
         }
+        // `n` is not the tail, so it has a successor, and the list keeps a tail after `n`
+        // leaves: the unlink and the append each lose a branch of `remove` and `push_back`.
+        let Link { prev: p, next: x } = links.nodes[n as usize];
+        if p == NIL {
+            self.head = x;
+        } else {
+            links.set_next(p, x);
+        }
+        links.set_prev(x, p);
+        links.set_next(tail, n);
+        links.nodes[n as usize] = Link {
+            prev: tail,
+            next: NIL,
+        };
+        self.tail = n;
     }
 
     /// Forgets every node (their links are left stale; callers reset or overwrite them).

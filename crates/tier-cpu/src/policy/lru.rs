@@ -346,6 +346,8 @@ impl EvictionPolicy for LruPolicy {
         _slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
+        // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
+        // through it and evict the links (measured slower without, at 10k rows).
         self.links.prefetch(chunks.iter().flatten().copied());
         // Each move reads the chunk's rank (is it grouped?) and writes a new one.
         for &chunk in chunks.iter().flatten().take(32) {
