@@ -89,6 +89,9 @@ pub(crate) struct ObservedKey {
     pub(crate) insertion_only: bool,
     /// The request reused it (and had not inserted it before).
     pub(crate) reused: bool,
+    /// The row the request last pinned or reserved for it ([`NO_ROW`] when none): a hint the
+    /// tier checks before use.
+    pub(crate) row: u32,
 }
 
 impl RequestAccess {
@@ -379,8 +382,17 @@ impl RequestAccess {
                 key: e.key,
                 insertion_only: e.flags & (INSERTED | REUSED) == INSERTED,
                 reused: e.flags & REUSED != 0,
+                row: e.row,
             })
             .collect();
+        if !ctx.has_key_positions() {
+            // No key has a position: the order is by group, first observed within each (what
+            // the general path below gives, without its buffers), and usually already is.
+            if seen.windows(2).any(|w| w[0].key.group() > w[1].key.group()) {
+                seen.sort_by_key(|o| o.key.group());
+            }
+            return Some(seen);
+        }
         let mut positions = Vec::with_capacity(seen.len());
         let keys: Vec<OffloadKey> = seen.iter().map(|o| o.key).collect();
         ctx.key_positions_into(&keys, &mut positions);

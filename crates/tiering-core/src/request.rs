@@ -271,6 +271,13 @@ impl ReqContext {
         self.0.positions.lock().get(key).copied()
     }
 
+    /// Whether any key position was recorded for this request (a tier can skip ordering by
+    /// position when none was).
+    #[must_use]
+    pub fn has_key_positions(&self) -> bool {
+        !self.0.positions.lock().is_empty()
+    }
+
     /// The recorded positions of `keys`, appended to `out` in key order, taking the lock once
     /// (tiers resolve a whole batch with one call instead of one lock per key).
     pub fn key_positions_into(&self, keys: &[OffloadKey], out: &mut Vec<Option<u64>>) {
