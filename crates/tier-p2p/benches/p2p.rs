@@ -10,14 +10,17 @@
 //!   trip, the same threads the tier's round trip wakes). What the ratios depend on: the
 //!   tier's own work per round trip (decoding, the sweep, a few more non-blocking socket reads)
 //!   against the wake-ups both sides pay, and how slowly this machine wakes an idle thread
-//!   while other processes load its cores. Each ratio comes from 1500 ABBA-interleaved pairs
-//!   in blocks of 300, reported as the median per-pair ratio with p10/p90, min–max and the
-//!   spread of the block medians.
+//!   while other processes load its cores. On a VM guest with the `haltpoll` idle driver (as
+//!   measured here: an idle vCPU polls up to 50 µs before it halts), a thread woken within
+//!   that window wakes in a few µs and one woken later takes a VM exit and an IPI: a round
+//!   trip whose gaps stay under the window runs in a fast mode (raw, one context: ~25 µs)
+//!   and otherwise in a slow one (~90 µs), so the raw figure flips between runs and the ratio
+//!   with it. Each ratio comes from 1500 ABBA-interleaved pairs in blocks of 300, reported as
+//!   the median per-pair ratio with p10/p90, min–max and the spread of the block medians.
 //! - `data_plane`: one fetch of 16 chunks of 2 MiB (fetch → push → acks → `transfer_done`)
 //!   versus a raw loopback TCP stream of the same volume with one ack: the raw sender writes
 //!   16 distinct 2 MiB buffers (as the producer writes 16 rows) into a 32 MiB destination.
-//!   Target: ≥ 90 % of raw.
-//!   Both ends share the machine's cores, and on loopback the writing thread also runs the
+//!   Target: ≥ 90 % of raw. Both ends share the machine's cores, and on loopback the writing thread also runs the
 //!   receiving side's TCP path, so every byte's MAC (computed once by each end) competes with
 //!   the copies for the same cores: the ratio depends on the MAC's speed against the kernel's
 //!   copies (GHASH with VPCLMULQDQ here) and on what else runs on the machine.
