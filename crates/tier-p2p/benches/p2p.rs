@@ -20,10 +20,11 @@
 //! - `data_plane`: one fetch of 16 chunks of 2 MiB (fetch → push → acks → `transfer_done`)
 //!   versus a raw loopback TCP stream of the same volume with one ack: the raw sender writes
 //!   16 distinct 2 MiB buffers (as the producer writes 16 rows) into a 32 MiB destination.
-//!   Target: ≥ 90 % of raw. Both ends share the machine's cores, and on loopback the writing thread also runs the
-//!   receiving side's TCP path, so every byte's MAC (computed once by each end) competes with
-//!   the copies for the same cores: the ratio depends on the MAC's speed against the kernel's
-//!   copies (GHASH with VPCLMULQDQ here) and on what else runs on the machine.
+//!   Target: ≥ 90 % of raw. Both ends share the machine's cores, and on loopback the writing
+//!   thread also runs the receiving side's TCP path, so every byte's MAC (computed once by
+//!   each end) competes with the copies for the same cores: the ratio depends on the MAC's
+//!   speed against the kernel's copies (GHASH with VPCLMULQDQ here) and on what else runs on
+//!   the machine.
 //!
 //! After criterion's figures, the bench prints both ratios as medians of ABBA-paired runs, and
 //! the CPU time both ends of a data-plane transfer spend (p2p against raw): unlike the
