@@ -7,11 +7,17 @@
 //! by the thread that handles its messages, too: the manager's control thread waits on the
 //! ROUTER's descriptor through its waker and reads the socket itself in its sweep, so an
 //! inbound message costs no relay through another thread. The tier's I/O thread owns every
-//! DEALER's disconnect monitor and is the ROUTER's backstop reader: when the ROUTER has been
-//! readable for `BACKSTOP_GRACE` without the tier draining it (the manager lock is held by a
-//! long step), it decodes what waits into a queue, bounded overall and per peer, so a flood is
-//! still noticed and cut off. A mutex orders the two readers; messages are handled in arrival
-//! order. Sends are non-blocking with a bounded high-water mark: a full or dead peer is
+//! DEALER's disconnect monitor and is the ROUTER's backstop reader: when the ROUTER stays
+//! readable without the tier draining it (the manager lock is held by a long step), it decodes
+//! what waits into a queue, bounded overall and per peer, so a flood is still noticed and cut
+//! off. While the control thread waits on the ROUTER (one of its waits saw it readable within
+//! `WAITER_FRESH`), the I/O thread does not watch it: each message would wake both threads,
+//! and on a busy machine the second wake-up delays the one that answers. It looks every
+//! `BACKSTOP_CHECK` instead, and reads only when the ROUTER was readable at two looks in a row
+//! with no pump of the tier in between. A step-driven manager's waker has no waiting thread:
+//! there the I/O thread watches the ROUTER and reads what stays `BACKSTOP_GRACE` unread. A
+//! mutex orders the two readers; messages are handled in arrival order. Sends are
+//! non-blocking with a bounded high-water mark: a full or dead peer is
 //! reported dead, never waited for.
 
 use std::collections::HashMap;
@@ -45,6 +51,56 @@ const CLOSE_GRACE: Duration = Duration::from_millis(500);
 /// wake-up takes a fraction of this on a loaded machine), short enough that a step-driven
 /// engine or a flood is noticed promptly.
 const BACKSTOP_GRACE: Duration = Duration::from_millis(1);
+
+/// How often the I/O thread looks at the ROUTER while the control thread watches it (see the
+/// module docs): a stalled control thread's messages are read within two of these.
+const BACKSTOP_CHECK: Duration = Duration::from_millis(20);
+
+/// How long a wait that saw the ROUTER readable counts as proof that a thread waits on the
+/// watch (see [`DirectReads`]). A step-driven manager sets a waker that no thread waits on.
+const WAITER_FRESH: Duration = Duration::from_millis(100);
+
+/// What the tier tells the I/O thread about its own reads of the ROUTER.
+struct DirectReads {
+    /// Origin of `waiter_seen_us`.
+    epoch: Instant,
+    /// When (µs after `epoch`, plus one; 0: never) a pump last found the watch disarmed: a
+    /// wait of the control thread saw the ROUTER readable. Within `WAITER_FRESH` of it, a
+    /// thread is taken to wait on the watch.
+    waiter_seen_us: AtomicU64,
+    /// Pumps of the tier (drains of the ROUTER) so far.
+    pumps: AtomicU64,
+}
+
+impl DirectReads {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            waiter_seen_us: AtomicU64::new(0),
+            pumps: AtomicU64::new(0),
+        }
+    }
+
+    fn micros(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_micros())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    fn saw_waiter(&self, now: Instant) {
+        self.waiter_seen_us.store(self.micros(now), Ordering::Release);
+    }
+
+    fn forget_waiter(&self) {
+        self.waiter_seen_us.store(0, Ordering::Release);
+    }
+
+    /// Whether a thread waits on the watch (it saw the ROUTER readable lately).
+    fn waiter_live(&self, now: Instant) -> bool {
+        let seen = self.waiter_seen_us.load(Ordering::Acquire);
+        seen != 0 && self.micros(now).saturating_sub(seen) < WAITER_FRESH.as_micros() as u64
+    }
+}
 
 /// What the tier asks of the I/O thread. The tier owns the DEALERs and sends on them itself
 /// (replies leave from the thread that computed them, without a hop); the I/O thread owns the
@@ -155,6 +211,13 @@ pub(crate) struct ControlTransport {
     router: Arc<parking_lot::Mutex<RouterReader>>,
     /// The ROUTER's descriptor as the manager's waker watches it (once a waker is set).
     watch: Option<FdWatch>,
+    /// Shared with the I/O thread: whether `watch` is set, and the pumps.
+    direct: Arc<DirectReads>,
+    /// The last read of the ROUTER found it empty. While `watch` stays armed too (no wait
+    /// saw the ROUTER readable since) and a thread waits on it, a read would find it empty
+    /// again, and is skipped: an empty non-blocking read costs libzmq a system call, and one
+    /// sweep pumps several times. A message that arrives meanwhile ends the next wait.
+    router_drained: bool,
     /// Messages read straight from the ROUTER since the last `end_pump`.
     direct_reads: usize,
     /// Direct reads per pump (the queue's capacity): one pump never holds the manager lock
@@ -202,11 +265,15 @@ impl ControlTransport {
             .get_fd()
             .map_err(|e| P2pError::Zmq(format!("the control socket has no descriptor: {e}")))?;
         let router = Arc::new(parking_lot::Mutex::new(reader));
+        let direct = Arc::new(DirectReads::new());
         let io = IoThread {
             _ctx: ctx.clone(),
             router: Arc::clone(&router),
             router_fd,
             readable_since: None,
+            direct: Arc::clone(&direct),
+            next_check: Instant::now(),
+            suspect: None,
             monitors: HashMap::new(),
             closing: Vec::new(),
             limits: inbound.clone(),
@@ -239,6 +306,8 @@ impl ControlTransport {
             budget,
             router,
             watch: None,
+            direct,
+            router_drained: false,
             direct_reads: 0,
             direct_limit: inbound.queue_capacity.max(1),
             notifier,
@@ -252,12 +321,16 @@ impl ControlTransport {
     /// thread then reads it itself (see the module docs).
     pub(crate) fn set_waker(&mut self, waker: &ControlWaker) {
         self.watch = None;
+        self.direct.forget_waiter();
+        self.router_drained = false;
         let fd = self.router.lock().socket.get_fd();
         match fd
             .map_err(|e| e.to_string())
             .and_then(|fd| waker.watch_fd(fd).map_err(|e| e.to_string()))
         {
-            Ok(w) => self.watch = Some(w),
+            Ok(w) => {
+                self.watch = Some(w);
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch the control socket; inbound messages are relayed by the I/O thread");
             }
@@ -364,7 +437,10 @@ impl ControlTransport {
         if let Some(ev) = queued_message(&self.messages, &self.budget) {
             return Some(ev);
         }
-        if self.direct_reads < self.direct_limit {
+        let known_empty = self.router_drained
+            && self.watch.as_ref().is_some_and(FdWatch::is_armed)
+            && self.direct.waiter_live(Instant::now());
+        if self.direct_reads < self.direct_limit && !known_empty {
             let mut router = self.router.lock();
             // The I/O thread queues only while holding the ROUTER: with it held here, a queue
             // found empty means nothing older than the ROUTER's next message waits.
@@ -377,8 +453,10 @@ impl ControlTransport {
             }
             if let Some((peer, msg)) = router.recv_one(&self.counters) {
                 self.direct_reads += 1;
+                self.router_drained = false;
                 return Some(IoEvent::Message { peer, msg });
             }
+            self.router_drained = true;
         }
         self.events.try_recv().ok()
     }
@@ -390,7 +468,11 @@ impl ControlTransport {
             self.notifier.wake();
         }
         self.direct_reads = 0;
+        self.direct.pumps.fetch_add(1, Ordering::Release);
         if let Some(w) = &self.watch {
+            if !w.is_armed() {
+                self.direct.saw_waiter(Instant::now());
+            }
             w.arm();
         }
     }
@@ -402,6 +484,7 @@ impl ControlTransport {
         };
         // No wait may poll the ROUTER's descriptor once the socket closes.
         self.watch = None;
+        self.direct.forget_waiter();
         for d in self.dealers.values() {
             let _ = d.socket.set_linger(0);
         }
@@ -551,6 +634,12 @@ struct IoThread {
     /// Since when the ROUTER has been readable without a backstop read; the descriptor is not
     /// polled meanwhile (it would stay readable and spin the poll).
     readable_since: Option<Instant>,
+    /// The tier's own reads of the ROUTER.
+    direct: Arc<DirectReads>,
+    /// When to look at the ROUTER next while the control thread watches it.
+    next_check: Instant,
+    /// The tier's pump count when the last look found the ROUTER readable.
+    suspect: Option<u64>,
     /// Disconnect monitors of the tier's live DEALERs, by peer, with their generation.
     monitors: HashMap<String, (zmq::Socket, u64)>,
     /// DEALERs being retired: closed only once their monitor saw the disconnect (or after a
@@ -590,7 +679,8 @@ impl IoThread {
                 peers = self.monitors.keys().cloned().collect();
             }
             disconnected.clear();
-            let watch_router = self.readable_since.is_none() && !stashed;
+            let watched = self.direct.waiter_live(Instant::now());
+            let watch_router = !watched && self.readable_since.is_none() && !stashed;
             let mut router_readable = false;
             {
                 let mut items = Vec::with_capacity(3 + peers.len() + self.closing.len());
@@ -621,6 +711,9 @@ impl IoThread {
                 if stashed {
                     timeout = timeout.min(1);
                 }
+                if watched {
+                    timeout = timeout.min(millis_ceil(self.next_check.saturating_duration_since(now)));
+                }
                 if let Err(e) = zmq::poll(&mut items, timeout) {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
@@ -644,7 +737,8 @@ impl IoThread {
             let mut notify = false;
             let backstop_due = self
                 .readable_since
-                .is_some_and(|since| since.elapsed() >= BACKSTOP_GRACE);
+                .is_some_and(|since| since.elapsed() >= BACKSTOP_GRACE)
+                || (watched && self.stalled_reader());
             if backstop_due || stashed {
                 self.readable_since = None;
                 let (n, still_stashed) = self.backstop_read(events, messages, counters);
@@ -677,6 +771,30 @@ impl IoThread {
                 notifier.wake();
             }
         }
+    }
+
+    /// While the control thread watches the ROUTER: whether it was readable at this look and
+    /// the last one with no pump of the tier in between (the control thread cannot take the
+    /// manager lock). Looks at most every `BACKSTOP_CHECK`.
+    fn stalled_reader(&mut self) -> bool {
+        let now = Instant::now();
+        if now < self.next_check {
+            return false;
+        }
+        self.next_check = now + BACKSTOP_CHECK;
+        let mut item = [zmq::PollItem::from_fd(self.router_fd, zmq::POLLIN)];
+        let readable = zmq::poll(&mut item, 0).is_ok() && item[0].is_readable();
+        if !readable {
+            self.suspect = None;
+            return false;
+        }
+        let pumps = self.direct.pumps.load(Ordering::Acquire);
+        if self.suspect == Some(pumps) {
+            self.suspect = None;
+            return true;
+        }
+        self.suspect = Some(pumps);
+        false
     }
 
     /// Queues one decoded message within the peer's budget. Hands the message back when the
@@ -819,5 +937,27 @@ impl IoThread {
         }
         self.monitors.clear();
         self.closing.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_waiter_counts_as_live_only_within_the_freshness_window() {
+        let d = DirectReads::new();
+        let t0 = Instant::now();
+        assert!(!d.waiter_live(t0), "never seen");
+        d.saw_waiter(t0);
+        assert!(d.waiter_live(t0));
+        assert!(d.waiter_live(t0 + WAITER_FRESH / 2));
+        assert!(
+            !d.waiter_live(t0 + WAITER_FRESH * 2),
+            "stale: a step-driven manager's waker"
+        );
+        d.saw_waiter(t0);
+        d.forget_waiter();
+        assert!(!d.waiter_live(t0), "forgotten when the watch goes");
     }
 }

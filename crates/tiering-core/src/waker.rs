@@ -53,6 +53,14 @@ impl FdWatch {
     pub fn arm(&self) {
         self.slot.armed.store(true, Ordering::Release);
     }
+
+    /// Whether the watch is armed: no wait has seen the descriptor readable since the last
+    /// [`FdWatch::arm`]. A tier that drained its socket and finds the watch still armed knows
+    /// no wait saw it readable since, so it may skip an empty read.
+    #[must_use]
+    pub fn is_armed(&self) -> bool {
+        self.slot.armed.load(Ordering::Acquire)
+    }
 }
 
 impl Drop for FdWatch {
@@ -192,7 +200,11 @@ impl ControlWaker {
                 }
             }
         }
-        drain(rx);
+        // Read the self-pipe only when a wake wrote to it (a read of an empty pipe is a wasted
+        // system call on every wait).
+        if n > 0 && fds[0].revents != 0 {
+            drain(rx);
+        }
         let pending = std::mem::replace(&mut *self.0.pending.lock(), false);
         woke || pending
     }
@@ -252,14 +264,17 @@ mod tests {
         // Registering wakes a waiter still in the plain mode once.
         assert!(w.wait(Duration::ZERO));
         assert!(!w.wait(Duration::from_millis(1)), "nothing readable yet");
+        assert!(watch.is_armed(), "no wait saw it readable");
         let w2 = w.clone();
         let t = std::thread::spawn(move || w2.wait(Duration::from_secs(60)));
         std::thread::sleep(Duration::from_millis(5));
         tx.write_all(b"x").unwrap();
         assert!(t.join().unwrap(), "the readable descriptor ended the wait");
+        assert!(!watch.is_armed(), "the wait that saw it readable disarmed it");
         // Not drained and not re-armed: it does not end waits in a loop.
         assert!(!w.wait(Duration::from_millis(1)));
         watch.arm();
+        assert!(watch.is_armed());
         assert!(w.wait(Duration::from_secs(60)), "re-armed and still readable");
     }
 
