@@ -279,7 +279,7 @@ fn producer(config: ManagerConfig) -> Producer {
     let arena = ChunkArena::with_options(&opts).unwrap();
     let primary = MemoryPrimary::with_arena(Arc::clone(&arena));
     let (tier, handle) = ScriptedTier::new("peer");
-    let mut manager = TieringManager::new(
+    let manager = TieringManager::new(
         Box::new(primary.clone()),
         vec![Box::new(tier) as Box<dyn SecondaryTier>],
         config,

@@ -110,7 +110,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     }
     let mut primary = CpuTierOptions::new(Capacity::Chunks(rows as u64)).with_eviction(PolicyKind::Lru);
     primary.shared_memory.clone_from(&arena_path);
-    let mut producer = node_with(cfg, config, &primary)?;
+    let producer = node_with(cfg, config, &primary)?;
     let mut consumer = node_with(
         cfg,
         ControlPlaneMode::Thread.manager_config(),

@@ -136,7 +136,7 @@ impl TieringManager {
     ///
     /// # Errors
     /// The socket cannot be bound, or a channel is already open.
-    pub fn open_completion_channel(&mut self, path: &Path) -> Result<(), ManagerError> {
+    pub fn open_completion_channel(&self, path: &Path) -> Result<(), ManagerError> {
         let mut guard = self.shared.state.lock();
         let result = if guard.channel.is_some() {
             Err(ManagerError::Channel(
