@@ -14,9 +14,7 @@ use tiering_core::{OffloadingManager, Step};
 use crate::errors::{StepError, kvtier_err};
 use crate::keys::{key_from_py, keys_from_py};
 use crate::manager::{Shared, events_list, stats_to_py};
-use crate::values::{
-    LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContext, ScheduleEndContext, rows_list,
-};
+use crate::values::{LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContext, ScheduleEndContext};
 
 /// One scheduler step of a `TieringManager` (from `manager.step()`): holds the manager's lock
 /// until exited, so a chunk `lookup` reported as a hit stays resident until `prepare_load`.
@@ -89,7 +87,7 @@ impl PyStep {
     ) -> PyResult<Bound<'py, PyList>> {
         let keys = keys_from_py(keys)?;
         let ids = self.with(|s| s.prepare_load(&keys, &req_context.inner))?;
-        rows_list(py, &ids)
+        PyList::new(py, ids)
     }
 
     /// A recency hint for every tier; unknown keys are ignored.

@@ -144,7 +144,7 @@ impl PrepareStoreOutput {
         };
         Ok(Self {
             keys_to_store,
-            chunk_ids: rows_list(py, &out.chunk_ids)?.unbind(),
+            chunk_ids: PyList::new(py, &out.chunk_ids)?.unbind(),
             evicted: LazyKeys::new(out.evicted),
         })
     }
@@ -233,29 +233,6 @@ impl PrepareStoreOutput {
                 .map_or_else(|_| "?".into(), |r| r.to_string()),
             self.evicted.len()
         )
-    }
-}
-
-/// Arena rows as a list of Python ints, built through the C API: pyo3's generic list
-/// constructor cost about 125 instructions per int in profiles, and a load or a store returns
-/// one int per chunk.
-pub(crate) fn rows_list<'py>(py: Python<'py>, rows: &[u32]) -> PyResult<Bound<'py, PyList>> {
-    let len = pyo3::ffi::Py_ssize_t::try_from(rows.len())
-        .map_err(|_| PyValueError::new_err("too many rows for a Python list"))?;
-    // SAFETY: the GIL is held (`py`). `PyList_New(len)` returns a new list of `len` empty slots,
-    // or NULL with an exception set (made an error here). Each slot `i < len` is filled once
-    // with a new reference, which `PyList_SetItem` steals. On an error the partly filled list
-    // is released by `list`'s drop (list deallocation skips empty slots).
-    unsafe {
-        let list =
-            Bound::from_owned_ptr_or_err(py, pyo3::ffi::PyList_New(len))?.cast_into_unchecked::<PyList>();
-        for (i, &row) in (0..len).zip(rows) {
-            let item = pyo3::ffi::PyLong_FromUnsignedLong(std::ffi::c_ulong::from(row));
-            if item.is_null() || pyo3::ffi::PyList_SetItem(list.as_ptr(), i, item) != 0 {
-                return Err(PyErr::fetch(py));
-            }
-        }
-        Ok(list)
     }
 }
 
