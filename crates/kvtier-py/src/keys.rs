@@ -97,10 +97,7 @@ fn read_keys(
     get_item: unsafe extern "C" fn(*mut ffi::PyObject, ffi::Py_ssize_t) -> *mut ffi::PyObject,
 ) -> PyResult<Vec<OffloadKey>> {
     let mut out = Vec::with_capacity(len);
-    for i in 0..len {
-        let Ok(index) = ffi::Py_ssize_t::try_from(i) else {
-            break;
-        };
+    for (i, index) in (0..len).zip(0 as ffi::Py_ssize_t..) {
         // SAFETY: the GIL is held (`seq` is bound to it) and no Python code runs in this loop,
         // so `seq` (a list or tuple, checked by the caller) cannot change: `index < len` names an
         // item, and the borrowed reference stays valid while `seq` holds it; the key is parsed

@@ -211,7 +211,7 @@ pub(crate) struct ControlTransport {
     router: Arc<parking_lot::Mutex<RouterReader>>,
     /// The ROUTER's descriptor as the manager's waker watches it (once a waker is set).
     watch: Option<FdWatch>,
-    /// Shared with the I/O thread: whether `watch` is set, and the pumps.
+    /// Shared with the I/O thread: whether a thread waits on `watch` lately, and the pumps.
     direct: Arc<DirectReads>,
     /// The last read of the ROUTER found it empty. While `watch` stays armed too (no wait
     /// saw the ROUTER readable since) and a thread waits on it, a read would find it empty
@@ -328,9 +328,7 @@ impl ControlTransport {
             .map_err(|e| e.to_string())
             .and_then(|fd| waker.watch_fd(fd).map_err(|e| e.to_string()))
         {
-            Ok(w) => {
-                self.watch = Some(w);
-            }
+            Ok(w) => self.watch = Some(w),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot watch the control socket; inbound messages are relayed by the I/O thread");
             }

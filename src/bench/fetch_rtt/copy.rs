@@ -24,7 +24,9 @@ pub(super) struct CopyOrder {
     pub rows: Vec<ChunkId>,
 }
 
-/// A worker's "copy finished" for one request: (request, rank, success, when).
+/// A worker's "copy finished" for one request: (request, rank, success, when). `when` is the
+/// copy's end as this process learns it: a worker thread stamps it as it finishes, a worker
+/// process's report is stamped when its line is read.
 pub(super) type CopyDone = (usize, u32, bool, Instant);
 
 /// Memcpy throughput of `chunk_bytes`-sized copies in this process, bytes per second (median

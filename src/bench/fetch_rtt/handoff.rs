@@ -157,8 +157,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     };
     drop(done_tx);
 
-    let origin = Instant::now();
     let progress = Arc::new(Progress::new(requests));
+    let origin = Instant::now();
     let engine = ProducerEngine {
         mgr: producer.mgr,
         keys: keys.clone(),
