@@ -233,6 +233,11 @@ impl Shared {
         matches!(self.health.lock().retry_at, Some(t) if Instant::now() < t)
     }
 
+    /// How many connection-level failures any worker has seen (only grows).
+    pub(crate) fn connection_failures(&self) -> u64 {
+        Counters::get(&self.counters.connection_failures)
+    }
+
     /// Records a connection-level failure: the next attempt waits out a doubling backoff.
     pub(crate) fn connection_failed(&self, what: &str, e: &redis::RedisError) {
         Counters::add(&self.counters.connection_failures, 1);

@@ -37,6 +37,7 @@ impl Workers {
                     Worker {
                         shared: s,
                         conn: None,
+                        conn_epoch: 0,
                         packed: PackedPipeline::default(),
                     }
                     .run();
@@ -95,6 +96,9 @@ fn breaks_connection(e: &RedisError) -> bool {
 struct Worker {
     shared: Arc<Shared>,
     conn: Option<Conn>,
+    /// The tier's connection-failure count when `conn` was opened: a later failure on any
+    /// worker means the server may have gone away since, so the connection is not trusted.
+    conn_epoch: u64,
     /// The next pipeline's bytes (standalone servers), reused from batch to batch.
     packed: PackedPipeline,
 }
@@ -154,11 +158,21 @@ impl Worker {
     }
 
     /// The connection, opened if needed; `None` while backing off or when connecting fails.
+    ///
+    /// A connection opened before another worker saw the server fail is dropped unused: after
+    /// a restart it is most likely dead, and finding out by failing a batch on it would fail
+    /// work the server could do (the restart is only seen by the worker that reconnected).
     fn conn(&mut self) -> Option<&mut Conn> {
+        let epoch = self.shared.connection_failures();
+        if self.conn.is_some() && self.conn_epoch != epoch {
+            self.conn = None;
+        }
         if self.conn.is_none() {
             if self.shared.backing_off() {
                 return None;
             }
+            // Read before connecting: a failure seen while connecting makes this one suspect.
+            self.conn_epoch = epoch;
             match self.shared.endpoint.connect() {
                 Ok(c) => {
                     Counters::add(&self.shared.counters.connects, 1);

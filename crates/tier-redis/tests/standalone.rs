@@ -308,10 +308,20 @@ fn a_killed_server_degrades_to_misses_without_stalling_and_recovers_on_restart()
         std::thread::sleep(Duration::from_millis(50));
         n += 1;
     }
-    // Push it out of the CPU tier, then bring it back.
+    // More chunks through the reconnected tier, then push them out of the CPU tier and bring
+    // each back: every worker serves some of these, including any that held a connection from
+    // before the restart (it must not fail work on it).
+    let revived: Vec<_> = (n..n + 4).map(key).collect();
+    node.store(&revived[1..]);
     node.store(&keys(1000..1004));
-    assert!(!node.in_primary(&key(n)));
-    assert_eq!(node.fetch(&key(n)), Some(content(&key(n), CHUNK)));
+    for k in &revived {
+        assert!(!node.in_primary(k));
+        assert_eq!(
+            node.fetch(k),
+            Some(content(k, CHUNK)),
+            "{k} was stored after the restart"
+        );
+    }
     node.shutdown();
 }
 
