@@ -31,9 +31,9 @@ impl Engine<'_> {
                 // An idle tick: let copies and promotions progress before the next look. It
                 // ends early when a copy is due or a request arrives, which a real engine
                 // would act on at once.
-                let tick = self.idle_tick();
-                std::thread::sleep(tick);
                 let lead = self.model_start_after(scheduling);
+                let tick = self.idle_tick(lead);
+                std::thread::sleep(tick);
                 return Ok((false, lead + tick));
             }
             return Ok((false, self.model_start_after(scheduling)));
@@ -100,15 +100,14 @@ impl Engine<'_> {
         scheduling.max(std::mem::take(&mut self.model_in_flight))
     }
 
-    /// An idle step's length: `step_base`, or less up to the next copy due or arrival (at
-    /// least 1 µs).
-    fn idle_tick(&self) -> Duration {
+    /// How long an idle step waits once its scheduling (`lead`) is done; see [`idle_wait`].
+    fn idle_tick(&self, lead: Duration) -> Duration {
         let now = self.now;
         let next_due = self.jobs.values().map(|j| j.due).filter(|&t| t > now);
         let next_arrival = self.reqs.get(self.next_arrival).map(|r| r.arrival);
         let soonest = next_due.chain(next_arrival).fold(f64::INFINITY, f64::min);
         let until = Duration::try_from_secs_f64(soonest - now).unwrap_or(Duration::MAX);
-        self.cfg.step_base.min(until).max(Duration::from_micros(1))
+        idle_wait(lead, until, self.cfg.step_base)
     }
 
     pub(super) fn account_prefill(&mut self, r: usize) {
@@ -200,12 +199,39 @@ impl StepTiming {
     }
 }
 
+/// How long an idle step waits after its scheduling: it is scheduled first (`lead`), then
+/// waits up to `step_base` but no later than the next event (`until`, a copy due or an arrival,
+/// from the step's start). An event that comes while the step is being scheduled is seen when
+/// the scheduling ends; one that comes during the wait ends it at once: a request arriving
+/// then is not charged the step's scheduling. At least 1 µs passes per step.
+fn idle_wait(lead: Duration, until: Duration, step_base: Duration) -> Duration {
+    let wait = step_base.min(until.saturating_sub(lead));
+    if lead + wait == Duration::ZERO {
+        Duration::from_micros(1)
+    } else {
+        wait
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const fn us(n: u64) -> Duration {
         Duration::from_micros(n)
+    }
+
+    #[test]
+    fn an_idle_step_ends_at_the_next_event_counting_its_scheduling() {
+        // Scheduled in 3 us, an arrival 10 us after the step's start: 7 us of waiting, so the
+        // step ends when the request arrives (not 3 us after it).
+        assert_eq!(idle_wait(us(3), us(10), us(1000)), us(7));
+        // An event during the scheduling: no wait, the next step starts when scheduling ends.
+        assert_eq!(idle_wait(us(3), us(2), us(1000)), Duration::ZERO);
+        // Nothing soon: the whole step_base.
+        assert_eq!(idle_wait(us(3), Duration::MAX, us(1000)), us(1000));
+        // Neither scheduling nor waiting: the clock still moves.
+        assert_eq!(idle_wait(Duration::ZERO, Duration::ZERO, us(1000)), us(1));
     }
 
     #[test]
