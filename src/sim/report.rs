@@ -234,6 +234,18 @@ impl Report {
                 "  {:<22} {:>10} {:>10} {:>10} {:>10}  {fitted}",
                 d.name, d.started, d.promoted, d.declined_by_cost, d.abandoned_by_deadline
             )?;
+            if let (Some(rate), Some(secs)) = (d.retry_hit_rate, d.retry_answer_secs) {
+                writeln!(
+                    f,
+                    "  {:<22} `Retry` answers: {:.0} % hits after {:.1} µs ({} samples); {} waits declined, {} probes",
+                    "",
+                    rate * 100.0,
+                    secs * 1e6,
+                    d.retry_samples,
+                    d.retries_declined_by_cost,
+                    d.retry_probes
+                )?;
+            }
         }
         Ok(())
     }

@@ -150,4 +150,15 @@ pub struct PromotionDecisions {
     pub load_fixed_secs: Option<f64>,
     /// Fitted load cost per MiB of promotion backlog, in seconds.
     pub load_secs_per_mib: Option<f64>,
+    /// `Retry` answers of the tier passed on as `Miss`: waiting for the tier's answer was
+    /// expected to cost more than the recompute it would save.
+    pub retries_declined_by_cost: u64,
+    /// `Retry` answers passed on although the model said decline, to re-measure the tier.
+    pub retry_probes: u64,
+    /// Answered `Retry` questions the answer time and hit rate are averaged over.
+    pub retry_samples: u64,
+    /// How often an answered `Retry` was a hit (moving average).
+    pub retry_hit_rate: Option<f64>,
+    /// How long the engine waited for an answer after a `Retry`, in seconds (moving average).
+    pub retry_answer_secs: Option<f64>,
 }

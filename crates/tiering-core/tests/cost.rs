@@ -206,3 +206,87 @@ fn a_quarantined_tier_leaves_no_watch_behind() {
     settle(&mut r);
     assert_eq!(r.primary.total_pins(), 0);
 }
+
+/// Tier 0 answers `Retry` for `k`, the engine waits a step (≥ 1 ms), then the tier answers
+/// `answer`: one answered question, timed by the manager. Returns the lookup's verdicts.
+fn ask_then_answer(
+    r: &mut Rig,
+    ctx: &ReqContext,
+    k: tiering_core::OffloadKey,
+    answer: LookupResult,
+) -> [LookupResult; 2] {
+    r.tiers[0].set_lookup(k, LookupResult::Retry);
+    let first = r.m.lookup(&k, ctx).unwrap();
+    end_step(&mut r.m);
+    std::thread::sleep(Duration::from_millis(1));
+    if answer == LookupResult::Hit {
+        r.tiers[0].insert(k, bytes_for(&k));
+        r.tiers[0].set_lookup(k, LookupResult::Hit);
+    } else {
+        r.tiers[0].set_lookup(k, LookupResult::Miss);
+    }
+    let second = r.m.lookup(&k, ctx).unwrap();
+    end_step(&mut r.m);
+    [first, second]
+}
+
+#[test]
+fn a_tier_whose_retries_end_as_misses_is_no_longer_waited_for() {
+    let mut r = rig(8, &["asks"], cheap_recompute());
+    let ctx = new_req(&mut r, "scan");
+    // Unmeasured: the engine is told to wait, and the answer (a miss, ≥ 1 ms later) is timed.
+    assert_eq!(
+        ask_then_answer(&mut r, &ctx, key(1), LookupResult::Miss),
+        [LookupResult::Retry, LookupResult::Miss]
+    );
+    let d = decisions(&mut r);
+    assert_eq!((d.retry_samples, d.retry_hit_rate), (1, Some(0.0)));
+    assert!(d.retry_answer_secs.unwrap() >= 1e-3, "{d:?}");
+    // Waiting ≥ 1 ms for answers that are never hits: the next `Retry` is passed on as `Miss`
+    // and the request recomputes; the tier still got the lookup (it asks the question).
+    r.tiers[0].set_lookup(key(2), LookupResult::Retry);
+    let asked = r.tiers[0].count("lookup");
+    assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Miss);
+    assert_eq!(r.tiers[0].count("lookup"), asked + 1);
+    assert_eq!(decisions(&mut r).retries_declined_by_cost, 1);
+    end_step(&mut r.m);
+    r.m.on_request_finished(&ctx).unwrap();
+    end_step(&mut r.m);
+}
+
+#[test]
+fn a_tier_whose_retries_end_as_hits_is_waited_for_while_it_pays() {
+    // 1 ms per token: a chunk costs 16 ms to recompute, far more than a ~1 ms answer.
+    let mut cfg = cheap_recompute();
+    cfg.cost.recompute = Some(RecomputeCost::new(Duration::from_millis(1), 16));
+    let mut r = rig(8, &["asks"], cfg);
+    let ctx = new_req(&mut r, "shared");
+    assert_eq!(
+        ask_then_answer(&mut r, &ctx, key(1), LookupResult::Hit),
+        [LookupResult::Retry, LookupResult::HitPending]
+    );
+    r.tiers[0].set_lookup(key(2), LookupResult::Retry);
+    assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Retry);
+    let d = decisions(&mut r);
+    assert_eq!((d.retry_hit_rate, d.retries_declined_by_cost), (Some(1.0), 0));
+    end_step(&mut r.m);
+    r.m.on_request_finished(&ctx).unwrap();
+    end_step(&mut r.m);
+}
+
+#[test]
+fn without_a_recompute_cost_every_retry_is_waited_for() {
+    let mut r = rig(8, &["asks"], ManagerConfig::step_driven());
+    let ctx = new_req(&mut r, "a");
+    assert_eq!(
+        ask_then_answer(&mut r, &ctx, key(1), LookupResult::Miss),
+        [LookupResult::Retry, LookupResult::Miss]
+    );
+    r.tiers[0].set_lookup(key(2), LookupResult::Retry);
+    assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Retry);
+    let d = decisions(&mut r);
+    assert_eq!((d.retry_samples, d.retries_declined_by_cost), (0, 0));
+    end_step(&mut r.m);
+    r.m.on_request_finished(&ctx).unwrap();
+    end_step(&mut r.m);
+}

@@ -21,6 +21,8 @@ use crate::job::JobId;
 use crate::key::{KeyMap, OffloadKey};
 use crate::stats::PromotionDecisions;
 
+use super::retry_wait::RetryWaits;
+
 /// What recomputing KV data costs the engine: the model time per prompt token and the tokens
 /// one chunk holds. The engine sets it once ([`ManagerConfig::cost`](super::ManagerConfig::cost)
 /// or [`TieringManager::set_recompute_cost`](super::TieringManager::set_recompute_cost)).
@@ -227,6 +229,7 @@ pub(crate) struct CostModel {
     counts: Vec<Counts>,
     timings: HashMap<JobId, Timing>,
     watches: KeyMap<Watch>,
+    retries: RetryWaits,
 }
 
 impl CostModel {
@@ -237,14 +240,16 @@ impl CostModel {
             counts: vec![Counts::default(); tiers],
             timings: HashMap::new(),
             watches: KeyMap::default(),
+            retries: RetryWaits::new(tiers),
         }
     }
 
     pub(crate) fn set_recompute(&mut self, recompute: Option<RecomputeCost>) {
         self.config.recompute = recompute;
         if recompute.is_none() {
-            // Today's behaviour again: nothing has a deadline.
+            // Today's behaviour again: nothing has a deadline, every `Retry` is waited for.
             self.watches.clear();
+            self.retries.clear();
         }
     }
 
@@ -285,6 +290,26 @@ impl CostModel {
             .mul_f64(self.config.deadline_slack)
             .max(self.config.deadline_floor);
         Verdict::Promote(Some(now + wait))
+    }
+
+    /// Tier `idx` answered `Retry` for `key`: whether the engine should wait for the answer
+    /// (`super::retry_wait`); always without a recompute cost.
+    pub(crate) fn retry_worth_waiting(&mut self, idx: usize, key: &OffloadKey) -> bool {
+        let Some(recompute) = self.config.recompute else {
+            return true;
+        };
+        self.retries.worth_waiting(
+            idx,
+            key,
+            recompute.per_chunk(),
+            self.config.probe_interval,
+            Instant::now(),
+        )
+    }
+
+    /// Tier `idx` answered `key` with a hit or a miss (a sample when the key was waiting on it).
+    pub(crate) fn answered(&mut self, idx: usize, key: &OffloadKey, hit: bool) {
+        self.retries.answered(idx, key, hit, self.config.ema_weight);
     }
 
     /// A promotion of `key` from tier `idx` was reserved.
@@ -374,14 +399,17 @@ impl CostModel {
     /// Everything in flight is gone (reset).
     pub(crate) fn clear_watches(&mut self) {
         self.watches.clear();
+        self.retries.clear();
     }
 
     /// Per-tier decision counters and the fitted model, named in chain order.
     pub(crate) fn stats(&self, names: impl Iterator<Item = String>) -> Vec<PromotionDecisions> {
         names
             .zip(self.counts.iter().zip(&self.fits))
-            .map(|(name, (c, f))| {
+            .enumerate()
+            .map(|(idx, (name, (c, f)))| {
                 let coef = f.coefficients();
+                let r = self.retries.figures(idx);
                 PromotionDecisions {
                     name,
                     started: c.started,
@@ -392,6 +420,11 @@ impl CostModel {
                     samples: f.samples,
                     load_fixed_secs: coef.map(|(fixed, _)| fixed),
                     load_secs_per_mib: coef.map(|(_, per_byte)| per_byte * f64::from(1u32 << 20)),
+                    retries_declined_by_cost: r.declined,
+                    retry_probes: r.probes,
+                    retry_samples: r.samples,
+                    retry_hit_rate: r.hit_rate,
+                    retry_answer_secs: r.answer_secs,
                 }
             })
             .collect()

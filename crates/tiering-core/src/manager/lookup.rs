@@ -90,9 +90,13 @@ impl TieringState {
                 continue;
             };
             match tier.lookup(key, ctx) {
-                LookupResult::Hit => return (self.initiate_promotion(idx, key, ctx), Some(idx + 1)),
-                LookupResult::Retry | LookupResult::HitPending => retry = true,
-                LookupResult::Miss => {}
+                LookupResult::Hit => {
+                    self.cost.answered(idx, key, true);
+                    return (self.initiate_promotion(idx, key, ctx), Some(idx + 1));
+                }
+                LookupResult::Retry => retry |= self.cost.retry_worth_waiting(idx, key),
+                LookupResult::HitPending => retry = true,
+                LookupResult::Miss => self.cost.answered(idx, key, false),
             }
         }
         let r = if retry {

@@ -23,6 +23,7 @@ mod jobs;
 mod lookup;
 mod observe;
 mod requests;
+mod retry_wait;
 mod serve;
 pub mod state;
 pub mod step;

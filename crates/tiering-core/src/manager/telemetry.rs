@@ -239,6 +239,8 @@ fn publish_decisions(decisions: &[crate::stats::PromotionDecisions]) {
         counter!("kvtier_promotions_abandoned_by_deadline_total", "tier" => tier.clone())
             .absolute(d.abandoned_by_deadline);
         counter!("kvtier_promotion_probes_total", "tier" => tier.clone()).absolute(d.probes);
+        counter!("kvtier_retries_declined_by_cost_total", "tier" => tier.clone())
+            .absolute(d.retries_declined_by_cost);
         if let Some(v) = d.load_fixed_secs {
             gauge!("kvtier_promotion_load_fixed_seconds", "tier" => tier.clone()).set(v);
         }
