@@ -17,6 +17,7 @@ use tiering_core::{
     PrepareStoreOutput, ReqContext, ScheduleEndContext, Step, TieringManager,
 };
 
+use super::cpu_clock::thread_cpu_time;
 use super::error::SimError;
 use super::nodes::{StoreLedger, Storer};
 
@@ -76,6 +77,10 @@ pub struct Offload {
     storing: KeyMap<u32>,
     step_time: Duration,
     step_calls: u32,
+    /// Scheduler CPU time spent on the simulator's own attribution (stats snapshots) since
+    /// [`Offload::take_attribution_cpu`]: a real engine does not spend it, so the engine's
+    /// clock does not charge it.
+    attribution_cpu: Duration,
     /// Lookup verdicts so far.
     pub lookups: LookupCounts,
     /// KV-cache events drained so far.
@@ -112,6 +117,7 @@ impl Offload {
             step_calls: 0,
             lookups: LookupCounts::default(),
             events: EventCounts::default(),
+            attribution_cpu: Duration::ZERO,
             primary_lookups_at_start: stats.primary.hits + stats.primary.misses,
             node: None,
             cross_node_chunks: 0,
@@ -204,15 +210,23 @@ impl Offload {
     }
 
     fn refresh_snapshot(&mut self) -> Result<(), SimError> {
+        let start = thread_cpu_time();
         let stats = self.stats()?;
         self.snapshot.clear();
         self.snapshot.extend(stats.secondaries.iter().map(|s| s.hits));
         self.snapshot_fresh = true;
+        self.attribution_cpu += thread_cpu_time().saturating_sub(start);
         Ok(())
+    }
+
+    /// The scheduler CPU time spent on attribution since the last call (see the field).
+    pub fn take_attribution_cpu(&mut self) -> Duration {
+        std::mem::take(&mut self.attribution_cpu)
     }
 
     /// The first secondary tier whose hit counter moved since the snapshot; refreshes it.
     fn moved_tier(&mut self) -> Result<Option<usize>, SimError> {
+        let start = thread_cpu_time();
         let stats = self.stats()?;
         let moved = stats
             .secondaries
@@ -221,6 +235,7 @@ impl Offload {
             .position(|(s, &before)| s.hits > before);
         self.snapshot.clear();
         self.snapshot.extend(stats.secondaries.iter().map(|s| s.hits));
+        self.attribution_cpu += thread_cpu_time().saturating_sub(start);
         Ok(moved)
     }
 

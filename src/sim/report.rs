@@ -237,13 +237,13 @@ impl Report {
             if let (Some(rate), Some(secs)) = (d.retry_hit_rate, d.retry_answer_secs) {
                 writeln!(
                     f,
-                    "  {:<22} `Retry` answers: {:.0} % hits after {:.1} µs ({} samples); {} waits declined, {} probes",
+                    "  {:<22} `Retry` answers: {:.0} % hits after {:.1} µs ({} samples); {} waits declined, {} rechecks",
                     "",
                     rate * 100.0,
                     secs * 1e6,
                     d.retry_samples,
                     d.retries_declined_by_cost,
-                    d.retry_probes
+                    d.retry_rechecks
                 )?;
             }
         }

@@ -153,8 +153,9 @@ pub struct PromotionDecisions {
     /// `Retry` answers of the tier passed on as `Miss`: waiting for the tier's answer was
     /// expected to cost more than the recompute it would save.
     pub retries_declined_by_cost: u64,
-    /// `Retry` answers passed on although the model said decline, to re-measure the tier.
-    pub retry_probes: u64,
+    /// Lookups the manager made itself of declined `Retry` questions (nobody waits for them), so
+    /// the tier's answers stay measured.
+    pub retry_rechecks: u64,
     /// Answered `Retry` questions the answer time and hit rate are averaged over.
     pub retry_samples: u64,
     /// How often an answered `Retry` was a hit (moving average).

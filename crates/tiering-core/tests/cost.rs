@@ -250,6 +250,14 @@ fn a_tier_whose_retries_end_as_misses_is_no_longer_waited_for() {
     assert_eq!(r.tiers[0].count("lookup"), asked + 1);
     assert_eq!(decisions(&mut r).retries_declined_by_cost, 1);
     end_step(&mut r.m);
+    // Nobody waits for key 2: the next step's first lookup asks the tier again itself, and
+    // the tier's answer (a miss) is the second sample. (The manager's recheck also took the
+    // first sample: it runs before the engine's own lookup in that step.)
+    r.tiers[0].set_lookup(key(2), LookupResult::Miss);
+    assert_eq!(r.m.lookup(&key(3), &ctx).unwrap(), LookupResult::Miss);
+    let d = decisions(&mut r);
+    assert_eq!((d.retry_rechecks, d.retry_samples), (2, 2), "{d:?}");
+    end_step(&mut r.m);
     r.m.on_request_finished(&ctx).unwrap();
     end_step(&mut r.m);
 }

@@ -224,9 +224,15 @@ impl<'a> Engine<'a> {
             progressed |= self.schedule()?;
             progressed |= self.stores_and_finishes()?;
             self.end_schedule()?;
-            let scheduling = self
-                .cfg
-                .scheduler_time(thread_cpu_time().saturating_sub(step_start));
+            let attribution = self
+                .off
+                .as_mut()
+                .map_or(Duration::ZERO, Offload::take_attribution_cpu);
+            let scheduling = self.cfg.scheduler_time(
+                thread_cpu_time()
+                    .saturating_sub(step_start)
+                    .saturating_sub(attribution),
+            );
             let (worked, cost) = self.execute_model(scheduling)?;
 
             progressed |= worked;

@@ -22,6 +22,7 @@ use crate::key::{KeyMap, OffloadKey};
 use crate::stats::PromotionDecisions;
 
 use super::retry_wait::RetryWaits;
+use crate::request::ReqContext;
 
 /// What recomputing KV data costs the engine: the model time per prompt token and the tokens
 /// one chunk holds. The engine sets it once ([`ManagerConfig::cost`](super::ManagerConfig::cost)
@@ -292,19 +293,19 @@ impl CostModel {
         Verdict::Promote(Some(now + wait))
     }
 
-    /// Tier `idx` answered `Retry` for `key`: whether the engine should wait for the answer
-    /// (`super::retry_wait`); always without a recompute cost.
-    pub(crate) fn retry_worth_waiting(&mut self, idx: usize, key: &OffloadKey) -> bool {
+    /// Tier `idx` answered `Retry` for `key` (asked by `ctx`): whether the engine should wait
+    /// for the answer (`super::retry_wait`); always without a recompute cost.
+    pub(crate) fn retry_worth_waiting(&mut self, idx: usize, key: &OffloadKey, ctx: &ReqContext) -> bool {
         let Some(recompute) = self.config.recompute else {
             return true;
         };
-        self.retries.worth_waiting(
-            idx,
-            key,
-            recompute.per_chunk(),
-            self.config.probe_interval,
-            Instant::now(),
-        )
+        self.retries
+            .worth_waiting(idx, key, ctx, recompute.per_chunk(), Instant::now())
+    }
+
+    /// The declined `Retry` questions the manager should look up again itself.
+    pub(crate) fn retries(&mut self) -> &mut RetryWaits {
+        &mut self.retries
     }
 
     /// Tier `idx` answered `key` with a hit or a miss (a sample when the key was waiting on it).
@@ -421,7 +422,7 @@ impl CostModel {
                     load_fixed_secs: coef.map(|(fixed, _)| fixed),
                     load_secs_per_mib: coef.map(|(_, per_byte)| per_byte * f64::from(1u32 << 20)),
                     retries_declined_by_cost: r.declined,
-                    retry_probes: r.probes,
+                    retry_rechecks: r.rechecks,
                     retry_samples: r.samples,
                     retry_hit_rate: r.hit_rate,
                     retry_answer_secs: r.answer_secs,

@@ -36,6 +36,7 @@ impl TieringState {
             self.handle_faults(faults)?;
         }
         if poll && !self.promotions_polled_this_step {
+            self.recheck_declined_retries();
             self.poll_awaited_promotions()?;
         }
         let (r, tier) = self.walk_tiers(key, ctx);
@@ -68,6 +69,29 @@ impl TieringState {
         Ok(())
     }
 
+    /// Looks up again, on their tiers, the `Retry` questions the engine was told not to wait
+    /// for (`super::retry_wait`): nobody else will, and an answer is a sample of the tier's
+    /// answer time and hit rate. Once per step, with the step's first engine lookup.
+    fn recheck_declined_retries(&mut self) {
+        if !self.cost.retries().has_rechecks() {
+            return;
+        }
+        let rechecks = self.cost.retries().take_rechecks();
+        let now = Instant::now();
+        for (idx, key, ctx) in rechecks {
+            let Some(tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.as_mut()) else {
+                continue;
+            };
+            match tier.lookup(&key, &ctx) {
+                LookupResult::Hit => self.cost.answered(idx, &key, true),
+                LookupResult::Miss => self.cost.answered(idx, &key, false),
+                LookupResult::Retry | LookupResult::HitPending => {
+                    self.cost.retries().recheck_pending((idx, key, ctx), now);
+                }
+            }
+        }
+    }
+
     /// The walk itself; returns the verdict and the index (0 = primary) of the tier that gave it.
     fn walk_tiers(&mut self, key: &OffloadKey, ctx: &ReqContext) -> (LookupResult, Option<usize>) {
         match self.primary.lookup(key, ctx) {
@@ -94,7 +118,7 @@ impl TieringState {
                     self.cost.answered(idx, key, true);
                     return (self.initiate_promotion(idx, key, ctx), Some(idx + 1));
                 }
-                LookupResult::Retry => retry |= self.cost.retry_worth_waiting(idx, key),
+                LookupResult::Retry => retry |= self.cost.retry_worth_waiting(idx, key, ctx),
                 LookupResult::HitPending => retry = true,
                 LookupResult::Miss => self.cost.answered(idx, key, false),
             }

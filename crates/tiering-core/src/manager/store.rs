@@ -114,6 +114,9 @@ impl TieringState {
     /// handled by the failure policy.
     fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, gated: Gated) {
         self.counters.cascade_jobs += 1;
+        // The tier will hold these because this manager stored them: a `Retry` question about
+        // them no longer measures whether waiting for the tier pays.
+        self.cost.retries().stored(&job.keys);
         let id = job.id;
         if let Gated::Yes { probe, late } = gated {
             let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
