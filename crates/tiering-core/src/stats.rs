@@ -142,7 +142,8 @@ pub struct PromotionDecisions {
     /// Promotions the engine stopped waiting for at their deadline (the chunk still lands).
     pub abandoned_by_deadline: u64,
     /// Hits promoted although the model said decline, to re-measure a tier that had gone
-    /// unmeasured for the probe interval (included in `started`).
+    /// unmeasured for the probe interval (included in `started`); the lookup that started one
+    /// answered `Miss`.
     pub probes: u64,
     /// Finished promotions the model was fitted on.
     pub samples: u64,

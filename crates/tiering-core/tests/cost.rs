@@ -298,3 +298,41 @@ fn without_a_recompute_cost_every_retry_is_waited_for() {
     r.m.on_request_finished(&ctx).unwrap();
     end_step(&mut r.m);
 }
+
+#[test]
+fn a_probe_of_a_declined_tier_is_not_waited_for_and_its_chunk_still_lands() {
+    let mut cfg = cheap_recompute();
+    cfg.cost.probe_interval = Duration::from_secs(1);
+    let mut r = rig(8, &["slow"], cfg);
+    r.tiers[0].set_load_delay(Duration::from_millis(5));
+    let (k1, k2, k3) = (key(1), key(2), key(3));
+    for k in [k1, k2, k3] {
+        r.tiers[0].insert(k, bytes_for(&k));
+    }
+    let ctx = new_req(&mut r, "a");
+    // The first hit is the tier's first sample (≥ 5 ms against 16 µs of recompute)...
+    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::HitPending);
+    end_step(&mut r.m);
+    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::Hit);
+    // ... so the next is declined,
+    assert_eq!(r.m.lookup(&k2, &ctx).unwrap(), LookupResult::Miss);
+    end_step(&mut r.m);
+    // and a probe interval later one hit is promoted to measure the tier again, while the
+    // lookup that started it still answers `Miss`: the request recomputes instead of waiting.
+    std::thread::sleep(Duration::from_millis(1050));
+    assert_eq!(r.m.lookup(&k3, &ctx).unwrap(), LookupResult::Miss);
+    end_step(&mut r.m);
+    assert_eq!(r.tiers[0].count("submit_load"), 2, "the probe was submitted");
+    let d = decisions(&mut r);
+    assert_eq!((d.started, d.probes, d.declined_by_cost), (2, 1, 1));
+    // The probe lands: a later lookup hits in the primary, and it was a second sample.
+    settle(&mut r);
+    assert_eq!(r.m.lookup(&k3, &ctx).unwrap(), LookupResult::Hit);
+    let d = decisions(&mut r);
+    assert_eq!((d.promoted, d.samples, d.abandoned_by_deadline), (2, 2, 0));
+    r.m.on_request_finished(&ctx).unwrap();
+    end_step(&mut r.m);
+    settle(&mut r);
+    assert_eq!(r.primary.total_pins(), 0);
+    r.primary.check_invariants().unwrap();
+}

@@ -77,7 +77,9 @@ pub struct CostConfig {
     pub ema_weight: f64,
     /// A tier whose hits are all declined is no longer measured, so it could never be found
     /// to have recovered: once this long has passed since its last sample (or probe), one
-    /// declined hit is promoted anyway as a probe, with the recompute estimate's deadline.
+    /// declined hit is promoted anyway as a probe; the lookup still answers `Miss` (nobody waits
+    /// for a tier expected to be slow), and later lookups wait for it at most the recompute
+    /// estimate × slack.
     /// Zero never probes.
     pub probe_interval: Duration,
 }
@@ -219,6 +221,10 @@ struct Counts {
 pub(crate) enum Verdict {
     /// Promote; the engine stops waiting at `deadline` (none without a recompute cost).
     Promote(Option<Instant>),
+    /// Promote to re-measure a tier whose hits have been declined for a while, but answer
+    /// `Miss` (the engine recomputes rather than wait for a tier expected to be slow); the chunk
+    /// lands for later requests, which wait for it no longer than `deadline`.
+    Probe(Instant),
     /// Answer `Miss`: recomputing is cheaper.
     Decline,
 }
@@ -267,7 +273,7 @@ impl CostModel {
         };
         let chunks = u32::try_from(reserved.saturating_add(1)).unwrap_or(u32::MAX);
         let budget = recompute.per_chunk().saturating_mul(chunks);
-        let mut expected = self.fits.get(idx).and_then(|f| f.predict(backlog));
+        let expected = self.fits.get(idx).and_then(|f| f.predict(backlog));
         if expected.is_some_and(|e| e > budget) {
             let probe_interval = self.config.probe_interval;
             let Some(c) = self.counts.get_mut(idx) else {
@@ -280,10 +286,14 @@ impl CostModel {
                 c.declined_by_cost += 1;
                 return Verdict::Decline;
             }
-            // A probe: promoted to re-measure the tier, waited for no longer than recomputing.
+            // A probe: promoted to re-measure the tier, but the engine that asked does not
+            // wait for it (it recomputes); a later request waits no longer than recomputing.
             c.probes += 1;
             c.last_measure = Some(now);
-            expected = None;
+            let wait = budget
+                .mul_f64(self.config.deadline_slack)
+                .max(self.config.deadline_floor);
+            return Verdict::Probe(now + wait);
         }
         // Nothing measured yet: allow the promotion, bounded by what recomputing would cost.
         let wait = expected
@@ -505,7 +515,7 @@ mod tests {
         let later = now + Duration::from_millis(1002);
         assert_eq!(
             m.decide(0, CHUNK, 0, later),
-            Verdict::Promote(Some(later + Duration::from_millis(1)))
+            Verdict::Probe(later + Duration::from_millis(1))
         );
         assert_eq!(
             m.decide(0, CHUNK, 0, later),

@@ -135,18 +135,20 @@ impl TieringState {
     /// batched submission. `Miss` when the primary cannot make room (never `Retry`: that would
     /// livelock the scheduler).
     fn initiate_promotion(&mut self, idx: usize, key: &OffloadKey, ctx: &ReqContext) -> LookupResult {
-        let deadline = if self.cost.recompute().is_some() {
+        // What the engine hears once the promotion is queued: a probe is not waited for.
+        let (deadline, answer) = if self.cost.recompute().is_some() {
             let chunk = self.arena.chunk_bytes() as u64;
             let backlog = (self.promotion_backlog(idx) as u64 + 1) * chunk;
             let reserved = self.pending_promotions[idx]
                 .get(ctx.id())
                 .map_or(0, |p| p.keys.len());
             match self.cost.decide(idx, backlog, reserved, Instant::now()) {
-                Verdict::Promote(deadline) => deadline,
+                Verdict::Promote(deadline) => (deadline, LookupResult::HitPending),
+                Verdict::Probe(deadline) => (Some(deadline), LookupResult::Miss),
                 Verdict::Decline => return LookupResult::Miss,
             }
         } else {
-            None
+            (None, LookupResult::HitPending)
         };
         let Some(out) = self.primary.prepare_write(std::slice::from_ref(key), ctx) else {
             self.counters.promotion_alloc_failures += 1;
@@ -171,7 +173,7 @@ impl TieringState {
         for k in &out.keys_to_store {
             self.cost.started(idx, *k, deadline);
         }
-        LookupResult::HitPending
+        answer
     }
 
     /// Chunks of tier `idx`'s promotions in flight or reserved and not yet submitted: the
