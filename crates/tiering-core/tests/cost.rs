@@ -43,18 +43,30 @@ fn decisions(r: &mut Rig) -> tiering_core::PromotionDecisions {
     r.m.stats().unwrap().decisions[0].clone()
 }
 
+/// A rig over one tier, "slow", whose loads take `delay` and which holds `keys`; and a request.
+fn slow_tier(config: ManagerConfig, delay: Duration, keys: &[tiering_core::OffloadKey]) -> (Rig, ReqContext) {
+    let mut r = rig(8, &["slow"], config);
+    r.tiers[0].set_load_delay(delay);
+    for k in keys {
+        r.tiers[0].insert(*k, bytes_for(k));
+    }
+    let ctx = new_req(&mut r, "a");
+    (r, ctx)
+}
+
+/// `k` is promoted (`HitPending`) and has landed a step later (`Hit`).
+fn promote_and_land(r: &mut Rig, ctx: &ReqContext, k: tiering_core::OffloadKey) {
+    assert_eq!(r.m.lookup(&k, ctx).unwrap(), LookupResult::HitPending);
+    end_step(&mut r.m);
+    assert_eq!(r.m.lookup(&k, ctx).unwrap(), LookupResult::Hit);
+}
+
 #[test]
 fn a_promotion_slower_than_its_recompute_estimate_is_declined() {
-    let mut r = rig(8, &["slow"], cheap_recompute());
-    r.tiers[0].set_load_delay(Duration::from_millis(5));
     let (k1, k2) = (key(1), key(2));
-    r.tiers[0].insert(k1, bytes_for(&k1));
-    r.tiers[0].insert(k2, bytes_for(&k2));
-    let ctx = new_req(&mut r, "a");
+    let (mut r, ctx) = slow_tier(cheap_recompute(), Duration::from_millis(5), &[k1, k2]);
     // Nothing measured yet: the first hit is promoted; its 5 ms load is the tier's first sample.
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::HitPending);
-    end_step(&mut r.m);
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::Hit);
+    promote_and_land(&mut r, &ctx, k1);
     // A load of at least 5 ms against 16 µs of recompute: declined, nothing reserved or loaded.
     assert_eq!(r.m.lookup(&k2, &ctx).unwrap(), LookupResult::Miss);
     end_step(&mut r.m);
@@ -156,15 +168,9 @@ fn a_stalled_promotion_is_abandoned_at_its_deadline_and_still_lands() {
 
 #[test]
 fn without_a_recompute_cost_every_hit_is_promoted_and_waited_for() {
-    let mut r = rig(8, &["slow"], ManagerConfig::step_driven());
-    r.tiers[0].set_load_delay(Duration::from_millis(3));
     let (k1, k2) = (key(1), key(2));
-    r.tiers[0].insert(k1, bytes_for(&k1));
-    r.tiers[0].insert(k2, bytes_for(&k2));
-    let ctx = new_req(&mut r, "a");
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::HitPending);
-    end_step(&mut r.m);
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::Hit);
+    let (mut r, ctx) = slow_tier(ManagerConfig::step_driven(), Duration::from_millis(3), &[k1, k2]);
+    promote_and_land(&mut r, &ctx, k1);
     // However slow the tier was measured to be, the next hit is promoted too.
     r.tiers[0].set_completion(Completion::Manual);
     assert_eq!(r.m.lookup(&k2, &ctx).unwrap(), LookupResult::HitPending);
@@ -303,17 +309,10 @@ fn without_a_recompute_cost_every_retry_is_waited_for() {
 fn a_probe_of_a_declined_tier_is_not_waited_for_and_its_chunk_still_lands() {
     let mut cfg = cheap_recompute();
     cfg.cost.probe_interval = Duration::from_secs(1);
-    let mut r = rig(8, &["slow"], cfg);
-    r.tiers[0].set_load_delay(Duration::from_millis(5));
     let (k1, k2, k3) = (key(1), key(2), key(3));
-    for k in [k1, k2, k3] {
-        r.tiers[0].insert(k, bytes_for(&k));
-    }
-    let ctx = new_req(&mut r, "a");
+    let (mut r, ctx) = slow_tier(cfg, Duration::from_millis(5), &[k1, k2, k3]);
     // The first hit is the tier's first sample (≥ 5 ms against 16 µs of recompute)...
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::HitPending);
-    end_step(&mut r.m);
-    assert_eq!(r.m.lookup(&k1, &ctx).unwrap(), LookupResult::Hit);
+    promote_and_land(&mut r, &ctx, k1);
     // ... so the next is declined,
     assert_eq!(r.m.lookup(&k2, &ctx).unwrap(), LookupResult::Miss);
     end_step(&mut r.m);
