@@ -274,6 +274,8 @@ impl CostModel {
         let chunks = u32::try_from(reserved.saturating_add(1)).unwrap_or(u32::MAX);
         let budget = recompute.per_chunk().saturating_mul(chunks);
         let expected = self.fits.get(idx).and_then(|f| f.predict(backlog));
+        let (slack, floor) = (self.config.deadline_slack, self.config.deadline_floor);
+        let deadline = |wait: Duration| now + wait.mul_f64(slack).max(floor);
         if expected.is_some_and(|e| e > budget) {
             let probe_interval = self.config.probe_interval;
             let Some(c) = self.counts.get_mut(idx) else {
@@ -290,17 +292,10 @@ impl CostModel {
             // wait for it (it recomputes); a later request waits no longer than recomputing.
             c.probes += 1;
             c.last_measure = Some(now);
-            let wait = budget
-                .mul_f64(self.config.deadline_slack)
-                .max(self.config.deadline_floor);
-            return Verdict::Probe(now + wait);
+            return Verdict::Probe(deadline(budget));
         }
         // Nothing measured yet: allow the promotion, bounded by what recomputing would cost.
-        let wait = expected
-            .unwrap_or(budget)
-            .mul_f64(self.config.deadline_slack)
-            .max(self.config.deadline_floor);
-        Verdict::Promote(Some(now + wait))
+        Verdict::Promote(Some(deadline(expected.unwrap_or(budget))))
     }
 
     /// Tier `idx` answered `Retry` for `key` (asked by `ctx`): whether the engine should wait
@@ -313,7 +308,7 @@ impl CostModel {
             .worth_waiting(idx, key, ctx, recompute.per_chunk(), Instant::now())
     }
 
-    /// The declined `Retry` questions the manager should look up again itself.
+    /// The `Retry` questions being timed (rechecks, cascaded keys; `super::retry_wait`).
     pub(crate) fn retries(&mut self) -> &mut RetryWaits {
         &mut self.retries
     }
