@@ -10,11 +10,13 @@
 //! - [`redis_admin`]: operator commands for a shared Redis tier
 //!   (`kvtier redis invalidate`);
 //! - [`scratch`](crate::scratch): per-run scratch space, removed on every exit path;
+//! - [`host_buffer`]: host buffers aligned as an engine's staging memory is;
 //! - [`metrics_endpoint`]: the Prometheus endpoint of `run` and `peer`;
 //! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
 
 pub mod bench;
 pub mod check;
+pub mod host_buffer;
 pub mod metrics_endpoint;
 pub mod peer;
 pub mod redis_admin;

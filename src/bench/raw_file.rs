@@ -20,6 +20,7 @@ use parking_lot::{Condvar, Mutex};
 use tier_disk::IoShape;
 
 use super::BenchError;
+use crate::host_buffer::HostBuffer;
 
 const ALIGN: usize = 4096;
 
@@ -65,36 +66,23 @@ impl Plan {
     }
 }
 
-/// A page-aligned buffer (direct I/O needs aligned memory).
-struct Aligned {
-    buf: Vec<u8>,
-    offset: usize,
-    len: usize,
-}
-
-impl Aligned {
-    fn new(len: usize) -> Self {
-        let buf = vec![0xA5u8; len + ALIGN];
-        let offset = buf.as_ptr().align_offset(ALIGN).min(ALIGN);
-        Self { buf, offset, len }
-    }
-
-    fn bytes(&self, n: usize) -> &[u8] {
-        &self.buf[self.offset..self.offset + n.min(self.len)]
-    }
-
-    fn bytes_mut(&mut self, n: usize) -> &mut [u8] {
-        let end = self.offset + n.min(self.len);
-        &mut self.buf[self.offset..end]
-    }
+/// A buffer for direct I/O calls of up to `len` bytes (direct I/O needs aligned memory).
+fn direct_io_buffer(len: usize) -> HostBuffer {
+    HostBuffer::filled(len, ALIGN, 0xA5)
 }
 
 /// Runs `call` of `plan` on `file` with `buf`.
-fn run_call(file: &File, buf: &mut Aligned, (offset, len): (u64, usize), write: bool) -> std::io::Result<()> {
+fn run_call(
+    file: &File,
+    buf: &mut HostBuffer,
+    (offset, len): (u64, usize),
+    write: bool,
+) -> std::io::Result<()> {
+    let len = len.min(buf.len());
     if write {
-        file.write_all_at(buf.bytes(len), offset)
+        file.write_all_at(&buf[..len], offset)
     } else {
-        file.read_exact_at(buf.bytes_mut(len), offset)
+        file.read_exact_at(&mut buf[..len], offset)
     }
 }
 
@@ -144,7 +132,7 @@ impl Pool {
             let shared = Arc::clone(&pool.shared);
             let handle = std::thread::Builder::new()
                 .name(format!("kvtier-bench-raw-{i}"))
-                .spawn(move || serve(&shared, Aligned::new(longest)))?;
+                .spawn(move || serve(&shared, direct_io_buffer(longest)))?;
             pool.threads.push(handle);
         }
         Ok(pool)
@@ -177,7 +165,7 @@ impl Drop for Pool {
 }
 
 /// A reference thread: per job, takes calls until none is left.
-fn serve(shared: &PoolShared, mut buf: Aligned) {
+fn serve(shared: &PoolShared, mut buf: HostBuffer) {
     let mut seen = 0;
     loop {
         let (write, base) = {
@@ -213,7 +201,7 @@ fn serve(shared: &PoolShared, mut buf: Aligned) {
 /// How the reference issues its calls.
 enum Runner {
     /// On the measuring thread.
-    Inline { file: File, buf: Aligned },
+    Inline { file: File, buf: HostBuffer },
     /// On threads of its own.
     Pool(Pool),
 }
@@ -300,7 +288,7 @@ impl RawFile {
             }
         }
         let runner = if plan.threads <= 1 {
-            let buf = Aligned::new(plan.longest_call());
+            let buf = direct_io_buffer(plan.longest_call());
             Runner::Inline { file, buf }
         } else {
             Runner::Pool(Pool::start(file, plan).map_err(err)?)

@@ -9,10 +9,14 @@ use std::collections::BTreeMap;
 use parking_lot::Mutex;
 use tiering_core::{KeyMap, OffloadKey};
 
+use crate::host_buffer::{DEVICE_ALIGN, HostBuffer};
+
 /// The bytes of every device block. Each block has its own lock, so the model (scheduler thread)
 /// and the copy worker touch different blocks without contention.
 pub struct DeviceMemory {
-    blocks: Vec<Mutex<Box<[u8]>>>,
+    /// Aligned as GPU allocations are (see [`crate::host_buffer`]: a block copied to or from
+    /// an arena row at a mismatched alignment copies at a fraction of memory speed).
+    blocks: Vec<Mutex<HostBuffer>>,
 }
 
 impl DeviceMemory {
@@ -21,7 +25,7 @@ impl DeviceMemory {
     pub fn new(num_blocks: usize, block_bytes: usize) -> Self {
         Self {
             blocks: (0..num_blocks)
-                .map(|_| Mutex::new(vec![0u8; block_bytes].into_boxed_slice()))
+                .map(|_| Mutex::new(HostBuffer::filled(block_bytes, DEVICE_ALIGN, 0)))
                 .collect(),
         }
     }

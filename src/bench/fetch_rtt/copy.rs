@@ -13,6 +13,7 @@ use tiering_core::{ChunkArena, ChunkId, OffloadKey, StoreCompletionSender};
 
 use super::worker_process::WorkerProcesses;
 use crate::bench::BenchError;
+use crate::host_buffer::{DEVICE_ALIGN, HostBuffer};
 use crate::sim::fill_chunk;
 
 /// One store for the copy workers: request `request`'s chunks go to `rows`, in key order.
@@ -32,13 +33,17 @@ pub(super) type CopyDone = (usize, u32, bool, Instant);
 /// Memcpy throughput of `chunk_bytes`-sized copies in this process, bytes per second (median
 /// of repeated copies between two warm buffers).
 pub(super) fn memcpy_rate(chunk_bytes: usize) -> f64 {
-    let src: Vec<u8> = (0..chunk_bytes).map(|i| i as u8).collect();
-    let mut dst = vec![0u8; chunk_bytes];
+    let mut src = HostBuffer::filled(chunk_bytes, DEVICE_ALIGN, 0);
+    for (i, b) in src.iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    // Aligned as the rows are, so the rate is that of the copies the workers make.
+    let mut dst = HostBuffer::page_aligned(chunk_bytes);
     dst.copy_from_slice(&src);
     let mut samples: Vec<f64> = (0..200)
         .map(|_| {
             let t = Instant::now();
-            dst.copy_from_slice(std::hint::black_box(&src));
+            dst.copy_from_slice(std::hint::black_box(&*src));
             std::hint::black_box(&mut dst);
             t.elapsed().as_secs_f64()
         })
@@ -58,7 +63,7 @@ pub(super) fn copy_duration(bytes: usize, rate: f64) -> Duration {
 /// bytes. Returns whether every row could be written.
 pub(super) fn copy_share(
     arena: &Arc<ChunkArena>,
-    sources: &[Vec<u8>],
+    sources: &[HostBuffer],
     rows: &[ChunkId],
     rank: u32,
     ranks: u32,
@@ -108,10 +113,10 @@ fn wait_until(due: Instant) {
 }
 
 /// The device buffers of a request: each key's deterministic bytes.
-pub(super) fn device_bytes(keys: &[OffloadKey], chunk_bytes: usize) -> Vec<Vec<u8>> {
+pub(super) fn device_bytes(keys: &[OffloadKey], chunk_bytes: usize) -> Vec<HostBuffer> {
     keys.iter()
         .map(|k| {
-            let mut b = vec![0u8; chunk_bytes];
+            let mut b = HostBuffer::filled(chunk_bytes, DEVICE_ALIGN, 0);
             fill_chunk(k, &mut b);
             b
         })
@@ -139,7 +144,7 @@ impl CopyWorkers {
         reporter: Option<StoreCompletionSender>,
         done: Sender<CopyDone>,
     ) -> Result<Self, BenchError> {
-        let sources: Vec<Vec<Vec<u8>>> = keys.iter().map(|k| device_bytes(k, chunk_bytes)).collect();
+        let sources: Vec<Vec<HostBuffer>> = keys.iter().map(|k| device_bytes(k, chunk_bytes)).collect();
         let keys = keys.to_vec();
         let (orders, rx): (Sender<CopyOrder>, Receiver<CopyOrder>) = mpsc::channel();
         let handle = std::thread::Builder::new()

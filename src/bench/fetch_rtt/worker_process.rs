@@ -30,6 +30,7 @@ use tiering_core::{ChunkId, OffloadKey};
 
 use super::copy::{CopyDone, CopyOrder, copy_share, device_bytes};
 use crate::bench::BenchError;
+use crate::host_buffer::HostBuffer;
 
 /// Arguments of the hidden `kvtier bench-copy-worker` subcommand (started by
 /// `kvtier bench fetch-rtt --workers-process`, not by hand).
@@ -85,7 +86,7 @@ pub fn copy_worker(args: &CopyWorkerArgs) -> Result<()> {
         None => None,
     };
     let chunk_bytes = view.arena().chunk_bytes();
-    let mut requests: Vec<(Vec<OffloadKey>, Vec<Vec<u8>>)> = Vec::new();
+    let mut requests: Vec<(Vec<OffloadKey>, Vec<HostBuffer>)> = Vec::new();
     let stdout = std::io::stdout();
     for line in std::io::stdin().lock().lines() {
         let line = line.context("reading orders")?;
