@@ -280,8 +280,17 @@ impl LruPolicy {
     }
 
     fn rerank_global(&mut self, chunk: ChunkId) {
-        self.detach(chunk);
-        self.place_global(chunk);
+        if self.ranks[chunk as usize].grouped {
+            self.detach(chunk);
+            self.place_global(chunk);
+            return;
+        }
+        // An ungrouped chunk already ranks by a global rank, and every global rank is below a
+        // fresh one: it moves to the back in one relink (a touch's usual case).
+        let rank = self.fresh_rank();
+        self.ranks[chunk as usize].hi = rank;
+        self.ranks[chunk as usize].lo = 0;
+        self.order.move_to_back(&mut self.links, chunk);
     }
 }
 
