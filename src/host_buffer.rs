@@ -3,7 +3,7 @@
 //! benchmarks' reference copies.
 //!
 //! The alignment is not cosmetic. Arena rows start on page boundaries, and glibc's `memcpy`
-//! (`rep movsb` above a few KiB) runs at a third of its speed on some CPUs when source and
+//! (`rep movsb` above a few KiB) runs at less than half its speed on some CPUs when source and
 //! destination differ in their offset within a cache line: measured on this project's AMD EPYC
 //! dev VM, 256 KiB copies from page-aligned rows into a buffer at `malloc`'s usual page + 16
 //! bytes ran at 7.4 GiB/s, into one at a multiple of 64 bytes at 16–19 GiB/s. A `Vec<u8>`
