@@ -297,6 +297,15 @@ pub fn bench_tiers(tiers: BuiltTiers, cfg: &TierBenchConfig) -> Result<TierBench
     })
 }
 
+/// The memcpy reference: `src` into `dst` one `chunk`-sized call at a time, as the tier's rows
+/// are copied. A single batch-sized memcpy would take glibc's streaming-store path for large
+/// copies, another kind of copy than the one it is the reference for.
+fn copy_by_chunk(dst: &mut [u8], src: &[u8], chunk: usize) {
+    for (d, s) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+        d.copy_from_slice(s);
+    }
+}
+
 pub(super) struct Bench<'a> {
     pub(super) arena: Arc<ChunkArena>,
     pub(super) ctx: ReqContext,
@@ -366,14 +375,7 @@ impl Bench<'_> {
                     primary.complete_store(&out.keys_to_store, &self.ctx, true);
                     store_time = t.elapsed();
                 } else {
-                    // One copy per chunk, as the tier's: a single batch-sized memcpy would take
-                    // glibc's streaming-store path for large copies, another kind of copy.
-                    for (dst, src) in cold[region..region + batch_len]
-                        .chunks_mut(cb)
-                        .zip(device.chunks(cb))
-                    {
-                        dst.copy_from_slice(src);
-                    }
+                    copy_by_chunk(&mut cold[region..region + batch_len], &device, cb);
                     copy_time = t.elapsed();
                 }
             }
@@ -392,12 +394,7 @@ impl Bench<'_> {
                         .map_err(|e| Self::tier_err(&name, e.to_string()))?;
                     load_time = t.elapsed();
                 } else {
-                    for (dst, src) in scratch
-                        .chunks_mut(cb)
-                        .zip(cold[region..region + batch_len].chunks(cb))
-                    {
-                        dst.copy_from_slice(src);
-                    }
+                    copy_by_chunk(&mut scratch, &cold[region..region + batch_len], cb);
                     back_time = t.elapsed();
                 }
             }
