@@ -44,26 +44,30 @@ unsafe fn bytes_contents<'a>(ob: *mut ffi::PyObject) -> Option<&'a [u8]> {
     }
 }
 
+/// Parses one key. Inlined into the loops that read batches: returned through memory from a
+/// call, the key was reread with wider loads than the callee's stores, a store-forwarding stall
+/// that cost more than the parse (profiled).
+#[inline(always)]
 fn key_from_slice(b: &[u8]) -> PyResult<OffloadKey> {
-    if b.len() == KEY_HASH_BYTES {
-        let mut hash = [0u8; KEY_HASH_BYTES];
-        hash.copy_from_slice(b);
-        return Ok(OffloadKey::new(hash, 0));
+    // The packed form, parsed here (one call per key into tiering-core showed in profiles):
+    // the hash, then the group as 4 big-endian bytes, as `OffloadKey::to_bytes`.
+    if let Some((hash, rest)) = b.split_first_chunk::<KEY_HASH_BYTES>() {
+        if let Ok(group) = <[u8; 4]>::try_from(rest) {
+            return Ok(OffloadKey::new(*hash, u32::from_be_bytes(group)));
+        }
+        if rest.is_empty() {
+            return Ok(OffloadKey::new(*hash, 0));
+        }
     }
-    // The packed form, parsed here so it inlines (one call per key into tiering-core showed
-    // in profiles): the hash, then the group as 4 big-endian bytes, as `OffloadKey::to_bytes`.
-    if let Some((hash, group)) = b
-        .split_first_chunk::<KEY_HASH_BYTES>()
-        .and_then(|(hash, rest)| Some((hash, <[u8; 4]>::try_from(rest).ok()?)))
-    {
-        return Ok(OffloadKey::new(*hash, u32::from_be_bytes(group)));
-    }
-    OffloadKey::from_bytes(b).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "a key must be {KEY_BYTES} bytes (hash + group) or {KEY_HASH_BYTES} bytes (hash, group 0), got {}",
-            b.len()
-        ))
-    })
+    Err(bad_key_length(b))
+}
+
+#[cold]
+fn bad_key_length(b: &[u8]) -> PyErr {
+    PyValueError::new_err(format!(
+        "a key must be {KEY_BYTES} bytes (hash + group) or {KEY_HASH_BYTES} bytes (hash, group 0), got {}",
+        b.len()
+    ))
 }
 
 /// Keys from any iterable of key objects.
