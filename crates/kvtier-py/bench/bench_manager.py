@@ -13,7 +13,10 @@ With --runs N the whole comparison (kvtier, vLLM, loop) is repeated N times, int
 the median with the min–max of each figure and ratio is printed after the runs.
 
 Each figure is the best of 5 rounds. Both sides run the same loop (16-key batches, a fresh request per load and per store, each
-store request finished and its events drained); the clock is read once per 256 calls.
+store request announced with on_new_request, finished and its events drained); the clock is read once per 256 calls. A batch
+is a slice of a list of keys that already exist, as the connector passes the keys it holds for a request: loads take 16
+consecutive keys of a random sequence of resident keys, stores take the next 16 keys of a pool of 4N fresh keys (a key
+comes round again only after 4N stores, long after it and its ghost left the cache, so every store evicts 16).
 A third run times the loop alone (methods that do nothing) and prints it, with the ratios
 recomputed without it: the loop (key lists, request objects, calls) is part of both sides' figures
 and bounds the ratio an engine-like caller can see. What the ratios depend on: the CPU and its caches (the tier's index of N chunks vs CPython's
@@ -86,6 +89,9 @@ class _NullStore:
     class _Out:
         evicted_keys = (None,) * 16
 
+    def on_new_request(self, ctx):
+        return None
+
     def lookup(self, key, ctx):
         return None
 
@@ -119,7 +125,9 @@ class LoopSide:
         self.ctx = kvtier.ReqContext
 
     def new_request(self, name):
-        return self.ctx(name)
+        c = self.ctx(name)
+        self.s.on_new_request(c)
+        return c
 
     def close(self):
         pass
@@ -138,7 +146,9 @@ class VllmSide:
         self.ctx = oracle.ReqContext
 
     def new_request(self, name):
-        return self.ctx(name)
+        c = self.ctx(name)
+        self.s.on_new_request(c)
+        return c
 
     def close(self):
         pass
@@ -168,20 +178,24 @@ def bench(side, n, seconds):
     res["lookup_hit"] = rate(lookups, seconds, batch=4) * 256
 
     def load(i):
-        b = [res_keys[(i * 16 + j) % 100000] for j in range(16)]
+        o = (i * 16) % 99984
+        b = res_keys[o : o + 16]
         c = side.ctx("load")
         s.prepare_load(b, c)
         s.complete_load(b, c)
 
     res["load16"] = rate(load, seconds)
-    ctr = [0]
+    # Fresh keys: random like real block hashes (every word of a hash is random, which both
+    # managers' tables rely on), from a seeded generator so the two sides store the same keys.
+    fresh = random.Random(2)
+    pool = [fresh.randbytes(32) + b"\0\0\0\0" for _ in range(4 * n)]
+    rounds = len(pool) // 16
+    names = [f"store{j}" for j in range(rounds)]
 
     def store(i):
-        b = []
-        for _ in range(16):
-            ctr[0] += 1
-            b.append(ctr[0].to_bytes(32, "big") + b"\0\0\0\0")
-        c = side.new_request(f"store{i}")
+        o = (i % rounds) * 16
+        b = pool[o : o + 16]
+        c = side.new_request(names[i % rounds])
         out = s.prepare_store(b, c)
         assert out is not None and len(out.evicted_keys) == 16
         s.complete_store(b, c)
