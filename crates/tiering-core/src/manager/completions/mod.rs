@@ -84,13 +84,21 @@ impl TieringState {
     }
 
     /// The engine's `complete_store`: applies every key no worker has completed yet, absorbs
-    /// the rest (counting disagreeing flags).
+    /// the rest (counting disagreeing flags). In off-step mode the workers' queued reports are
+    /// applied first.
     pub(crate) fn complete_store_unlocked(
         &mut self,
         keys: &[OffloadKey],
         ctx: &ReqContext,
         success: bool,
     ) -> Result<(), ManagerError> {
+        if self.ledger.dual {
+            // What workers reported before the engine learnt that the copy finished is applied
+            // first, so a rank's report is never overtaken by the engine's report of the same
+            // copy. That matters for failures: vLLM cannot fail a job, so its connector reports
+            // success for every store, and only the worker knows a copy failed.
+            self.apply_queued_completions();
+        }
         let rid = ctx.id();
         let Some(req) = self.requests.get(rid) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
@@ -360,5 +368,34 @@ mod tests {
             Err(ManagerError::NoPendingStore(_))
         ));
         assert_eq!(s.lookup(&k(2), &other).unwrap(), LookupResult::Hit);
+    }
+
+    /// Off-step mode, step-driven (no control thread to apply reports in between): a worker
+    /// reports a failed copy, and the engine — which cannot fail a job, as vLLM's connector
+    /// cannot — reports the same store as a success right after. The worker's report was first,
+    /// so it wins: the chunk is dropped and the engine's report counts as a conflict.
+    #[test]
+    fn a_worker_failure_queued_before_the_engine_success_is_applied_first() {
+        let config = ManagerConfig {
+            off_step: true,
+            control_plane_thread: false,
+            ..ManagerConfig::default()
+        };
+        let mut m = TieringManager::new(Box::new(MemoryPrimary::new(8, 16)), Vec::new(), config);
+        let sender = m.store_completion_sender();
+        let ctx = ReqContext::local("r");
+        let mut s = m.step();
+        s.on_new_request(&ctx).unwrap();
+        s.prepare_store(&[k(1), k(2)], &ctx).unwrap().unwrap();
+        sender.report(&[k(1)], false);
+        sender.report(&[k(2)], true);
+        s.complete_store(&[k(1), k(2)], &ctx, true).unwrap();
+        assert_eq!(s.lookup(&k(1), &ctx).unwrap(), LookupResult::Miss);
+        assert_eq!(s.lookup(&k(2), &ctx).unwrap(), LookupResult::Hit);
+        let counters = s.stats().unwrap().manager;
+        assert_eq!(counters.store_report_conflicts, 1);
+        assert_eq!(counters.off_step_store_completions, 2);
+        s.on_request_finished(&ctx).unwrap();
+        assert_eq!(s.inspect(|st| st.tracked_requests()).unwrap(), 0);
     }
 }
