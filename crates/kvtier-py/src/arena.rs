@@ -258,9 +258,18 @@ impl PyRow {
         slf
     }
 
-    #[pyo3(signature = (*_exc))]
-    fn __exit__(&self, py: Python<'_>, _exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
-        self.release_inner(py)?;
+    /// Releases the grant. Left by an exception, it never raises over it: arrays the
+    /// exception's traceback still holds keep the grant until they are gone.
+    #[pyo3(signature = (*exc))]
+    fn __exit__(&self, py: Python<'_>, exc: &Bound<'_, pyo3::types::PyTuple>) -> PyResult<bool> {
+        let unwinding = exc.get_item(0).is_ok_and(|t| !t.is_none());
+        if unwinding {
+            // The grant passes to the arrays still alive (released with the last of them), or
+            // is released now if there are none.
+            *self.memory.lock() = None;
+        } else {
+            self.release_inner(py)?;
+        }
         Ok(false)
     }
 }

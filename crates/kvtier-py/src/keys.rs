@@ -64,8 +64,14 @@ fn key_from_slice(b: &[u8]) -> PyResult<OffloadKey> {
 
 #[cold]
 fn bad_key_length(b: &[u8]) -> PyErr {
+    // vLLM's xxhash prefix-caching hashes are 16 bytes (keys of 20 with the group).
+    let hint = if matches!(b.len(), 16 | 20) {
+        "; a 16-byte block hash is vLLM's xxhash: run vLLM with --prefix-caching-hash-algo sha256 or sha256_cbor"
+    } else {
+        ""
+    };
     PyValueError::new_err(format!(
-        "a key must be {KEY_BYTES} bytes (hash + group) or {KEY_HASH_BYTES} bytes (hash, group 0), got {}",
+        "a key must be {KEY_BYTES} bytes (hash + group) or {KEY_HASH_BYTES} bytes (hash, group 0), got {}{hint}",
         b.len()
     ))
 }

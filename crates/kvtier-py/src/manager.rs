@@ -4,6 +4,11 @@
 //! read-mostly hooks and the teardown. One thread must never hold two steps of a manager (the
 //! second would wait for the first forever) nor call a handle hook that takes the lock while it
 //! holds a step: both raise `StepError` instead of deadlocking.
+//!
+//! A thread holding a step never touches the handle's read-write lock either: a teardown
+//! (`shutdown`, `reset_cache`) holds or waits for its write side while it waits for the step to
+//! end, and a reader queued behind that writer would wait for itself. The arena getters read a
+//! copy of the arena handle kept outside that lock.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,7 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tiering_core::config::ChainConfig;
-use tiering_core::{Registry, TieringManager};
+use tiering_core::{ChunkArena, Registry, TieringManager};
 
 use crate::errors::{StepError, config_err, kvtier_err};
 use crate::step::PyStep;
@@ -22,8 +27,31 @@ use crate::values::{OffloadingEvent, row_bytes};
 /// The manager and the thread that holds its step, shared with the steps.
 pub(crate) struct Shared {
     pub(crate) manager: RwLock<Option<TieringManager>>,
+    /// The manager's arena until shutdown, outside `manager`'s lock (see the module docs).
+    arena: Mutex<Option<Arc<ChunkArena>>>,
     /// The thread holding a step of this manager, if any.
     pub(crate) step_thread: Mutex<Option<ThreadId>>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // A manager collected without `shutdown` shuts down here: joining the control thread
+        // and draining the tiers can take seconds, so other Python threads keep running. (When
+        // the interpreter is finalizing it cannot be attached to; then it is dropped as is.)
+        if let Some(manager) = self.manager.get_mut().take() {
+            let arena = self.arena.get_mut().take();
+            let teardown = move || drop((manager, arena));
+            let mut teardown = Some(teardown);
+            Python::try_attach(|py| {
+                if let Some(t) = teardown.take() {
+                    py.detach(t);
+                }
+            });
+            if let Some(t) = teardown {
+                t();
+            }
+        }
+    }
 }
 
 impl Shared {
@@ -77,6 +105,7 @@ impl PyTieringManager {
             .map_err(config_err)?;
         Ok(Self {
             shared: Arc::new(Shared {
+                arena: Mutex::new(Some(Arc::clone(manager.arena()))),
                 manager: RwLock::new(Some(manager)),
                 step_thread: Mutex::new(None),
             }),
@@ -113,10 +142,14 @@ impl PyTieringManager {
         py: Python<'_>,
         f: impl FnOnce(&Arc<tiering_core::ChunkArena>) -> R + Send,
     ) -> PyResult<R> {
-        // The arena is reachable without the step lock, so this works inside a step too.
-        let shared = &self.shared;
-        py.detach(|| shared.manager.read().as_ref().map(|m| f(m.arena())))
-            .ok_or_else(|| kvtier_err("the manager has been shut down"))
+        // Not through `manager`'s lock, so this works inside a step too (see the module docs).
+        let arena = self
+            .shared
+            .arena
+            .lock()
+            .clone()
+            .ok_or_else(|| kvtier_err("the manager has been shut down"))?;
+        Ok(py.detach(|| f(&arena)))
     }
 }
 
@@ -211,8 +244,10 @@ impl PyTieringManager {
             };
             let r = m.shutdown();
             if r.is_ok() {
-                // Dropping the handle here releases the arena (and its shared-memory file).
+                // Dropping the handle and the arena's copy here releases the arena (and its
+                // shared-memory file).
                 *guard = None;
+                *shared.arena.lock() = None;
             }
             r
         });
@@ -223,7 +258,7 @@ impl PyTieringManager {
     /// `WorkerReporter`s report finished stores.
     #[allow(clippy::needless_pass_by_value, reason = "pyo3 extracts an owned path")]
     fn open_completion_channel(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
-        self.with_manager_mut(py, "open_completion_channel", |m| {
+        self.with_manager(py, "open_completion_channel", |m| {
             m.open_completion_channel(&path)
         })?
         .map_err(kvtier_err)
@@ -259,10 +294,11 @@ impl PyTieringManager {
         self.arena_info(py, |a| tiering_core::channel::arena_fingerprint(a))
     }
 
-    /// Whether the control-plane thread is running.
+    /// Whether the control-plane thread is running (`False` once shut down).
     #[getter]
     fn control_thread_running(&self, py: Python<'_>) -> PyResult<bool> {
-        self.arena_info(py, |_| ())?;
+        self.shared
+            .refuse_if_this_thread_holds_a_step("control_thread_running")?;
         let shared = &self.shared;
         Ok(py.detach(|| {
             shared

@@ -72,6 +72,22 @@ def test_a_row_is_not_released_while_an_array_uses_it(shared):
     assert shared.read_row(0)[10:20] == b"\x05" * 10
 
 
+def test_a_row_left_by_an_exception_keeps_the_exception_and_hands_the_grant_to_its_arrays(shared):
+    view = kvtier.ArenaView(shared.arena_path)
+    with pytest.raises(ZeroDivisionError):
+        with view.row(2, write=True) as row:
+            a = row.array()
+            a[:] = 3
+            1 / 0
+    # The array outlived the block (as a traceback's frame would keep it): it holds the grant.
+    with pytest.raises(kvtier.KvtierError):
+        view.row(2, write=True)
+    del a
+    with view.row(2, write=True):
+        pass
+    assert shared.read_row(2)[:4] == b"\x03" * 4
+
+
 def test_read_grants_are_shared_and_read_only(shared):
     view = kvtier.ArenaView(shared.arena_path)
     shared.write_row(1, b"\x07" * 256)

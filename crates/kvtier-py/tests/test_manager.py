@@ -2,6 +2,7 @@
 CPU primary tier (ref counts, eviction order, events, failed stores, reset) and the step rules."""
 
 import threading
+import time
 
 import pytest
 
@@ -265,6 +266,32 @@ def test_another_thread_waits_for_the_step_with_the_gil_released(manager):
     assert acquired.wait(timeout=30)
     t.join(timeout=30)
     assert order == ["holder released", "other acquired"]
+
+
+def test_arena_getters_inside_a_step_never_wait_for_a_waiting_teardown(tmp_path):
+    """A step holder reading the arena's geometry while another thread's reset_cache waits for
+    the step (holding the handle's write lock) gets its answer at once, and the reset then goes
+    through: neither waits for the other."""
+    m = kvtier.TieringManager.from_toml(
+        f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n', 64
+    )
+    outcome = []
+    with m.step():
+        waiting = threading.Thread(target=lambda: outcome.append(m.reset_cache()))
+        waiting.start()
+        # Give the reset time to take the write lock and queue behind the step (if it has not
+        # yet, the reads below pass trivially; they never fail).
+        time.sleep(0.2)
+        assert m.num_chunks == 4 and m.chunk_bytes == 64 and m.row_stride >= 64
+        assert str(m.arena_path) == f"{tmp_path}/arena" and "4 chunks" in repr(m)
+        with pytest.raises(kvtier.StepError, match="holds a step"):
+            m.control_thread_running
+    waiting.join(timeout=30)
+    assert not waiting.is_alive() and outcome == [None]
+    m.shutdown()
+    assert m.control_thread_running is False
+    with pytest.raises(kvtier.KvtierError, match="shut down"):
+        m.num_chunks
 
 
 def test_shut_down_manager_refuses_steps_and_hooks():

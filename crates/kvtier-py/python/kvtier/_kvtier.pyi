@@ -1,7 +1,7 @@
 """Type stubs of the kvtier extension module."""
 
-import enum
 import os
+import pathlib
 from typing import Any, Iterable, Optional, Sequence
 
 KEY_BYTES: int
@@ -25,19 +25,23 @@ def make_offload_key(block_hash: bytes, group_idx: int = 0) -> bytes:
 def split_offload_key(key: bytes) -> tuple[bytes, int]:
     """Splits a key into (block_hash, group_idx)."""
 
-class LookupResult(enum.Enum):
-    """The verdict of a lookup (vLLM's LookupResult)."""
+class LookupResult:
+    """The verdict of a lookup (vLLM's LookupResult). Not an ``enum.Enum``: the four values are
+    class attributes, compare with ``is`` or ``==``, hash, and convert with ``int()``."""
 
-    HIT = 0
-    HIT_PENDING = 1
-    MISS = 2
-    RETRY = 3
+    HIT: "LookupResult"
+    HIT_PENDING: "LookupResult"
+    MISS: "LookupResult"
+    RETRY: "LookupResult"
+    def __int__(self) -> int: ...
 
-class OffloadPolicy(enum.Enum):
-    """What a request wants offloaded."""
+class OffloadPolicy:
+    """What a request wants offloaded. Not an ``enum.Enum``: the values are class attributes,
+    compare with ``is`` or ``==``, hash, and convert with ``int()``."""
 
-    CHUNK_LEVEL = 0
-    REQUEST_LEVEL = 1
+    CHUNK_LEVEL: "OffloadPolicy"
+    REQUEST_LEVEL: "OffloadPolicy"
+    def __int__(self) -> int: ...
 
 class PrepareStoreOutput:
     """Result of prepare_store."""
@@ -122,7 +126,7 @@ class TieringManager:
     num_chunks: int
     chunk_bytes: int
     row_stride: int
-    arena_path: Optional[str]
+    arena_path: Optional[pathlib.Path]
     arena_fingerprint: int
     control_thread_running: bool
     @staticmethod
@@ -163,14 +167,16 @@ class Row:
     def release(self) -> None:
         """Releases the grant; raises KvtierError while an array of the row is alive."""
     def __enter__(self) -> "Row": ...
-    def __exit__(self, *exc: object) -> bool: ...
+    def __exit__(self, *exc: object) -> bool:
+        """Releases the grant; left by an exception, arrays still alive keep it instead of
+        raising over the exception."""
 
 class ArenaView:
     """A worker process's window on the manager's shared arena."""
 
     num_chunks: int
     chunk_bytes: int
-    path: str
+    path: pathlib.Path
     fingerprint: int
     def __init__(
         self,
