@@ -1,12 +1,18 @@
 """kvtier.vllm in one process: the spec's configuration errors, the manager lock, and how vLLM's
 request contexts (positions, transfer parameters, tier filter) reach kvtier."""
 
+import os
+import subprocess
+import sys
+import threading
+import time
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import kvtier
-from kvtier.vllm import KvtierOffloadingSpec
+from kvtier.vllm import KvtierOffloadingSpec, KvtierOffloadingWorker
 from conftest import keys
 
 
@@ -61,3 +67,229 @@ def test_vllm_contexts_map_to_one_kvtier_context_with_positions_and_filter(tmp_p
         assert m.has_pending_work() is False
     finally:
         m.shutdown()
+
+
+def worker_spec(tmp_path, off_step=True, world_size=1):
+    """A spec over a one-rank chain with a shared arena, off-step completions and no control
+    thread (reports are applied when the scheduler side calls in), and "GPU" tensors."""
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n'
+        f"[control_plane]\nthread = false\noff_step = {'true' if off_step else 'false'}\n"
+    )
+    tensors = [np.arange(8 * 16, dtype=np.float32).reshape(8, 16)]
+    extra = {"kvtier_chain": str(chain)}
+    return KvtierOffloadingSpec.from_settings(extra, tensors[0][0].nbytes, world_size), tensors
+
+
+def ids(xs):
+    return SimpleNamespace(block_ids=np.array(xs, dtype=np.int64))
+
+
+def results(worker):
+    return [(r.job_id, r.success) for r in worker.get_finished()]
+
+
+def test_get_stats_gives_vllm_no_metrics_and_kvtier_stats_the_counters(tmp_path):
+    m = spec(tmp_path).get_manager()
+    try:
+        # vLLM's connector calls get_stats every step and expects OffloadingConnectorStats or
+        # None; kvtier's counters have their own name.
+        assert m.get_stats() is None
+        assert m.kvtier_stats()["jobs_in_flight"] == 0
+        with m.lock:
+            assert m.get_stats() is None and "manager" in m.kvtier_stats()
+    finally:
+        m.shutdown()
+
+
+def test_the_lock_is_held_per_thread_and_other_threads_wait_for_it(tmp_path):
+    m = spec(tmp_path).get_manager()
+    k = keys(1)
+    order = []
+    try:
+        with m.lock:
+            m.on_new_request("a")
+            m.prepare_store(k, "a")
+
+            def other():
+                # Neither the lock nor a call without it uses the holder's step: both wait.
+                with m.lock:
+                    order.append("other locked")
+                    assert m.lookup(k[0], "a") is kvtier.LookupResult.HIT
+                order.append(m.lookup(k[0], "a"))
+
+            t = threading.Thread(target=other)
+            t.start()
+            time.sleep(0.1)
+            m.complete_store(k, "a")
+            order.append("holder done")
+        t.join(timeout=30)
+        assert not t.is_alive()
+        assert order == ["holder done", "other locked", kvtier.LookupResult.HIT]
+        # The other thread's exit released its own step, not this thread's (none held now).
+        assert m._step is None
+    finally:
+        m.shutdown()
+
+
+def test_a_worker_built_before_the_manager_opens_the_arena_at_its_first_job(tmp_path):
+    sp, tensors = worker_spec(tmp_path)
+    # vLLM's order: the workers register their KV caches before the scheduler exists.
+    worker = sp.get_worker(tensors)
+    m = sp.get_manager()
+    try:
+        k = keys(1, 2)
+        with m.lock:
+            m.on_new_request("a")
+            out = m.prepare_store(k, "a")
+        assert worker.submit_store(1, ids([3, 5]), out.store_spec) is True
+        assert results(worker) == [(1, True)]
+        with m.lock:
+            m.complete_store(k, "a")
+            m.on_request_finished("a")
+            assert [m.lookup(x, "b") for x in k] == [kvtier.LookupResult.HIT] * 2
+            rows = list(m.prepare_load(k, "b").block_ids)
+        assert worker.submit_load(2, ids(rows), ids([6, 7])) is True
+        assert results(worker) == [(2, True)]
+        assert (tensors[0][6:8] == tensors[0][[3, 5]]).all()
+        with m.lock:
+            m.complete_load(k, "b")
+    finally:
+        worker.shutdown()
+        m.shutdown()
+
+
+def test_a_worker_with_no_manager_fails_its_store_after_waiting(tmp_path, caplog):
+    sp, tensors = worker_spec(tmp_path)
+    handler = sp.get_transfer_handler(tensors)
+    handler.open_timeout_s = 0.2
+    worker = KvtierOffloadingWorker(handler, f"{sp.arena_path}.keys")
+    # No manager ever creates the arena: the failure cannot be reported, so the job's result
+    # says so (vLLM stops on it rather than trust the rows).
+    assert worker.submit_store(1, ids([0]), ids([0])) is True
+    assert results(worker) == [(1, False)]
+    assert "could not be reported" in caplog.text
+    with pytest.raises(kvtier.KvtierError, match="no live kvtier manager"):
+        handler.open()
+
+
+def test_a_failed_store_copy_is_reported_so_the_engines_success_report_cannot_keep_it(tmp_path, caplog):
+    sp, tensors = worker_spec(tmp_path)
+    m = sp.get_manager()
+    worker = sp.get_worker(tensors)
+    try:
+        k = keys(1, 2)
+        with m.lock:
+            m.on_new_request("a")
+            out = m.prepare_store(k, "a")
+        # Block 99 does not exist: the copy fails. vLLM cannot fail a job, so the job finishes;
+        # the failure went to the manager on the channel.
+        assert worker.submit_store(1, ids([0, 99]), out.store_spec) is True
+        assert results(worker) == [(1, True)]
+        assert "reported as failed" in caplog.text
+        with m.lock:
+            m.complete_store(k, "a")  # vLLM's connector: success, always
+            m.on_request_finished("a")
+            assert [m.lookup(x, "b") for x in k] == [kvtier.LookupResult.MISS] * 2
+        counters = m.kvtier_stats()["manager"]
+        assert counters["store_report_conflicts"] == 2
+        assert counters["off_step_store_completions"] == 2
+    finally:
+        worker.shutdown()
+        m.shutdown()
+
+
+def test_a_failed_load_copy_raises_instead_of_finishing(tmp_path):
+    sp, tensors = worker_spec(tmp_path)
+    m = sp.get_manager()
+    worker = sp.get_worker(tensors)
+    try:
+        k = keys(1)
+        with m.lock:
+            m.on_new_request("a")
+            out = m.prepare_store(k, "a")
+        worker.submit_store(1, ids([0]), out.store_spec)
+        with m.lock:
+            m.complete_store(k, "a")
+            m.on_request_finished("a")
+            m.lookup(k[0], "b")
+            rows = list(m.prepare_load(k, "b").block_ids)
+        with pytest.raises(kvtier.KvtierError, match="cannot fail a load"):
+            worker.submit_load(2, ids(rows), ids([99]))
+        assert results(worker) == [(1, True)]
+        with m.lock:
+            m.complete_load(k, "b")
+    finally:
+        worker.shutdown()
+        m.shutdown()
+
+
+FAKE_VLLM_BASE = '''
+class OffloadingManager:
+    pass
+
+
+class OffloadingWorker:
+    pass
+
+
+class OffloadingSpec:
+    def __init__(self, config):
+        # The fields vLLM 0.33.0's OffloadingSpec.__init__ reads.
+        self.config = config
+        self.extra_config = config.extra_config
+        self.enable_events = config.enable_kv_cache_events
+        self.tokens_per_block = tuple(g.tokens_per_block for g in config.groups)
+        self.tokens_per_hash = config.cache.tokens_per_hash
+        self.blocks_per_chunk = config.cache.blocks_per_chunk
+'''
+
+FAKE_VLLM_CONFIG = '''
+from types import SimpleNamespace
+
+ALGO = "sha256"
+
+
+def get_current_vllm_config_or_none():
+    return SimpleNamespace(cache_config=SimpleNamespace(prefix_caching_hash_algo=ALGO))
+'''
+
+UNDER_FAKE_VLLM = '''
+import sys
+import kvtier
+import vllm.config
+from vllm.v1.kv_offload import base
+from kvtier.vllm import KvtierOffloadingSpec
+
+assert issubclass(KvtierOffloadingSpec, base.OffloadingSpec)
+spec = KvtierOffloadingSpec.from_settings({"kvtier_chain": sys.argv[1], "kvtier_arena": "a"}, 64)
+assert spec.blocks_per_chunk == 1 and spec.tokens_per_block == ()
+vllm.config.ALGO = "xxhash"
+try:
+    KvtierOffloadingSpec.from_settings({"kvtier_chain": sys.argv[1], "kvtier_arena": "a"}, 64)
+except kvtier.ConfigError as e:
+    assert "sha256" in str(e), e
+else:
+    raise AssertionError("xxhash block hashes were accepted")
+print("ok")
+'''
+
+
+def test_under_vllm_the_spec_derives_from_vllms_and_refuses_16_byte_hashes(tmp_path):
+    """With a vLLM importable (a stand-in package with the fields vLLM's base classes read),
+    the adapter's classes derive from vLLM's, from_settings builds a config vLLM's spec accepts,
+    and xxhash prefix-caching hashes are refused when the spec is made."""
+    pkg = tmp_path / "fake" / "vllm"
+    (pkg / "v1" / "kv_offload").mkdir(parents=True)
+    for d in (pkg, pkg / "v1", pkg / "v1" / "kv_offload"):
+        (d / "__init__.py").write_text("")
+    (pkg / "v1" / "kv_offload" / "base.py").write_text(FAKE_VLLM_BASE)
+    (pkg / "config.py").write_text(FAKE_VLLM_CONFIG)
+    chain = tmp_path / "chain.toml"
+    chain.write_text('[primary]\ntype = "cpu"\ncapacity = 4\n')
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "fake"))
+    run = subprocess.run(
+        [sys.executable, "-c", UNDER_FAKE_VLLM, str(chain)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr

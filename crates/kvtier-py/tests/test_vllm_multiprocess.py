@@ -105,7 +105,7 @@ def req(name):
 def cascaded(m, n):
     """The disk tier stored `n` chunks and the manager processed the jobs (so their pins on the
     CPU rows are released: until then the rows can be neither evicted nor reused)."""
-    st = m.get_stats()
+    st = m.kvtier_stats()
     return st["secondaries"][0]["stores"] >= n and st["jobs_in_flight"] == 0
 
 
@@ -136,10 +136,13 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
     extra = {"kvtier_chain": chain(tmp_path), "kvtier_channel": str(tmp_path / "done.sock")}
     spec = KvtierOffloadingSpec.from_settings(extra, vllm_worker.block_bytes(), world_size=2)
     assert spec.arena_path == f"{tmp_path}/arena"
-    m = spec.get_manager()
-    assert spec.get_manager() is m
+    # vLLM's order: the workers register their KV caches before the scheduler (and with it the
+    # manager, its arena and its channel) exists; they open those at their first job.
     workers = Workers(extra)
+    m = None
     try:
+        m = spec.get_manager()
+        assert spec.get_manager() is m
         first, second = keys(1, 4), keys(2, 4)
         store_step(m, workers, req("a"), first, [0, 1, 2, 3])
         wait_until(lambda: cascaded(m, 4), "the first chunks to cascade to disk")
@@ -175,12 +178,30 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
         r0, r1 = workers.all("blocks", [0])
         assert r0 != r1, "each rank kept its own slice of the rows"
 
-        st = m.get_stats()
+        st = m.kvtier_stats()
         assert st["manager"]["promoted_keys"] == 4
         assert st["manager"]["off_step_store_completions"] == 8
         assert st["manager"]["duplicate_store_reports"] >= 8
         assert st["primary"]["evictions"] >= 4
         wait_until(lambda: not m.has_pending_work(), "the manager to go idle")
+
+        # A copy that fails on both ranks (blocks the "GPU" does not have): vLLM cannot fail a
+        # job, so both ranks finish it and report the failure on the channel; the connector's
+        # success report that follows does not bring the chunks back.
+        bad, d = keys(3, 2), req("d")
+        with m.lock:
+            m.on_new_request(d)
+            out = m.prepare_store(bad, d)
+        assert workers.all("store", [98, 99], list(out.store_spec.block_ids)) == [True, True]
+        with m.lock:
+            m.complete_store(out.keys_to_store, d)
+            m.on_request_finished(d)
+            e = req("e")
+            m.on_new_request(e)
+            assert [m.lookup(k, e) for k in bad] == [LookupResult.MISS] * 2
+            m.on_request_finished(e)
+        assert m.kvtier_stats()["manager"]["store_report_conflicts"] == 2
     finally:
         workers.stop()
-        m.shutdown()
+        if m is not None:
+            m.shutdown()

@@ -28,6 +28,7 @@ only by a worker copying torch tensors.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any, Optional, Sequence
 
 from . import _kvtier as _k
@@ -49,8 +50,9 @@ __all__ = [
 
 
 class _StepLock:
-    """vLLM's ``OffloadingManager.lock``: entering takes a kvtier step (the GIL is released
-    while waiting), leaving releases it; not reentrant."""
+    """vLLM's ``OffloadingManager.lock``: entering takes a kvtier step for the calling thread
+    (waiting, GIL released, while another thread holds one), leaving releases it; not
+    reentrant."""
 
     def __init__(self, owner: "KvtierOffloadingManager"):
         self.owner = owner
@@ -58,7 +60,7 @@ class _StepLock:
     def __enter__(self):
         if self.owner._step is not None:
             raise _k.StepError("the manager lock is not reentrant")
-        self.owner._step = self.owner.manager.step()
+        self.owner._held.step = self.owner.manager.step()
         return self.owner
 
     def __exit__(self, *exc):
@@ -72,19 +74,25 @@ class KvtierOffloadingManager(_ManagerBase):
     vLLM 0.33.0's connector holds ``manager.lock`` around every sequence of calls that relies on
     an earlier answer (a lookup HIT, then the prepare_load that pins it); here the lock is a
     kvtier step, so the control thread runs only while no caller holds it (the model's
-    execution). A call made without the lock runs in a step of its own.
+    execution). A call made without the lock runs in a step of its own. The lock is held per
+    thread: another thread entering it waits, and its calls never use this thread's step.
     """
 
     def __init__(self, manager: _k.TieringManager, row_keys: Optional[RowKeys] = None):
         self.manager = manager
         self.row_keys = row_keys
-        self._step: Optional[_k.Step] = None
+        self._held = threading.local()
         self._contexts: dict = {}
         self._types = _vllm_types()
 
     @property
     def lock(self) -> _StepLock:
         return _StepLock(self)
+
+    @property
+    def _step(self) -> Optional[_k.Step]:
+        """The step the calling thread holds, if any."""
+        return getattr(self._held, "step", None)
 
     def _call(self, name: str, *args):
         if self._step is not None:
@@ -125,9 +133,10 @@ class KvtierOffloadingManager(_ManagerBase):
         return ctx
 
     def end_step(self) -> None:
-        """Releases the step if one is held."""
-        if self._step is not None:
-            step, self._step = self._step, None
+        """Releases the calling thread's step if it holds one."""
+        step = self._step
+        if step is not None:
+            self._held.step = None
             step.release()
 
     # -- vLLM's OffloadingManager -----------------------------------------------------------
@@ -197,7 +206,13 @@ class KvtierOffloadingManager(_ManagerBase):
             return self._step.has_pending_work()
         return self.manager.has_pending_work()
 
-    def get_stats(self) -> dict:
+    def get_stats(self) -> None:
+        """vLLM's per-step connector metrics: none (vLLM expects ``OffloadingConnectorStats``
+        or ``None``). kvtier's counters are :meth:`kvtier_stats` and its Prometheus metrics."""
+        return None
+
+    def kvtier_stats(self) -> dict:
+        """kvtier's counters (``TieringManager.stats``)."""
         if self._step is not None:
             return self._step.stats()
         return self.manager.stats()
@@ -221,6 +236,23 @@ def _tier_filter(f: Any) -> Optional[list]:
         return None if v is None else str(getattr(v, "value", v))
 
     return [{"medium": name(m.medium), "locality": name(m.locality)} for m in matchers]
+
+
+def _check_block_hashes() -> None:
+    """kvtier keys hold 32-byte block hashes; vLLM's ``xxhash`` prefix-caching hashes are 16
+    bytes. Refused here, when vLLM's configuration is in scope, rather than at the first key."""
+    try:
+        from vllm.config import get_current_vllm_config_or_none  # type: ignore[import-not-found]
+
+        config = get_current_vllm_config_or_none()
+    except Exception:  # vLLM absent (or without that helper): the key parser still refuses
+        return
+    algo = getattr(getattr(config, "cache_config", None), "prefix_caching_hash_algo", None)
+    if algo is not None and not str(algo).startswith("sha256"):
+        raise _k.ConfigError(
+            f"kvtier needs 32-byte block hashes, but --prefix-caching-hash-algo is {algo!r} "
+            "(16-byte hashes); use sha256 or sha256_cbor"
+        )
 
 
 def _chain_arena_path(chain_path: str) -> Optional[str]:
@@ -274,6 +306,7 @@ class KvtierOffloadingSpec(_SpecBase):
         self.rank_chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk
         if self.rank_chunk_bytes <= 0:
             raise _k.ConfigError("worker_kv_bytes_per_block must be positive")
+        _check_block_hashes()
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker: Optional[KvtierOffloadingWorker] = None
 
@@ -289,11 +322,15 @@ class KvtierOffloadingSpec(_SpecBase):
         """A spec without vLLM's config object (engines other than vLLM, and tests)."""
         from types import SimpleNamespace
 
+        # Every field vLLM's own OffloadingSpec.__init__ reads, for when vLLM is importable and
+        # the spec derives from it.
         return cls(
             SimpleNamespace(
                 extra_config=extra_config,
+                groups=(),
+                enable_kv_cache_events=False,
                 parallel=SimpleNamespace(world_size=world_size, rank=rank),
-                cache=SimpleNamespace(blocks_per_chunk=blocks_per_chunk),
+                cache=SimpleNamespace(blocks_per_chunk=blocks_per_chunk, tokens_per_hash=1),
                 worker_kv_bytes_per_block=worker_kv_bytes_per_block,
             )
         )
@@ -308,10 +345,12 @@ class KvtierOffloadingSpec(_SpecBase):
         if self._manager is None:
             m = _k.TieringManager.from_config(self.chain_path, self.chunk_bytes, reporters=self.world_size)
             try:
+                # The row-key table exists before the channel opens: a worker that reached the
+                # channel finds the table of this manager, not one an earlier run left.
+                row_keys = RowKeys(f"{self.arena_path}.keys", m.num_chunks, create=True)
                 if os.path.exists(self.channel_path):
                     os.unlink(self.channel_path)
                 m.open_completion_channel(self.channel_path)
-                row_keys = RowKeys(f"{self.arena_path}.keys", m.num_chunks, create=True)
             except BaseException:
                 m.shutdown()
                 raise
@@ -332,12 +371,11 @@ class KvtierOffloadingSpec(_SpecBase):
 
     def get_worker(self, kv_caches: Any, rank: Optional[int] = None) -> KvtierOffloadingWorker:
         """vLLM's worker for this rank; ``kv_caches`` is vLLM's ``CanonicalKVCaches`` (or a list
-        of tensors indexed by block id)."""
+        of tensors indexed by block id). vLLM builds workers before the scheduler's manager
+        exists, so the arena, the channel and the row-key table are opened at the first job."""
         if self._worker is None:
             tensors = getattr(kv_caches, "tensors", kv_caches)
             tensors = [getattr(t, "tensor", t) for t in tensors]
             handler = self.get_transfer_handler(tensors, rank)
-            view = handler.view
-            row_keys = RowKeys(f"{self.arena_path}.keys", view.num_chunks, create=False)
-            self._worker = KvtierOffloadingWorker(handler, row_keys)
+            self._worker = KvtierOffloadingWorker(handler, f"{self.arena_path}.keys")
         return self._worker
