@@ -293,3 +293,21 @@ def test_under_vllm_the_spec_derives_from_vllms_and_refuses_16_byte_hashes(tmp_p
         [sys.executable, "-c", UNDER_FAKE_VLLM, str(chain)], env=env, capture_output=True, text=True, timeout=120
     )
     assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr
+
+
+def test_reset_cache_under_the_lock_keeps_the_lock_held(tmp_path):
+    m = spec(tmp_path).get_manager()
+    k = keys(1)
+    try:
+        with m.lock:
+            m.on_new_request("a")
+            m.prepare_store(k, "a")
+            m.complete_store(k, "a")
+            # vLLM's connector resets holding the lock, and goes on calling under it.
+            m.reset_cache()
+            assert m._step is not None
+            assert m.lookup(k[0], "a") is kvtier.LookupResult.MISS
+            m.on_reset_flushed()
+        assert m._step is None
+    finally:
+        m.shutdown()

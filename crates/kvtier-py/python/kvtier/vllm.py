@@ -218,8 +218,21 @@ class KvtierOffloadingManager(_ManagerBase):
         return self.manager.stats()
 
     def reset_cache(self) -> None:
+        """Forgets every chunk of the CPU tier. vLLM's connector calls it holding the lock: the
+        step is left for the reset (which takes the manager's lock itself) and taken again,
+        so the rest of the caller's locked region still runs in a step."""
+        held = self._step is not None
         self.end_step()
-        self.manager.reset_cache()
+        try:
+            self.manager.reset_cache()
+        finally:
+            if held:
+                self._held.step = self.manager.step()
+
+    def on_reset_flushed(self) -> None:
+        """vLLM: the workers finished every job in flight at the last reset. Nothing to do:
+        kvtier's workers copy at submission, and reports of jobs from before the reset are
+        counted as unmatched."""
 
     def shutdown(self) -> None:
         self.end_step()
