@@ -311,3 +311,47 @@ def test_reset_cache_under_the_lock_keeps_the_lock_held(tmp_path):
         assert m._step is None
     finally:
         m.shutdown()
+
+
+def test_transfers_follow_vllms_gpu_specs_with_partial_chunks_and_several_groups(tmp_path):
+    """Two KV-cache groups (tensors 0 and 1, and tensor 2) and two blocks per chunk: a chunk of
+    a group fills only its tensors' sections of the row, and a load that starts mid-chunk (vLLM's
+    block_indices) copies the right blocks of the right chunks."""
+    pages = (16, 8, 32)
+    rng = np.random.default_rng(7)
+    tensors = [rng.integers(0, 255, (12, p), dtype=np.uint8) for p in pages]
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n')
+    sp = KvtierOffloadingSpec.from_settings({"kvtier_chain": str(chain)}, sum(pages), blocks_per_chunk=2)
+    m = sp.get_manager()
+    handler = sp.get_transfer_handler([t.copy() for t in tensors], group_tensors=[[0, 1], [2]])
+    try:
+        # The plan: group 0 from logical block 1 (half a chunk, then a whole one), group 1 whole.
+        assert handler.chunks([1, 2, 3, 5, 6], [10, 11, 12], [3, 2], [1, 4]) == [
+            (10, 0, [(1, 1)]),
+            (11, 0, [(0, 2), (1, 3)]),
+            (12, 1, [(0, 5), (1, 6)]),
+        ]
+        with pytest.raises(kvtier.KvtierError, match="need 2 chunks"):
+            handler.chunks([1, 2, 3], [10], [3], [1])
+        with pytest.raises(kvtier.KvtierError, match="cover"):
+            handler.chunks([1, 2], [10, 11], [2], [0])
+
+        handler.copy_out([0, 1, 2, 3, 4, 5], [0, 1, 2], [4, 2], [0, 0])
+        # Row 2 is group 1's: tensor 2's section starts after two pages of tensors 0 and 1.
+        row2 = m.manager.read_row(2)
+        assert row2[48 + 32 : 48 + 64] == tensors[2][5].tobytes()
+        assert row2[:48] == bytes(48), "group 1 leaves the other tensors' sections alone"
+
+        # A load from the middle of group 0's first chunk, through vLLM's worker API.
+        worker = KvtierOffloadingWorker(handler, None)
+        gpu = SimpleNamespace(block_ids=np.array([9, 10, 11]), group_sizes=[3], block_indices=[1])
+        assert worker.submit_load(1, ids([0, 1]), gpu) is True
+        for t, original in zip(handler.tensors[:2], tensors[:2]):
+            assert (t[9:12] == original[1:4]).all()
+        assert (handler.tensors[2][9:12] == tensors[2][9:12]).all(), "group 0 does not touch tensor 2"
+        handler.load([2], [8], [0, 1], [0, 1])
+        assert (handler.tensors[2][8] == tensors[2][5]).all()
+    finally:
+        handler.close()
+        m.shutdown()

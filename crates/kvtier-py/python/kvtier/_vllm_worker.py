@@ -20,8 +20,15 @@ class KvtierTransferHandler:
 
     ``kv_tensors`` are the rank's KV caches, each indexed by GPU block id on its first axis (a
     torch tensor on any device, or a numpy array). A chunk is ``blocks_per_chunk`` consecutive
-    blocks; its bytes for this rank are, tensor after tensor, the blocks' bytes, written at
-    offset ``rank * rank_stride`` of the row.
+    blocks of one KV-cache group. This rank's slice of a row starts at ``rank * rank_stride``
+    and holds one section per tensor, in tensor order, of ``blocks_per_chunk`` pages each: a
+    chunk's block ``j`` of tensor ``t`` is at ``section[t] + j * page[t]``. A chunk of group
+    ``g`` fills the sections of the tensors ``group_tensors[g]`` names (default: one group over
+    every tensor), as vLLM sizes a row for every tensor's page.
+
+    Transfers follow vLLM's GPU specs: per group, ``group_sizes[g]`` GPU blocks whose first is
+    logical block ``block_indices[g]`` of the request, so the first and last chunk of a group may
+    be partial (only their blocks are copied).
 
     The arena and the completion channel are opened on first use (or by :meth:`open`), not
     here: vLLM builds its workers before its scheduler, whose manager creates both. Opening
@@ -40,6 +47,7 @@ class KvtierTransferHandler:
         grant_timeout_s: float = 10.0,
         rank_stride: Optional[int] = None,
         open_timeout_s: float = 60.0,
+        group_tensors: Optional[Sequence[Sequence[int]]] = None,
     ):
         self.arena_path = str(arena_path)
         self.tensors = list(kv_tensors)
@@ -48,6 +56,13 @@ class KvtierTransferHandler:
         self.blocks_per_chunk = blocks_per_chunk
         self.block_bytes = [self._nbytes(t[0]) for t in self.tensors]
         self.rank_chunk_bytes = sum(self.block_bytes) * blocks_per_chunk
+        # Where each tensor's section starts in this rank's slice of a row.
+        self.sections = [sum(self.block_bytes[:i]) * blocks_per_chunk for i in range(len(self.tensors))]
+        if group_tensors is None:
+            group_tensors = [range(len(self.tensors))]
+        self.group_tensors = [[int(i) for i in g] for g in group_tensors]
+        if any(not 0 <= i < len(self.tensors) for g in self.group_tensors for i in g):
+            raise _k.KvtierError(f"group_tensors {self.group_tensors} name tensors beyond the {len(self.tensors)} given")
         # Where each rank's slice starts in a row (vLLM's per-worker page, maybe padded).
         self.rank_stride = rank_stride or self.rank_chunk_bytes
         if self.rank_chunk_bytes > self.rank_stride:
@@ -121,22 +136,75 @@ class KvtierTransferHandler:
                     raise
                 time.sleep(0.0002)
 
-    def _blocks(self, gpu_block_ids: Sequence[int], i: int) -> list:
-        return list(gpu_block_ids[i * self.blocks_per_chunk : (i + 1) * self.blocks_per_chunk])
+    def chunks(
+        self,
+        gpu_block_ids: Sequence[int],
+        chunk_ids: Sequence[int],
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+    ) -> list:
+        """The copies of one transfer, chunk by chunk: ``(row, group, [(j, gpu_block), ...])``
+        with ``j`` the block's position in the chunk. ``chunk_ids`` hold each group's chunks in
+        group order, as vLLM's CPU spec does; without ``group_sizes`` every block is in group
+        0, starting at a chunk boundary."""
+        bpc = self.blocks_per_chunk
+        if group_sizes is None:
+            group_sizes, block_indices = [len(gpu_block_ids)], [0]
+        if block_indices is None or len(block_indices) != len(group_sizes):
+            raise _k.KvtierError("a transfer needs one block index per group size")
+        if len(group_sizes) > len(self.group_tensors):
+            raise _k.KvtierError(
+                f"a transfer of {len(group_sizes)} KV-cache groups; the worker knows {len(self.group_tensors)}"
+            )
+        out, g_off, c_off = [], 0, 0
+        for g, (n, first) in enumerate(zip(group_sizes, block_indices)):
+            n = int(n)
+            if n == 0:
+                continue
+            skip = int(first) % bpc
+            count = -(-(n + skip) // bpc)
+            rows = chunk_ids[c_off : c_off + count]
+            blocks = gpu_block_ids[g_off : g_off + n]
+            if len(rows) != count or len(blocks) != n:
+                raise _k.KvtierError(
+                    f"group {g}: {n} blocks from logical block {first} need {count} chunks and "
+                    f"{n} GPU blocks; the transfer has {len(rows)} and {len(blocks)} left"
+                )
+            for c, row in enumerate(rows):
+                lo, hi = max(0, c * bpc - skip), min(n, (c + 1) * bpc - skip)
+                out.append((int(row), g, [((skip + i) % bpc, int(blocks[i])) for i in range(lo, hi)]))
+            g_off, c_off = g_off + n, c_off + count
+        if g_off != len(gpu_block_ids) or c_off != len(chunk_ids):
+            raise _k.KvtierError(
+                f"the transfer names {len(gpu_block_ids)} GPU blocks and {len(chunk_ids)} chunks; "
+                f"its groups cover {g_off} and {c_off}"
+            )
+        return out
 
-    def copy_out(self, gpu_block_ids: Sequence[int], chunk_ids: Sequence[int]) -> None:
-        """Copies the chunks' blocks into this rank's slice of their rows."""
+    def _places(self, group: int, placed: list):
+        """(tensor, GPU block, byte offset in the row, page bytes) of a chunk's copies."""
+        base = self.rank * self.rank_stride
+        for t in self.group_tensors[group]:
+            nb = self.block_bytes[t]
+            for j, block in placed:
+                off = base + self.sections[t] + j * nb
+                yield self.tensors[t], block, off, nb
+
+    def copy_out(
+        self,
+        gpu_block_ids: Sequence[int],
+        chunk_ids: Sequence[int],
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+    ) -> None:
+        """Copies GPU blocks into this rank's slice of their chunks' rows (see :meth:`chunks`)."""
         import numpy as np
 
-        for i, row_id in enumerate(chunk_ids):
-            blocks = self._blocks(gpu_block_ids, i)
-            with self._row(int(row_id), True) as row:
+        for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
+            with self._row(row_id, True) as row:
                 dst = row.array()
-                off = self.rank * self.rank_stride
-                for t, nb in zip(self.tensors, self.block_bytes):
-                    for b in blocks:
-                        _copy_block_out(t, int(b), dst[off : off + nb], np)
-                        off += nb
+                for t, block, off, nb in self._places(group, placed):
+                    _copy_block_out(t, block, dst[off : off + nb], np)
                 del dst
 
     def report(self, keys: Sequence[bytes], success: bool) -> bool:
@@ -148,11 +216,18 @@ class KvtierTransferHandler:
         self.reporter.report(list(keys), success)
         return True
 
-    def store(self, gpu_block_ids: Sequence[int], chunk_ids: Sequence[int], keys: Sequence[bytes] = ()) -> bool:
+    def store(
+        self,
+        gpu_block_ids: Sequence[int],
+        chunk_ids: Sequence[int],
+        keys: Sequence[bytes] = (),
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+    ) -> bool:
         """Copies the chunks' blocks into their rows and reports ``keys`` when a channel is
         open: as stored, or — when the copy raises — as failed before the error propagates."""
         try:
-            self.copy_out(gpu_block_ids, chunk_ids)
+            self.copy_out(gpu_block_ids, chunk_ids, group_sizes, block_indices)
         except Exception:
             if len(keys):
                 self.report(keys, False)
@@ -161,19 +236,22 @@ class KvtierTransferHandler:
             self.report(keys, True)
         return True
 
-    def load(self, chunk_ids: Sequence[int], gpu_block_ids: Sequence[int]) -> bool:
-        """Copies the rows' slices of this rank into the chunks' blocks."""
+    def load(
+        self,
+        chunk_ids: Sequence[int],
+        gpu_block_ids: Sequence[int],
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+    ) -> bool:
+        """Copies this rank's slice of the chunks' rows into their GPU blocks (see
+        :meth:`chunks`)."""
         import numpy as np
 
-        for i, row_id in enumerate(chunk_ids):
-            blocks = self._blocks(gpu_block_ids, i)
-            with self._row(int(row_id), False) as row:
+        for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
+            with self._row(row_id, False) as row:
                 src = row.array()
-                off = self.rank * self.rank_stride
-                for t, nb in zip(self.tensors, self.block_bytes):
-                    for b in blocks:
-                        _copy_block_in(t, int(b), src[off : off + nb], np)
-                        off += nb
+                for t, block, off, nb in self._places(group, placed):
+                    _copy_block_in(t, block, src[off : off + nb], np)
                 del src
         return True
 
@@ -208,6 +286,15 @@ def _copy_block_in(t: Any, block: int, src: Any, np: Any) -> None:
     dst.copy_(torch.from_numpy(np.array(src, copy=False)), non_blocking=False)
 
 
+def _groups(gpu_spec: Any) -> tuple:
+    """A GPU spec's ``(group_sizes, block_indices)``; ``(None, None)`` for a spec without them
+    (one group, chunk-aligned)."""
+    sizes = getattr(gpu_spec, "group_sizes", None)
+    if sizes is None:
+        return None, None
+    return list(sizes), list(getattr(gpu_spec, "block_indices", None) or [0] * len(sizes))
+
+
 @dataclass
 class _TransferResult:
     """vLLM's ``TransferResult`` when vLLM is not importable."""
@@ -223,8 +310,8 @@ class KvtierOffloadingWorker(_WorkerBase):
     copies are host-side memcpy-speed for numpy and synchronous ``copy_`` for torch), with the
     finished stores reported by key on the completion channel.
 
-    Handles one KV-cache group per job with chunk-aligned block runs (``blocks_per_chunk``
-    GPU blocks per chunk, ``block_indices`` 0).
+    Jobs follow vLLM's GPU specs: several KV-cache groups per job, each starting at any
+    logical block (partial first and last chunks), see :meth:`KvtierTransferHandler.chunks`.
 
     vLLM 0.33.0 cannot fail a job (its connector asserts every result's success). A store
     whose copy fails is therefore reported as failed on the completion channel — the manager
@@ -262,7 +349,7 @@ class KvtierOffloadingWorker(_WorkerBase):
             row_keys = self.row_keys
             if row_keys is not None:
                 keys = row_keys.keys_of(rows)
-            self.handler.copy_out(blocks, rows)
+            self.handler.copy_out(blocks, rows, *_groups(src_spec))
         except Exception as e:  # reported below; vLLM cannot take an exception here either
             error = e
         try:
@@ -296,7 +383,7 @@ class KvtierOffloadingWorker(_WorkerBase):
         t0 = time.perf_counter()
         rows = [int(r) for r in src_spec.block_ids]
         try:
-            self.handler.load(rows, [int(b) for b in dst_spec.block_ids])
+            self.handler.load(rows, [int(b) for b in dst_spec.block_ids], *_groups(dst_spec))
         except Exception as e:
             raise _k.KvtierError(
                 f"rank {self.handler.rank}: load job {job_id} from arena rows {rows} failed: {e} "

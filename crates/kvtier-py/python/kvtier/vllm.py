@@ -319,6 +319,10 @@ class KvtierOffloadingSpec(_SpecBase):
         self.rank_chunk_bytes = int(config.worker_kv_bytes_per_block) * self.blocks_per_chunk
         if self.rank_chunk_bytes <= 0:
             raise _k.ConfigError("worker_kv_bytes_per_block must be positive")
+        if getattr(config, "canonical_layout", False):
+            # Canonical pages remap each rank's bytes into a parallelism-free layout; the
+            # workers here copy a rank's pages as they are.
+            raise _k.ConfigError("kvtier does not support vLLM's canonical KV layout; turn it off")
         _check_block_hashes()
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker: Optional[KvtierOffloadingWorker] = None
@@ -370,8 +374,14 @@ class KvtierOffloadingSpec(_SpecBase):
             self._manager = KvtierOffloadingManager(m, row_keys)
         return self._manager
 
-    def get_transfer_handler(self, kv_tensors: Sequence[Any], rank: Optional[int] = None) -> KvtierTransferHandler:
-        """The copy engine of one rank over its KV tensors (each indexed by block id)."""
+    def get_transfer_handler(
+        self,
+        kv_tensors: Sequence[Any],
+        rank: Optional[int] = None,
+        group_tensors: Optional[Sequence[Sequence[int]]] = None,
+    ) -> KvtierTransferHandler:
+        """The copy engine of one rank over its KV tensors (each indexed by block id);
+        ``group_tensors[g]``: the tensors KV-cache group ``g`` uses (default: one group, all)."""
         return KvtierTransferHandler(
             self.arena_path,
             kv_tensors,
@@ -380,6 +390,7 @@ class KvtierOffloadingSpec(_SpecBase):
             blocks_per_chunk=self.blocks_per_chunk,
             channel_path=self.channel_path,
             rank_stride=self.rank_chunk_bytes,
+            group_tensors=group_tensors,
         )
 
     def get_worker(self, kv_caches: Any, rank: Optional[int] = None) -> KvtierOffloadingWorker:
@@ -389,6 +400,8 @@ class KvtierOffloadingSpec(_SpecBase):
         if self._worker is None:
             tensors = getattr(kv_caches, "tensors", kv_caches)
             tensors = [getattr(t, "tensor", t) for t in tensors]
-            handler = self.get_transfer_handler(tensors, rank)
+            refs = getattr(kv_caches, "group_data_refs", None)
+            groups = None if refs is None else [[r.tensor_idx for r in g] for g in refs]
+            handler = self.get_transfer_handler(tensors, rank, groups)
             self._worker = KvtierOffloadingWorker(handler, f"{self.arena_path}.keys")
         return self._worker
