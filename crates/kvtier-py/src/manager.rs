@@ -233,6 +233,25 @@ impl PyTieringManager {
             .map_err(kvtier_err)
     }
 
+    /// `reset_cache` for an engine whose copies into the rows may still run after it (vLLM
+    /// submits a step's store copies at the next step): rows with a write in flight are not
+    /// allocated again until `release_reset_fence`. Returns how many rows are fenced.
+    fn reset_cache_fencing_writes(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_manager_mut(
+            py,
+            "reset_cache_fencing_writes",
+            TieringManager::reset_cache_fencing_writes,
+        )?
+        .map_err(kvtier_err)
+    }
+
+    /// The copies queued at the last fencing reset are over: the fenced rows can be allocated
+    /// again. Returns how many were released.
+    fn release_reset_fence(&self, py: Python<'_>) -> PyResult<usize> {
+        self.with_manager(py, "release_reset_fence", TieringManager::release_reset_fence)?
+            .map_err(kvtier_err)
+    }
+
     /// Stops the control plane, shuts the tiers down and releases the arena. Idempotent.
     fn shutdown(&self, py: Python<'_>) -> PyResult<()> {
         self.shared.refuse_if_this_thread_holds_a_step("shutdown")?;

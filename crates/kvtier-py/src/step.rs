@@ -154,6 +154,12 @@ impl PyStep {
         events_list(py, events)
     }
 
+    /// The engine's copies queued at the last `reset_cache_fencing_writes` are over: the
+    /// fenced rows can be allocated again. Returns how many were released.
+    fn release_reset_fence(&self) -> PyResult<usize> {
+        self.with(Step::release_reset_fence)
+    }
+
     /// Whether the engine should keep stepping even with no requests.
     fn has_pending_work(&self) -> PyResult<bool> {
         self.with(Step::has_pending_work)

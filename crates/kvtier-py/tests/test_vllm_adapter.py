@@ -355,3 +355,35 @@ def test_transfers_follow_vllms_gpu_specs_with_partial_chunks_and_several_groups
     finally:
         handler.close()
         m.shutdown()
+
+
+def test_a_reset_keeps_rows_with_queued_copies_until_vllm_reports_them_flushed(tmp_path):
+    """vLLM submits a step's store copies at the next step, so a copy prepared before a reset
+    runs after it. Its row is not handed to a new key until on_reset_flushed, so the late copy
+    neither lands under the new key nor reports it stored."""
+    sp, tensors = worker_spec(tmp_path)
+    m = sp.get_manager()
+    worker = sp.get_worker(tensors)
+    try:
+        ka, kb = keys(1), keys(2, 3, 4)
+        with m.lock:
+            m.on_new_request("a")
+            job_a = m.prepare_store(ka, "a")
+            (row_a,) = list(job_a.store_spec.block_ids)
+            m.reset_cache()
+            m.on_new_request("b")
+            rows_b = list(m.prepare_store(kb, "b").store_spec.block_ids)
+        assert row_a not in rows_b, "the row of the queued copy is fenced"
+        with m.lock:
+            assert m.prepare_store(keys(5), "b") is None, "the fenced row is not free either"
+        # The late copy of A: it reports A's key (unknown since the reset), not one of B's.
+        worker.submit_store(1, ids([0]), job_a.store_spec)
+        assert results(worker) == [(1, True)]
+        with m.lock:
+            assert [m.lookup(k, "b") for k in kb] == [kvtier.LookupResult.HIT_PENDING] * 3
+            m.on_reset_flushed()
+            out = m.prepare_store(keys(5), "b")
+        assert list(out.store_spec.block_ids) == [row_a]
+    finally:
+        worker.shutdown()
+        m.shutdown()

@@ -713,4 +713,20 @@ impl PrimaryTier for CpuTier {
         self.generation += 1;
         tracing::debug!(generation = self.generation, "cpu tier reset");
     }
+
+    fn reset_fencing_writes(&mut self) -> usize {
+        self.policy.clear();
+        let fenced = self.table.clear_fencing_writes();
+        self.generation += 1;
+        tracing::debug!(
+            generation = self.generation,
+            fenced,
+            "cpu tier reset, writes fenced"
+        );
+        fenced
+    }
+
+    fn release_reset_fence(&mut self) -> usize {
+        self.table.release_fence()
+    }
 }

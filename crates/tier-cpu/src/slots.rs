@@ -95,6 +95,9 @@ pub(crate) struct ChunkTable {
     rows: Vec<Row>,
     ghosts: GhostLists,
     free: Vec<ChunkId>,
+    /// Rows a reset left out of the free list because a write to them was in flight (see
+    /// [`ChunkTable::clear_fencing_writes`]).
+    fenced: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
     /// Whether batches request their lines ahead (see [`PREFETCH_MIN_ROWS`]).
@@ -120,6 +123,7 @@ impl ChunkTable {
             ),
             ghosts: GhostLists::new(),
             free: Vec::new(),
+            fenced: Vec::new(),
             num_allocated: 0,
             capacity,
             prefetching: capacity > PREFETCH_MIN_ROWS,
@@ -595,7 +599,7 @@ impl ChunkTable {
         }
     }
 
-    /// Forgets every key and every allocation.
+    /// Forgets every key and every allocation (fenced rows included).
     pub(crate) fn clear(&mut self) {
         self.index.clear();
         self.ghosts.clear();
@@ -603,9 +607,45 @@ impl ChunkTable {
             row.ref_cnt = FREE;
         }
         self.free.clear();
+        self.fenced.clear();
         self.num_allocated = 0;
         self.num_evictable = 0;
         self.num_write_pending = 0;
+    }
+
+    /// Forgets every key, but keeps the rows with a write in flight (and those an earlier
+    /// reset fenced) out of allocation until [`ChunkTable::release_fence`]: an engine whose
+    /// copies of those rows are still queued would otherwise write into rows handed to new
+    /// keys. Returns how many rows are fenced.
+    pub(crate) fn clear_fencing_writes(&mut self) -> usize {
+        let mut fenced = std::mem::take(&mut self.fenced);
+        fenced.extend((0..self.num_allocated).filter(|&c| self.rows[c as usize].ref_cnt == WRITING));
+        self.clear();
+        let Some(&top) = fenced.iter().max() else {
+            return 0;
+        };
+        fenced.sort_unstable();
+        // Rows up to the highest fenced one stay allocated; the unfenced ones among them are
+        // free, pushed so they are taken in ascending order as fresh rows are.
+        self.num_allocated = top + 1;
+        let mut next = fenced.iter().rev().peekable();
+        for c in (0..=top).rev() {
+            if next.peek() == Some(&&c) {
+                next.next();
+            } else {
+                self.free.push(c);
+            }
+        }
+        self.fenced = fenced;
+        self.fenced.len()
+    }
+
+    /// Returns the rows a reset fenced to allocation; how many.
+    pub(crate) fn release_fence(&mut self) -> usize {
+        let n = self.fenced.len();
+        // Taken after the rows freed since (LIFO), lowest first.
+        self.free.extend(self.fenced.drain(..).rev());
+        n
     }
 
     /// Checks the structural invariants; the first violation, described.
@@ -648,9 +688,9 @@ impl ChunkTable {
                 self.index.len()
             ));
         }
-        for &c in &self.free {
+        for &c in self.free.iter().chain(&self.fenced) {
             if c >= self.num_allocated || std::mem::replace(&mut owner[c as usize], true) {
-                return Err(format!("free row {c} is invalid or also owned"));
+                return Err(format!("free or fenced row {c} is invalid or also owned"));
             }
         }
         if owner.iter().filter(|&&o| o).count() != self.num_allocated as usize {
@@ -663,6 +703,46 @@ impl ChunkTable {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::*;
+    use crate::ghost_lists::NO_GHOST;
+
+    fn key(n: u64) -> OffloadKey {
+        OffloadKey::from_u64(n)
+    }
+
+    #[test]
+    fn a_fencing_reset_keeps_rows_being_written_until_the_fence_is_released() {
+        let mut t = ChunkTable::new(6);
+        let mut rows = Vec::new();
+        assert!(t.allocate(4, &mut rows));
+        for (i, &c) in rows.iter().enumerate() {
+            t.insert_writing(key(i as u64), digest_of(&key(i as u64)), c, NO_GHOST, NO_SLOT);
+        }
+        // Rows 0 and 2 finished their writes; 1 and 3 are still being written.
+        assert_eq!(t.mark_written(&key(0), digest_of(&key(0))), Some(0));
+        assert_eq!(t.mark_written(&key(2), digest_of(&key(2))), Some(2));
+        assert_eq!(t.clear_fencing_writes(), 2);
+        t.check().unwrap();
+        assert_eq!(t.num_free(), 4);
+        let mut after = Vec::new();
+        assert!(t.allocate(4, &mut after));
+        after.sort_unstable();
+        assert_eq!(after, vec![0, 2, 4, 5], "fenced rows 1 and 3 are not handed out");
+        assert!(!t.allocate(1, &mut Vec::new()));
+        // A second reset keeps the fence (nothing reported it flushed yet).
+        assert_eq!(t.clear_fencing_writes(), 2);
+        t.check().unwrap();
+        assert_eq!(t.release_fence(), 2);
+        t.check().unwrap();
+        let mut all = Vec::new();
+        assert!(t.allocate(6, &mut all));
+        all.sort_unstable();
+        assert_eq!(all, vec![0, 1, 2, 3, 4, 5]);
     }
 }
 

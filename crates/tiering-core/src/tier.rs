@@ -91,6 +91,23 @@ pub trait PrimaryTier: Send {
     /// Forgets every chunk whatever its ref count. The caller guarantees no I/O touches the rows.
     fn reset(&mut self);
 
+    /// Forgets every chunk like [`PrimaryTier::reset`], but keeps the rows with a write in
+    /// flight (and the rows an earlier such reset fenced) out of allocation until
+    /// [`PrimaryTier::release_reset_fence`]: for engines whose queued copies may still write
+    /// those rows after the reset (vLLM submits a step's store copies at the next step).
+    /// Returns how many rows are fenced. The default cannot fence: it resets everything and
+    /// returns 0.
+    fn reset_fencing_writes(&mut self) -> usize {
+        self.reset();
+        0
+    }
+
+    /// The engine's copies into the rows a reset fenced are over: they can be allocated
+    /// again. Returns how many rows that released.
+    fn release_reset_fence(&mut self) -> usize {
+        0
+    }
+
     /// Releases resources.
     ///
     /// # Errors

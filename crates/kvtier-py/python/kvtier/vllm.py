@@ -224,15 +224,19 @@ class KvtierOffloadingManager(_ManagerBase):
         held = self._step is not None
         self.end_step()
         try:
-            self.manager.reset_cache()
+            # vLLM submits a step's store copies at the next step, so a copy prepared before
+            # the reset may still write its row: such rows stay out of allocation (and their
+            # row-key entries unchanged) until on_reset_flushed.
+            self.manager.reset_cache_fencing_writes()
         finally:
             if held:
                 self._held.step = self.manager.step()
 
     def on_reset_flushed(self) -> None:
-        """vLLM: the workers finished every job in flight at the last reset. Nothing to do:
-        kvtier's workers copy at submission, and reports of jobs from before the reset are
-        counted as unmatched."""
+        """vLLM: the workers finished every job in flight at the last reset, so the rows the
+        reset fenced can be handed out again. (Their reports found no store to complete and
+        were counted as unmatched.)"""
+        self._call("release_reset_fence")
 
     def shutdown(self) -> None:
         self.end_step()

@@ -251,14 +251,39 @@ impl TieringManager {
     /// # Errors
     /// A tier failed or timed out while draining, or jobs remained after draining.
     pub fn reset_cache(&mut self) -> Result<(), ManagerError> {
+        self.reset_with("reset_cache", false).map(|_| ())
+    }
+
+    /// [`TieringManager::reset_cache`] for an engine whose copies into the primary's rows may
+    /// still run after the reset (vLLM submits a step's store copies at the next step): the
+    /// rows with a write in flight stay out of allocation until
+    /// [`TieringManager::release_reset_fence`], so no new key is given a row an old copy is
+    /// about to write. Returns how many rows are fenced (0 for a primary that cannot fence).
+    ///
+    /// # Errors
+    /// As [`TieringManager::reset_cache`].
+    pub fn reset_cache_fencing_writes(&mut self) -> Result<usize, ManagerError> {
+        self.reset_with("reset_cache_fencing_writes", true)
+    }
+
+    /// The engine's copies that were queued at the last fencing reset are over: the fenced
+    /// rows can be allocated again. Returns how many were released.
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn release_reset_fence(&self) -> Result<usize, ManagerError> {
+        self.observe(|s| s.primary.release_reset_fence())
+    }
+
+    fn reset_with(&mut self, what: &'static str, fence_writes: bool) -> Result<usize, ManagerError> {
         if self.shared.shut_down.load(Ordering::Acquire) {
             return Err(ManagerError::ShutDown);
         }
         let timeout = self.shared.config.shutdown_lock_timeout;
         let Some(mut guard) = self.shared.state.try_lock_for(timeout) else {
-            return Err(ManagerError::LockTimedOut("reset_cache", timeout));
+            return Err(ManagerError::LockTimedOut(what, timeout));
         };
-        let result = guard.reset_cache_unlocked();
+        let result = guard.reset_cache_unlocked(fence_writes);
         MutexGuard::unlock_fair(guard);
         result
     }

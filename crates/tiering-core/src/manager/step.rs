@@ -103,6 +103,16 @@ impl Step<'_> {
         self.inspect(|s| s.has_pending_work_unlocked())
     }
 
+    /// [`TieringManager::release_reset_fence`](super::TieringManager::release_reset_fence) from
+    /// within the step (vLLM's connector learns that the copies are over while it holds the
+    /// lock).
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn release_reset_fence(&mut self) -> Result<usize, ManagerError> {
+        self.inspect(|s| s.primary.release_reset_fence())
+    }
+
     /// Runs `f` on the locked state without any engine semantics. For diagnostics and tests.
     pub fn inspect<R>(&mut self, f: impl FnOnce(&mut TieringState) -> R) -> Result<R, ManagerError> {
         self.guard.as_deref_mut().map(f).ok_or(ManagerError::ShutDown)

@@ -11,7 +11,7 @@ use super::state::TieringState;
 impl TieringState {
     /// Drain → process → check no jobs → drop reservations → reset request counters (finalizing
     /// finished requests) → reset the primary. Secondary data survives.
-    pub(crate) fn reset_cache_unlocked(&mut self) -> Result<(), ManagerError> {
+    pub(crate) fn reset_cache_unlocked(&mut self, fence_writes: bool) -> Result<usize, ManagerError> {
         self.apply_queued_completions();
         let drained = self.drain_all_bounded();
         let faults = self.poll_tiers(Servicer::Everyone);
@@ -39,11 +39,16 @@ impl TieringState {
                 self.notify_finished(&state);
             }
         }
-        self.primary.reset();
+        let fenced = if fence_writes {
+            self.primary.reset_fencing_writes()
+        } else {
+            self.primary.reset();
+            0
+        };
         self.gates.reset();
         self.polled_this_step = false;
         self.promotions_polled_this_step = false;
-        drained.and(processed)
+        drained.and(processed).map(|()| fenced)
     }
 
     /// Shuts every tier down (reporting the last failure), then the primary only if they all
