@@ -259,6 +259,9 @@ pub(crate) struct OffloadingEvent {
     /// A removal of keys that never became readable (a failed store).
     #[pyo3(get)]
     metadata_only: bool,
+    /// A store whose removal the tier will report too (it evicts on its own).
+    #[pyo3(get)]
+    removal_expected: bool,
 }
 
 impl OffloadingEvent {
@@ -276,6 +279,7 @@ impl OffloadingEvent {
             removed: e.removed,
             ownership: e.ownership,
             metadata_only: e.metadata_only,
+            removal_expected: e.removal_expected,
         }
     }
 }

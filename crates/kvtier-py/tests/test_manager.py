@@ -144,6 +144,7 @@ def test_events_report_evictions_at_prepare_time_and_stores_in_call_order():
         ev = s.take_events()
         assert [(e.removed, nums(e.keys)) for e in ev] == [(False, [2]), (False, [1])]
         assert ev[0].ownership is None and ev[0].medium == "CPU" and not ev[0].metadata_only
+        assert not ev[0].removal_expected, "the primary promises no removal report (as vLLM's CPU manager)"
         out = s.prepare_store(keys(3), a)
         ev = s.take_events()
         assert [(e.removed, nums(e.keys)) for e in ev] == [(True, nums(out.evicted))]

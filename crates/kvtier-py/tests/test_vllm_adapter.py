@@ -387,3 +387,45 @@ def test_a_reset_keeps_rows_with_queued_copies_until_vllm_reports_them_flushed(t
     finally:
         worker.shutdown()
         m.shutdown()
+
+
+def test_completions_after_a_request_finished_leave_no_context_behind(tmp_path):
+    """vLLM's connector finishes a request and completes its last store a step later."""
+    m = spec(tmp_path).get_manager()
+    r = SimpleNamespace(req_id="r", kv_transfer_params=None)
+    k = keys(1)
+    try:
+        with m.lock:
+            m.on_new_request(r)
+            m.prepare_store(k, r)
+            m.on_request_finished(r)
+        assert m._contexts == {}
+        with m.lock:
+            m.complete_store(k, r)
+            assert m.lookup(k[0], "other") is kvtier.LookupResult.HIT
+        assert m._contexts == {"other": m._contexts["other"]}
+    finally:
+        m.shutdown()
+
+
+def test_data_parallel_engines_need_a_chain_each(tmp_path):
+    def config(chain, dp_index):
+        return SimpleNamespace(
+            extra_config={"kvtier_chain": chain, "kvtier_channel": f"{tmp_path}/done-{{dp_index}}.sock"},
+            parallel=SimpleNamespace(world_size=1, rank=0, data_parallel_size=2, data_parallel_index=dp_index),
+            cache=SimpleNamespace(blocks_per_chunk=1, tokens_per_hash=1),
+            worker_kv_bytes_per_block=64,
+        )
+
+    for i in (0, 1):
+        (tmp_path / f"chain-{i}.toml").write_text(
+            f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena-{i}"\n'
+        )
+    with pytest.raises(kvtier.ConfigError, match="dp_index"):
+        KvtierOffloadingSpec(config(str(tmp_path / "chain-0.toml"), 0))
+    specs = [KvtierOffloadingSpec(config(f"{tmp_path}/chain-{{dp_index}}.toml", i)) for i in (0, 1)]
+    assert [s.arena_path for s in specs] == [f"{tmp_path}/arena-0", f"{tmp_path}/arena-1"]
+    assert [s.channel_path for s in specs] == [f"{tmp_path}/done-0.sock", f"{tmp_path}/done-1.sock"]
+    managers = [s.get_manager() for s in specs]
+    for m in managers:
+        m.shutdown()

@@ -235,7 +235,8 @@ impl Shared {
         let e = if removed {
             OffloadingEvent::removed(keys, Some(Medium::Storage), Some(Locality::Local))
         } else {
-            OffloadingEvent::stored(keys, Some(Medium::Storage), Some(Locality::Local))
+            // The tier evicts on its own and reports those removals.
+            OffloadingEvent::stored(keys, Some(Medium::Storage), Some(Locality::Local)).expecting_removal()
         };
         self.events.lock().push(e.owned_by(self.name.clone()));
     }

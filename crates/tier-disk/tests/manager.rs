@@ -99,9 +99,11 @@ fn a_chunk_evicted_from_the_primary_is_promoted_back_from_disk() {
     m.on_schedule_end(&ScheduleEndContext::default()).unwrap();
     let events = m.take_events().unwrap();
     assert!(
-        events
-            .iter()
-            .any(|e| !e.removed && e.ownership.as_deref() == Some("disk") && e.keys.contains(&key(0)))
+        events.iter().any(|e| !e.removed
+            && e.removal_expected
+            && e.ownership.as_deref() == Some("disk")
+            && e.keys.contains(&key(0))),
+        "the disk tier's store event promises the removal it will report"
     );
     primary.check_invariants().unwrap();
     m.shutdown().unwrap();

@@ -22,6 +22,10 @@ pub struct OffloadingEvent {
     /// A removal of metadata only: the keys were reserved but never became readable (a failed
     /// store), so consumers that never saw them stored can ignore it.
     pub metadata_only: bool,
+    /// A store whose keys' removal the tier will report too (it evicts them itself), so a
+    /// consumer keeps what it knows of the keys until then. `false` for a tier that never
+    /// reports removals (a shared store that expires keys on its own).
+    pub removal_expected: bool,
 }
 
 impl OffloadingEvent {
@@ -35,6 +39,7 @@ impl OffloadingEvent {
             removed: false,
             ownership: None,
             metadata_only: false,
+            removal_expected: false,
         }
     }
 
@@ -51,6 +56,13 @@ impl OffloadingEvent {
     #[must_use]
     pub fn owned_by(mut self, tier: impl Into<String>) -> Self {
         self.ownership = Some(tier.into());
+        self
+    }
+
+    /// The same store event, flagged as one whose removal the tier will report.
+    #[must_use]
+    pub fn expecting_removal(mut self) -> Self {
+        self.removal_expected = !self.removed;
         self
     }
 

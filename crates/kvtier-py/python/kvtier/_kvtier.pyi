@@ -68,6 +68,8 @@ class OffloadingEvent:
     """The emitting secondary tier's name; None for the primary tier."""
     metadata_only: bool
     """A removal of keys that never became readable (a failed store)."""
+    removal_expected: bool
+    """A store whose removal the tier will report too (it evicts on its own)."""
 
 class ScheduleEndContext:
     """What the engine tells the manager at the end of a scheduler step."""

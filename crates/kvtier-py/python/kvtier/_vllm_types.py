@@ -51,6 +51,7 @@ class _VllmTypes:
             locality=b.Locality(e.locality) if e.locality else None,
             ownership=e.ownership,
             metadata_only=e.metadata_only,
+            removal_expected=e.removal_expected,
         )
 
 

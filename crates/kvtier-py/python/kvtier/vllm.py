@@ -100,8 +100,10 @@ class KvtierOffloadingManager(_ManagerBase):
         with self.manager.step() as s:
             return getattr(s, name)(*args)
 
-    def _ctx(self, req_context: Any) -> _k.ReqContext:
-        """The kvtier context of a vLLM ``ReqContext`` (or a request id), one per request."""
+    def _ctx(self, req_context: Any, remember: bool = True) -> _k.ReqContext:
+        """The kvtier context of a vLLM ``ReqContext`` (or a request id), one per request.
+        ``remember=False`` for calls that may come after the request finished (completions):
+        a context made then is not kept, or finished requests would pile up here."""
         if isinstance(req_context, _k.ReqContext):
             return req_context
         req_id = req_context if isinstance(req_context, str) else req_context.req_id
@@ -117,7 +119,8 @@ class KvtierOffloadingManager(_ManagerBase):
             except (TypeError, ValueError):  # parameters that are not JSON: drop them
                 ctx = _k.ReqContext(req_id)
             entry = (req_context, ctx)
-            self._contexts[req_id] = entry
+            if remember:
+                self._contexts[req_id] = entry
         return entry[1]
 
     def _ctx_with_positions(self, req_context: Any, keys: Sequence[bytes]) -> _k.ReqContext:
@@ -157,7 +160,7 @@ class KvtierOffloadingManager(_ManagerBase):
         self._call("touch", keys, ctx)
 
     def complete_load(self, keys: Sequence[bytes], req_context: Any = None) -> None:
-        self._call("complete_load", keys, self._ctx(req_context))
+        self._call("complete_load", keys, self._ctx(req_context, remember=False))
 
     def prepare_store(self, keys: Sequence[bytes], req_context: Any) -> Optional[StoreOutput]:
         out = self._call("prepare_store", keys, self._ctx_with_positions(req_context, keys))
@@ -173,7 +176,7 @@ class KvtierOffloadingManager(_ManagerBase):
         return StoreOutput(out.keys_to_store, ChunkSpec(out.chunk_ids), out.evicted)
 
     def complete_store(self, keys: Sequence[bytes], req_context: Any, success: bool = True) -> None:
-        self._call("complete_store", keys, self._ctx(req_context), success)
+        self._call("complete_store", keys, self._ctx(req_context, remember=False), success)
 
     def on_new_request(self, req_context: Any) -> Any:
         policy = self._call("on_new_request", self._ctx(req_context))
@@ -294,7 +297,8 @@ class KvtierOffloadingSpec(_SpecBase):
 
     Extra-config keys (``kv_connector_extra_config``): ``kvtier_chain`` (chain file, required),
     ``kvtier_channel`` (completion socket; default ``<arena>.sock``), ``kvtier_arena`` (the
-    arena file; default the chain's ``[primary] shared_memory``).
+    arena file; default the chain's ``[primary] shared_memory``). With data parallelism each
+    engine needs its own chain: ``{dp_index}`` in these paths becomes the engine's index.
 
     From vLLM's ``OffloadingConfig`` it reads ``extra_config``, ``parallel.world_size`` and
     ``parallel.rank``, ``worker_kv_bytes_per_block`` and ``cache.blocks_per_chunk``. A row holds
@@ -309,7 +313,19 @@ class KvtierOffloadingSpec(_SpecBase):
         chain = self.extra_config.get("kvtier_chain")
         if not chain:
             raise _k.ConfigError("kv_connector_extra_config needs kvtier_chain (a chain file path)")
-        self.chain_path = str(chain)
+        # Data-parallel engines each run a manager, which owns its arena (and tiers' files):
+        # each needs its own chain, named by the engine's index.
+        dp_size = int(getattr(config.parallel, "data_parallel_size", 1) or 1)
+        dp_index = str(int(getattr(config.parallel, "data_parallel_index", 0) or 0))
+        if dp_size > 1 and "{dp_index}" not in str(chain):
+            raise _k.ConfigError(
+                f"{dp_size} data-parallel engines cannot share the chain {chain}: each owns its "
+                "arena; put {dp_index} in kvtier_chain (e.g. /etc/kvtier/chain-{dp_index}.toml)"
+            )
+        for name in ("kvtier_chain", "kvtier_arena", "kvtier_channel"):
+            if self.extra_config.get(name):
+                self.extra_config[name] = str(self.extra_config[name]).replace("{dp_index}", dp_index)
+        self.chain_path = self.extra_config["kvtier_chain"]
         self.arena_path = self.extra_config.get("kvtier_arena") or _chain_arena_path(self.chain_path)
         if not self.arena_path:
             raise _k.ConfigError(

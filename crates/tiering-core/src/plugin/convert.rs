@@ -343,6 +343,8 @@ pub(crate) unsafe fn event_from_ffi(e: &FfiEvent) -> OffloadingEvent {
         locality: locality_from(e.locality),
         removed: e.removed != 0,
         metadata_only: e.metadata_only != 0,
+        // Not in the plugin ABI (yet): a plugin tier's stores never promise a removal.
+        removal_expected: false,
         ownership: if e.has_ownership != 0 {
             // SAFETY: as above.
             Some(unsafe { e.ownership.to_str() }.unwrap_or("").to_owned())
