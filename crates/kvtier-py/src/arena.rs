@@ -75,6 +75,15 @@ impl PyArenaView {
         self.view.owner_alive().map_err(kvtier_err)
     }
 
+    /// `(address, length)` of the row region (row 0 on, `num_chunks × row_stride` bytes): the
+    /// range to register with a device for DMA (e.g. `cudaHostRegister`), and to unregister
+    /// before the view is dropped. Rows are only to be touched through grants.
+    #[getter]
+    fn row_region(&self) -> (usize, usize) {
+        let (ptr, len) = self.view.row_region();
+        (ptr as usize, len)
+    }
+
     /// Locks the arena's pages in RAM (`mlock`), as DMA from a device needs.
     fn lock_memory(&self, py: Python<'_>) -> PyResult<()> {
         py.detach(|| self.view.lock_memory()).map_err(kvtier_err)

@@ -429,3 +429,51 @@ def test_data_parallel_engines_need_a_chain_each(tmp_path):
     managers = [s.get_manager() for s in specs]
     for m in managers:
         m.shutdown()
+
+
+class _FakeCudaTensor:
+    """What the handler reads of a CUDA tensor before copying: its blocks' sizes, its device."""
+
+    is_cuda = True
+
+    def __init__(self, blocks, page):
+        self.page = page
+
+    def __getitem__(self, i):
+        return np.zeros(self.page, dtype=np.uint8)
+
+
+class _FakeCudart:
+    def __init__(self, rc):
+        self.rc, self.calls = rc, []
+
+    def cudaHostRegister(self, address, length, flags):
+        self.calls.append(("register", address, length, flags))
+        return self.rc
+
+    def cudaHostUnregister(self, address):
+        self.calls.append(("unregister", address))
+        return 0
+
+
+@pytest.mark.parametrize("rc", [0, 1])
+def test_a_cuda_rank_pins_the_rows_for_dma_and_unpins_them_at_close(tmp_path, caplog, rc):
+    chain = tmp_path / "chain.toml"
+    chain.write_text(f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n')
+    sp = KvtierOffloadingSpec.from_settings({"kvtier_chain": str(chain)}, 64)
+    m = sp.get_manager()
+    cudart = _FakeCudart(rc)
+    handler = sp.get_transfer_handler([_FakeCudaTensor(8, 64)])
+    handler._cudart = lambda: cudart
+    try:
+        view = handler.open()
+        address, length = view.row_region
+        assert address != 0 and length == view.num_chunks * m.manager.row_stride
+        assert cudart.calls == [("register", address, length, 0)]
+        if rc:
+            assert "could not pin" in caplog.text
+        handler.close()
+        assert cudart.calls[1:] == ([("unregister", address)] if rc == 0 else [])
+    finally:
+        handler.close()
+        m.shutdown()

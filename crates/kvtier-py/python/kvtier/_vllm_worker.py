@@ -76,6 +76,8 @@ class KvtierTransferHandler:
         self.open_timeout_s = open_timeout_s
         self._view: Optional[_k.ArenaView] = None
         self.reporter: Optional[_k.WorkerReporter] = None
+        # (cudart, address) of a CUDA host registration of the rows, undone at close.
+        self._pinned: Optional[tuple] = None
 
     @property
     def view(self) -> _k.ArenaView:
@@ -114,7 +116,34 @@ class KvtierTransferHandler:
                 f"{self.rank_stride}) does not fit the arena's rows of {view.chunk_bytes} bytes"
             )
         self._view, self.reporter = view, reporter
+        self._pin_for_dma(view)
         return view
+
+    @staticmethod
+    def _cudart() -> Any:
+        import torch
+
+        return torch.cuda.cudart()
+
+    def _pin_for_dma(self, view: _k.ArenaView) -> None:
+        """Registers the rows with CUDA (page-locked, so device copies are DMA, not staged
+        through a bounce buffer) when this rank's tensors are on a CUDA device. A refusal is
+        logged and the copies run unpinned."""
+        if not any(getattr(t, "is_cuda", False) for t in self.tensors):
+            return
+        cudart = self._cudart()
+        address, length = view.row_region
+        rc = cudart.cudaHostRegister(address, length, 0)
+        if int(rc) != 0:
+            _log.warning(
+                "kvtier: rank %d could not pin the arena's %d bytes for DMA (CUDA error %s); "
+                "copies run through pageable memory",
+                self.rank,
+                length,
+                rc,
+            )
+            return
+        self._pinned = (cudart, address)
 
     @staticmethod
     def _nbytes(t: Any) -> int:
@@ -256,6 +285,11 @@ class KvtierTransferHandler:
         return True
 
     def close(self) -> None:
+        if self._pinned is not None:
+            # Before the view (and its mapping) goes.
+            cudart, address = self._pinned
+            self._pinned = None
+            cudart.cudaHostUnregister(address)
         if self.reporter is not None:
             self.reporter.close()
             self.reporter = None
