@@ -40,16 +40,8 @@ impl Drop for Shared {
         // the interpreter is finalizing it cannot be attached to; then it is dropped as is.)
         if let Some(manager) = self.manager.get_mut().take() {
             let arena = self.arena.get_mut().take();
-            let teardown = move || drop((manager, arena));
-            let mut teardown = Some(teardown);
-            Python::try_attach(|py| {
-                if let Some(t) = teardown.take() {
-                    py.detach(t);
-                }
-            });
-            if let Some(t) = teardown {
-                t();
-            }
+            // Not attachable: the closure is dropped unrun, which drops the two just the same.
+            let _ = Python::try_attach(|py| py.detach(move || drop((manager, arena))));
         }
     }
 }

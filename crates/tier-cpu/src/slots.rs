@@ -628,14 +628,8 @@ impl ChunkTable {
         // Rows up to the highest fenced one stay allocated; the unfenced ones among them are
         // free, pushed so they are taken in ascending order as fresh rows are.
         self.num_allocated = top + 1;
-        let mut next = fenced.iter().rev().peekable();
-        for c in (0..=top).rev() {
-            if next.peek() == Some(&&c) {
-                next.next();
-            } else {
-                self.free.push(c);
-            }
-        }
+        self.free
+            .extend((0..=top).rev().filter(|c| fenced.binary_search(c).is_err()));
         self.fenced = fenced;
         self.fenced.len()
     }

@@ -91,23 +91,23 @@ class KvtierTransferHandler:
         last error."""
         if self._view is not None:
             return self._view
-        deadline = time.monotonic() + self.open_timeout_s
-        while True:
-            try:
-                view = _k.ArenaView(self.arena_path)
-                reporter = None
-                if self.channel_path is not None:
-                    fp = view.fingerprint if self.fingerprint is None else self.fingerprint
-                    reporter = _k.WorkerReporter(self.channel_path, self.rank, fp)
-                break
-            except (_k.KvtierError, OSError) as e:
-                if time.monotonic() > deadline:
-                    raise _k.KvtierError(
-                        f"rank {self.rank}: no live kvtier manager serves the arena at "
-                        f"{self.arena_path} (and channel {self.channel_path}) after "
-                        f"{self.open_timeout_s:g} s: {e}"
-                    ) from e
-                time.sleep(0.05)
+
+        def attempt() -> tuple:
+            view = _k.ArenaView(self.arena_path)
+            reporter = None
+            if self.channel_path is not None:
+                fp = view.fingerprint if self.fingerprint is None else self.fingerprint
+                reporter = _k.WorkerReporter(self.channel_path, self.rank, fp)
+            return view, reporter
+
+        try:
+            view, reporter = _retrying(attempt, self.open_timeout_s, 0.05)
+        except (_k.KvtierError, OSError) as e:
+            raise _k.KvtierError(
+                f"rank {self.rank}: no live kvtier manager serves the arena at "
+                f"{self.arena_path} (and channel {self.channel_path}) after "
+                f"{self.open_timeout_s:g} s: {e}"
+            ) from e
         if self.rank_stride * self.world_size > view.chunk_bytes:
             if reporter is not None:
                 reporter.close()
@@ -156,14 +156,7 @@ class KvtierTransferHandler:
         # Ranks copy into slices of the same row, and a row grant is whole-row: wait for the
         # other rank's grant (held only for one copy) instead of failing.
         view = self.open()
-        deadline = time.monotonic() + self.grant_timeout_s
-        while True:
-            try:
-                return view.row(chunk_id, write)
-            except _k.KvtierError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.0002)
+        return _retrying(lambda: view.row(chunk_id, write), self.grant_timeout_s, 0.0002)
 
     def chunks(
         self,
@@ -293,6 +286,19 @@ class KvtierTransferHandler:
         if self.reporter is not None:
             self.reporter.close()
             self.reporter = None
+
+
+def _retrying(attempt: Any, timeout_s: float, pause_s: float) -> Any:
+    """``attempt()``'s result, tried again every ``pause_s`` while it raises a kvtier or OS
+    error, for up to ``timeout_s``; then the last error propagates."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return attempt()
+        except (_k.KvtierError, OSError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(pause_s)
 
 
 def _is_numpy(t: Any, np: Any) -> bool:
