@@ -47,8 +47,8 @@ pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
 pub use key::{KeyMap, KeySet, OffloadKey};
 pub use manager::{
-    CostConfig, ManagerConfig, OnTierFailure, RecomputeCost, Step, StoreCompletionSender, TierGateConfig,
-    TieringManager,
+    CostConfig, LoadSource, ManagerConfig, OnTierFailure, RecomputeCost, Step, StoreCompletionSender,
+    TierGateConfig, TieringManager,
 };
 pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};

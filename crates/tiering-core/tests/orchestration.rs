@@ -533,3 +533,60 @@ fn events_come_primary_first_then_tiers_in_order() {
     assert!(r.m.take_events().unwrap().is_empty(), "events are drained");
     end_step(&mut r.m);
 }
+
+#[test]
+fn load_source_names_the_tier_a_request_promoted_from_until_the_request_ends() {
+    let mut r = step_rig(8, &["t0", "t1"]);
+    let (promoted, local) = (key(1), key(2));
+    r.tiers[1].insert(promoted, bytes_for(&promoted));
+    let a = new_req(&mut r, "a");
+    let b = new_req(&mut r, "b");
+    store(&mut r.m, &r.primary, &a, &[local]);
+    assert_eq!(r.m.lookup(&promoted, &a).unwrap(), LookupResult::HitPending);
+    end_step(&mut r.m);
+    assert!(eventually(
+        || r.m.lookup(&promoted, &a).unwrap() == LookupResult::Hit
+    ));
+    // The promotion has landed: the primary holds the key, and the origin is remembered.
+    let source = r.m.step().load_source(&promoted, &a).unwrap();
+    assert_eq!((source.secondary, source.info.name.as_str()), (Some(1), "t1"));
+    assert_eq!(source.info.medium, Some(Medium::Storage));
+    // A chunk the request stored itself, and the promoted chunk for a request that found it
+    // already in the primary, come from the primary.
+    for (k, ctx) in [(&local, &a), (&promoted, &b)] {
+        let source = r.m.step().load_source(k, ctx).unwrap();
+        assert_eq!(
+            (source.secondary, source.info.name.as_str()),
+            (None, "memory-primary")
+        );
+    }
+    // The record goes with the request.
+    r.m.on_request_finished(&a).unwrap();
+    end_step(&mut r.m);
+    assert_eq!(r.m.step().load_source(&promoted, &a).unwrap().secondary, None);
+}
+
+#[test]
+fn load_source_forgets_a_failed_promotion_and_a_reset() {
+    let mut r = step_rig(8, &["t0"]);
+    r.tiers[0].set_completion(Completion::Manual);
+    let ctx = new_req(&mut r, "a");
+    for n in [1, 2] {
+        r.tiers[0].insert(key(n), bytes_for(&key(n)));
+        assert_eq!(r.m.lookup(&key(n), &ctx).unwrap(), LookupResult::HitPending);
+    }
+    end_step(&mut r.m);
+    let (id, _, _) = r.tiers[0].held_jobs()[0].clone();
+    assert!(r.tiers[0].complete(id, JobOutcome::Partial(vec![key(1)])));
+    r.tiers[0].set_lookup(key(2), LookupResult::Miss);
+    assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
+    assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Miss);
+    assert_eq!(r.m.step().load_source(&key(1), &ctx).unwrap().secondary, Some(0));
+    assert_eq!(
+        r.m.step().load_source(&key(2), &ctx).unwrap().secondary,
+        None,
+        "the failed key's record is dropped"
+    );
+    r.m.reset_cache().unwrap();
+    assert_eq!(r.m.step().load_source(&key(1), &ctx).unwrap().secondary, None);
+}

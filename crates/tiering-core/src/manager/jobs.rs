@@ -142,6 +142,7 @@ impl TieringState {
         }
         if !failed.is_empty() {
             self.primary.complete_write(&failed, &meta.ctx, false);
+            self.forget_load_sources(&meta.ctx, &failed, idx);
         }
         if invalid {
             return Err(ManagerError::InvalidPartialResult {
@@ -169,6 +170,7 @@ impl TieringState {
                         self.cost.dropped(*id, &meta.keys);
                         self.counters.failed_promotion_keys += meta.keys.len() as u64;
                         self.primary.complete_write(&meta.keys, &meta.ctx, false);
+                        self.forget_load_sources(&meta.ctx, &meta.keys, idx);
                     }
                     JobKind::Store => {
                         let _ = self.release_store_job(&meta);
@@ -181,6 +183,7 @@ impl TieringState {
         for (_, p) in pending {
             self.primary.complete_write(&p.keys, &p.ctx, false);
             self.cost.forget(&p.keys);
+            self.forget_load_sources(&p.ctx, &p.keys, idx);
         }
         ids.len()
     }

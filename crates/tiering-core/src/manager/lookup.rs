@@ -173,6 +173,7 @@ impl TieringState {
         for k in &out.keys_to_store {
             self.cost.started(idx, *k, deadline);
         }
+        self.record_load_sources(ctx, &out.keys_to_store, idx);
         answer
     }
 
@@ -213,6 +214,7 @@ impl TieringState {
                         // Free the reservations rather than write into a row in use.
                         self.primary.complete_write(&p.keys, &p.ctx, false);
                         self.cost.forget(&p.keys);
+                        self.forget_load_sources(&p.ctx, &p.keys, idx);
                         first_err.get_or_insert(ManagerError::primary(TierError::Arena(e)));
                         continue;
                     }

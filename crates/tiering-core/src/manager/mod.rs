@@ -8,7 +8,7 @@
 //! (`has_pending_work`, `take_events`, `stats`) lock only for their own duration.
 //!
 //! Modules by what they own: [`state`] (the state and its diagnostics), `lookup` (lookups and
-//! promotions), `store` (stores and cascades), `completions` (the engine's and the copy
+//! promotions), `load_source` (where a request's hits came from), `store` (stores and cascades), `completions` (the engine's and the copy
 //! workers' store reports), `requests` (the request lifecycle), `jobs` (job results), `serve`
 //! (serving peers), `control` (the control thread and its sweep), `faults` (failure policy,
 //! bounded tier calls), `teardown` (reset and shutdown), [`step`] (the step guard).
@@ -20,6 +20,7 @@ mod cost;
 mod faults;
 mod gates;
 mod jobs;
+mod load_source;
 mod lookup;
 mod observe;
 mod requests;
@@ -50,6 +51,7 @@ pub(crate) use completions::{CompletionQueue, WorkerEvent};
 pub use config::{ManagerConfig, OnTierFailure, TierGateConfig};
 use control::Shared;
 pub use cost::{CostConfig, RecomputeCost};
+pub use load_source::LoadSource;
 pub use state::TieringState;
 pub use step::Step;
 

@@ -2,6 +2,7 @@
 //! nothing more can be cascaded for it (all its stores settled, no parked keys).
 
 use crate::error::ManagerError;
+use crate::key::KeyMap;
 use crate::outcome::OffloadPolicy;
 use crate::request::{ReqContext, RequestId};
 
@@ -40,6 +41,7 @@ impl TieringState {
                 request_level,
                 parked: Vec::new(),
                 exclude,
+                load_sources: KeyMap::default(),
             },
         );
         if previous.is_some_and(|p| p.pending_stores > 0) {

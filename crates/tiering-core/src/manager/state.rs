@@ -13,7 +13,7 @@ use indexmap::IndexMap;
 
 use crate::arena::ChunkArena;
 use crate::job::{JobId, JobKind, JobResult};
-use crate::key::{KeyBuildHasher, OffloadKey};
+use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
 use crate::request::{ReqContext, RequestId, TierInfo};
 use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
@@ -64,6 +64,8 @@ pub(crate) struct RequestState {
     pub(crate) parked: Vec<OffloadKey>,
     /// The origin tier of a peer request, remembered so a deferred finalization still skips it.
     pub(crate) exclude: Option<usize>,
+    /// The secondary tier each key promoted for this request came from (`load_source`).
+    pub(crate) load_sources: KeyMap<usize>,
 }
 
 /// All mutable orchestrator state (see the module docs).

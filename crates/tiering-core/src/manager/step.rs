@@ -17,6 +17,7 @@ use crate::request::ReqContext;
 
 use super::control::Shared;
 use super::jobs::Servicer;
+use super::load_source::LoadSource;
 use super::state::TieringState;
 use super::telemetry::Holder;
 
@@ -111,6 +112,18 @@ impl Step<'_> {
     /// The manager was shut down.
     pub fn release_reset_fence(&mut self) -> Result<usize, ManagerError> {
         self.inspect(|s| s.primary.release_reset_fence())
+    }
+
+    /// Where `key`'s chunk came from for this request, for an engine's cache-hit metrics (vLLM's
+    /// `get_load_source`; ask after `lookup` answered `Hit`): the secondary tier whose promotion
+    /// brought the key into the primary for this request, else the primary. Recorded for
+    /// announced requests, until the request is finalized or the cache reset; a failed
+    /// promotion's keys are forgotten.
+    ///
+    /// # Errors
+    /// The manager was shut down.
+    pub fn load_source(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LoadSource, ManagerError> {
+        self.inspect(|s| s.load_source_unlocked(key, ctx))
     }
 
     /// Runs `f` on the locked state without any engine semantics. For diagnostics and tests.

@@ -30,6 +30,7 @@ impl TieringState {
             .filter_map(|(id, s)| {
                 s.pending_stores = 0;
                 s.parked.clear();
+                s.load_sources.clear();
                 s.finished.then(|| id.clone())
             })
             .collect();
