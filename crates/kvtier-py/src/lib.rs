@@ -16,6 +16,7 @@
 use tier_cpu as _;
 use tier_disk as _;
 use tier_p2p as _;
+use tier_redis as _;
 
 mod arena;
 mod errors;
@@ -38,6 +39,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<values::OffloadPolicy>()?;
     m.add_class::<values::PrepareStoreOutput>()?;
     m.add_class::<values::OffloadingEvent>()?;
+    m.add_class::<values::LoadSource>()?;
     m.add_class::<values::ScheduleEndContext>()?;
     m.add_class::<values::PyReqContext>()?;
     m.add_class::<manager::PyTieringManager>()?;

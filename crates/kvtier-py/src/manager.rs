@@ -31,6 +31,8 @@ pub(crate) struct Shared {
     arena: Mutex<Option<Arc<ChunkArena>>>,
     /// The thread holding a step of this manager, if any.
     pub(crate) step_thread: Mutex<Option<ThreadId>>,
+    /// The chain file's `type` of each tier: the primary's, then the secondaries' in order.
+    pub(crate) tier_types: Vec<String>,
 }
 
 impl Drop for Shared {
@@ -100,6 +102,10 @@ impl PyTieringManager {
                 arena: Mutex::new(Some(Arc::clone(manager.arena()))),
                 manager: RwLock::new(Some(manager)),
                 step_thread: Mutex::new(None),
+                tier_types: std::iter::once(&config.primary)
+                    .chain(&config.secondaries)
+                    .map(|t| t.tier_type.clone())
+                    .collect(),
             }),
         })
     }

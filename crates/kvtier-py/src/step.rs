@@ -14,7 +14,9 @@ use tiering_core::{OffloadingManager, Step};
 use crate::errors::{StepError, kvtier_err};
 use crate::keys::{key_from_py, keys_from_py};
 use crate::manager::{Shared, events_list, stats_to_py};
-use crate::values::{LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContext, ScheduleEndContext};
+use crate::values::{
+    LoadSource, LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContext, ScheduleEndContext,
+};
 
 /// One scheduler step of a `TieringManager` (from `manager.step()`): holds the manager's lock
 /// until exited, so a chunk `lookup` reported as a hit stays resident until `prepare_load`.
@@ -146,6 +148,17 @@ impl PyStep {
     fn on_schedule_end(&self, ctx: Option<&ScheduleEndContext>) -> PyResult<()> {
         let core = ctx.map(ScheduleEndContext::to_core).unwrap_or_default();
         self.with(|s| s.on_schedule_end(&core))
+    }
+
+    /// Where `key`'s chunk came from for this request (vLLM's `get_load_source`; ask after
+    /// `lookup` answered `HIT`): the secondary tier whose promotion brought it into the primary
+    /// for this request, else the primary. Remembered for announced requests until they end.
+    fn load_source(&self, key: &Bound<'_, PyAny>, req_context: &PyReqContext) -> PyResult<LoadSource> {
+        let key = key_from_py(key)?;
+        let source = self.with(|s| s.load_source(&key, &req_context.inner))?;
+        let position = source.secondary.map_or(0, |i| i + 1);
+        let tier_type = self.shared.tier_types.get(position).cloned().unwrap_or_default();
+        Ok(LoadSource::from_core(source, tier_type))
     }
 
     /// Events since the last call (primary first, then each secondary in chain order).

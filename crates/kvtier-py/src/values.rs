@@ -1,6 +1,6 @@
 //! The value types of the engine calls, shaped like vLLM 0.33.0's: `LookupResult`,
 //! `OffloadPolicy`, `PrepareStoreOutput`, `OffloadingEvent`, `ScheduleEndContext` and
-//! `ReqContext`.
+//! `ReqContext`; and `LoadSource`, the answer to vLLM's `get_load_source`.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -264,18 +264,28 @@ pub(crate) struct OffloadingEvent {
     removal_expected: bool,
 }
 
+/// A medium as vLLM's `Medium` names it.
+fn medium_name(m: Medium) -> &'static str {
+    match m {
+        Medium::Cpu => "CPU",
+        Medium::Storage => "STORAGE",
+    }
+}
+
+/// A locality as vLLM's `Locality` names it.
+fn locality_name(l: Locality) -> &'static str {
+    match l {
+        Locality::Local => "LOCAL",
+        Locality::Remote => "REMOTE",
+    }
+}
+
 impl OffloadingEvent {
     pub(crate) fn from_core(e: tiering_core::OffloadingEvent) -> Self {
         Self {
             keys: LazyKeys::new(e.keys),
-            medium: e.medium.map(|m| match m {
-                Medium::Cpu => "CPU",
-                Medium::Storage => "STORAGE",
-            }),
-            locality: e.locality.map(|l| match l {
-                Locality::Local => "LOCAL",
-                Locality::Remote => "REMOTE",
-            }),
+            medium: e.medium.map(medium_name),
+            locality: e.locality.map(locality_name),
             removed: e.removed,
             ownership: e.ownership,
             metadata_only: e.metadata_only,
@@ -300,6 +310,50 @@ impl OffloadingEvent {
             self.medium,
             self.ownership,
             self.metadata_only
+        )
+    }
+}
+
+/// Where a chunk a request loads came from (`Step.load_source`): the secondary tier whose
+/// promotion brought it into the primary for the request, else the primary tier.
+#[pyclass(module = "kvtier", frozen)]
+pub(crate) struct LoadSource {
+    /// The tier's name (as in `stats()`).
+    #[pyo3(get)]
+    tier: String,
+    /// The tier's `type` in the chain file (`"cpu"`, `"disk"`, `"p2p"`, `"redis"`, a plugin's).
+    #[pyo3(get)]
+    tier_type: String,
+    /// The secondary tier's index in chain order; `None` for the primary tier.
+    #[pyo3(get)]
+    secondary: Option<usize>,
+    /// `"CPU"`, `"STORAGE"` or `None`.
+    #[pyo3(get)]
+    medium: Option<&'static str>,
+    /// `"LOCAL"`, `"REMOTE"` or `None`.
+    #[pyo3(get)]
+    locality: Option<&'static str>,
+}
+
+impl LoadSource {
+    /// `tier_type`: the chain file's `type` of that tier.
+    pub(crate) fn from_core(source: tiering_core::LoadSource, tier_type: String) -> Self {
+        Self {
+            tier: source.info.name,
+            tier_type,
+            secondary: source.secondary,
+            medium: source.info.medium.map(medium_name),
+            locality: source.info.locality.map(locality_name),
+        }
+    }
+}
+
+#[pymethods]
+impl LoadSource {
+    fn __repr__(&self) -> String {
+        format!(
+            "LoadSource(tier={:?}, tier_type={:?}, secondary={:?}, medium={:?}, locality={:?})",
+            self.tier, self.tier_type, self.secondary, self.medium, self.locality
         )
     }
 }

@@ -216,6 +216,20 @@ def test_stats_and_pending_work(manager):
     assert manager.get_stats()["jobs_in_flight"] == 0
 
 
+def test_load_source_on_a_cpu_only_chain_is_the_primary(manager):
+    a = kvtier.ReqContext("a")
+    with manager.step() as s:
+        s.on_new_request(a)
+        store(s, a, [1])
+        assert s.lookup(key(1), a) is LookupResult.HIT
+        src = s.load_source(key(1), a)
+        with pytest.raises(ValueError, match="36 bytes"):
+            s.load_source(b"short", a)
+    assert (src.tier, src.tier_type, src.secondary) == ("cpu", "cpu", None)
+    assert (src.medium, src.locality) == ("CPU", "LOCAL")
+    assert 'tier="cpu"' in repr(src)
+
+
 def test_a_second_step_on_one_thread_raises_instead_of_deadlocking(manager):
     with manager.step() as s:
         with pytest.raises(kvtier.StepError, match="holds a step"):

@@ -169,6 +169,10 @@ def test_stored_cascaded_evicted_promoted_and_loaded_bit_exact(tmp_path):
         wait_until(promoted, "the promotions to land")
         assert workers.all("load", rows, [8, 9, 10, 11]) == [True, True]
         with m.lock:
+            # vLLM's cache-hit metrics: these chunks came from the disk tier, the second ones
+            # (request b stored them) from the CPU tier.
+            assert [m.get_load_source(k, c) for k in first] == ["disk"] * 4
+            assert m.get_load_source(second[0], c) == "host"
             m.complete_load(first, c)
             m.on_request_finished(c)
 

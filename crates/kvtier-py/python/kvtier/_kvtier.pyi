@@ -71,6 +71,20 @@ class OffloadingEvent:
     removal_expected: bool
     """A store whose removal the tier will report too (it evicts on its own)."""
 
+class LoadSource:
+    """Where a chunk a request loads came from (Step.load_source)."""
+
+    tier: str
+    """The tier's name (as in stats())."""
+    tier_type: str
+    """The tier's type in the chain file ("cpu", "disk", "p2p", "redis", a plugin's)."""
+    secondary: Optional[int]
+    """The secondary tier's index in chain order; None for the primary tier."""
+    medium: Optional[str]
+    """"CPU", "STORAGE" or None."""
+    locality: Optional[str]
+    """"LOCAL", "REMOTE" or None."""
+
 class ScheduleEndContext:
     """What the engine tells the manager at the end of a scheduler step."""
 
@@ -114,6 +128,9 @@ class Step:
     def on_new_request(self, req_context: ReqContext) -> OffloadPolicy: ...
     def on_request_finished(self, req_context: ReqContext) -> None: ...
     def on_schedule_end(self, ctx: Optional[ScheduleEndContext] = None) -> None: ...
+    def load_source(self, key: Key, req_context: ReqContext) -> LoadSource:
+        """The tier key's chunk came from for this request (ask after a HIT): the secondary
+        whose promotion brought it into the primary for the request, else the primary."""
     def take_events(self) -> list[OffloadingEvent]: ...
     def has_pending_work(self) -> bool: ...
     def release_reset_fence(self) -> int:

@@ -41,6 +41,11 @@ class _VllmTypes:
             _k.OffloadPolicy.CHUNK_LEVEL: base.OffloadPolicy.CHUNK_LEVEL,
             _k.OffloadPolicy.REQUEST_LEVEL: base.OffloadPolicy.REQUEST_LEVEL,
         }
+        try:
+            from vllm.v1.metrics.cache_hit_source import CacheHitSource  # type: ignore[import-not-found]
+        except Exception:  # a vLLM without cache-hit sources: the names are returned
+            CacheHitSource = None  # noqa: N806
+        self.hit_source = CacheHitSource
 
     def event(self, e: Any) -> Any:
         b = self.base

@@ -46,6 +46,7 @@ __all__ = [
     "KvtierTransferHandler",
     "RowKeys",
     "StoreOutput",
+    "hit_source_name",
 ]
 
 
@@ -148,6 +149,14 @@ class KvtierOffloadingManager(_ManagerBase):
         v = self._types
         return v.lookup[r] if v.base is not None else r
 
+    def get_load_source(self, key: bytes, req_context: Any) -> Any:
+        """vLLM's ``CacheHitSource`` of a chunk ``lookup`` answered HIT for: the tier whose
+        promotion brought it into the CPU tier for this request, else the CPU tier (``host``).
+        See :func:`hit_source_name` for the mapping."""
+        name = hit_source_name(self._call("load_source", key, self._ctx(req_context, remember=False)))
+        v = self._types
+        return v.hit_source(name) if v.base is not None and v.hit_source is not None else name
+
     def _spec(self, ids: list) -> Any:
         v = self._types
         return v.spec(ids) if v.base is not None else ChunkSpec(ids)
@@ -244,6 +253,21 @@ class KvtierOffloadingManager(_ManagerBase):
     def shutdown(self) -> None:
         self.end_step()
         self.manager.shutdown()
+
+
+def hit_source_name(source: _k.LoadSource) -> str:
+    """The value of vLLM's ``CacheHitSource`` for a kvtier tier: ``host`` for the primary (and
+    any local CPU tier), ``p2p`` for a peer tier, ``disk`` for a storage tier, and
+    ``external_unspecified`` for the rest (a Redis server, plugins that do not say)."""
+    if source.secondary is None:
+        return "host"
+    if source.tier_type == "p2p":
+        return "p2p"
+    if source.medium == "STORAGE":
+        return "disk"
+    if source.medium == "CPU" and source.locality == "LOCAL":
+        return "host"
+    return "external_unspecified"
 
 
 def _tier_filter(f: Any) -> Optional[list]:
