@@ -477,3 +477,52 @@ def test_a_cuda_rank_pins_the_rows_for_dma_and_unpins_them_at_close(tmp_path, ca
     finally:
         handler.close()
         m.shutdown()
+
+
+def test_a_replicated_layout_keeps_one_copy_written_by_rank_0_and_loaded_by_every_rank(tmp_path):
+    """vLLM's replicated layout (every rank's KV byte-identical, stores submitted to rank 0
+    only): a row holds one rank's slice, rank 0 alone reports (the manager waits for one
+    report, not world_size), and rank 1 loads the same bytes into its own tensors."""
+    chain = tmp_path / "chain.toml"
+    chain.write_text(
+        f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n'
+        "[control_plane]\nthread = false\noff_step = true\n"
+    )
+    tensors = [np.arange(8 * 16, dtype=np.float32).reshape(8, 16)]
+    block = tensors[0][0].nbytes
+    sp = KvtierOffloadingSpec.from_settings(
+        {"kvtier_chain": str(chain)}, block, world_size=2, rank=0, replicated_layout=True
+    )
+    assert sp.replicated_layout and sp.copies == 1 and sp.chunk_bytes == block
+    rank1_tensors = [np.zeros_like(tensors[0])]
+    rank1 = KvtierOffloadingSpec.from_settings(
+        {"kvtier_chain": str(chain)}, block, world_size=2, rank=1, replicated_layout=True
+    )
+    m = sp.get_manager()
+    writer = sp.get_worker(tensors)
+    reader = rank1.get_worker(rank1_tensors)
+    try:
+        assert m.manager.chunk_bytes == block
+        assert reader.handler.channel_path is None, "rank 1 never reports"
+        k = keys(1, 2)
+        with m.lock:
+            m.on_new_request("a")
+            out = m.prepare_store(k, "a")
+        assert writer.submit_store(1, ids([3, 5]), out.store_spec) is True
+        assert results(writer) == [(1, True)]
+        with m.lock:
+            # Rank 0's report alone completed the store (before the connector's own report).
+            assert [m.lookup(x, "b") for x in k] == [kvtier.LookupResult.HIT] * 2
+            m.complete_store(k, "a")
+            m.on_request_finished("a")
+            rows = list(m.prepare_load(k, "b").block_ids)
+        assert reader.submit_load(2, ids(rows), ids([6, 7])) is True
+        assert results(reader) == [(2, True)]
+        assert (rank1_tensors[0][6:8] == tensors[0][[3, 5]]).all()
+        assert m.kvtier_stats()["manager"]["off_step_store_completions"] == 2
+        with m.lock:
+            m.complete_load(k, "b")
+    finally:
+        reader.shutdown()
+        writer.shutdown()
+        m.shutdown()

@@ -325,8 +325,9 @@ class KvtierOffloadingSpec(_SpecBase):
     engine needs its own chain: ``{dp_index}`` in these paths becomes the engine's index.
 
     From vLLM's ``OffloadingConfig`` it reads ``extra_config``, ``parallel.world_size`` and
-    ``parallel.rank``, ``worker_kv_bytes_per_block`` and ``cache.blocks_per_chunk``. A row holds
-    every rank's slice of a chunk, rank-major, as vLLM's CPU spec lays its region out.
+    ``parallel.rank``, ``worker_kv_bytes_per_block``, ``cache.blocks_per_chunk`` and
+    ``replicated_layout``. A row holds every rank's slice of a chunk, rank-major, as vLLM's CPU
+    spec lays its region out (one slice under the replicated layout).
     """
 
     def __init__(self, config: Any):
@@ -368,6 +369,11 @@ class KvtierOffloadingSpec(_SpecBase):
             # workers here copy a rank's pages as they are.
             raise _k.ConfigError("kvtier does not support vLLM's canonical KV layout; turn it off")
         _check_block_hashes()
+        # vLLM's replicated layout (pure-MLA models under tensor parallelism alone): every rank's
+        # KV is byte-identical, so a row holds one copy; vLLM submits stores to rank 0 only
+        # (reading this attribute), which alone writes and reports them, and every rank loads
+        # from that copy.
+        self.replicated_layout = bool(getattr(config, "replicated_layout", False))
         self._manager: Optional[KvtierOffloadingManager] = None
         self._worker: Optional[KvtierOffloadingWorker] = None
 
@@ -379,6 +385,7 @@ class KvtierOffloadingSpec(_SpecBase):
         world_size: int = 1,
         rank: int = 0,
         blocks_per_chunk: int = 1,
+        replicated_layout: bool = False,
     ) -> "KvtierOffloadingSpec":
         """A spec without vLLM's config object (engines other than vLLM, and tests)."""
         from types import SimpleNamespace
@@ -393,18 +400,25 @@ class KvtierOffloadingSpec(_SpecBase):
                 parallel=SimpleNamespace(world_size=world_size, rank=rank),
                 cache=SimpleNamespace(blocks_per_chunk=blocks_per_chunk, tokens_per_hash=1),
                 worker_kv_bytes_per_block=worker_kv_bytes_per_block,
+                replicated_layout=replicated_layout,
             )
         )
 
     @property
+    def copies(self) -> int:
+        """Rank slices per row: one per rank, or one in all under the replicated layout."""
+        return 1 if self.replicated_layout else self.world_size
+
+    @property
     def chunk_bytes(self) -> int:
-        """Bytes of one arena row's data: every rank's slice of one chunk."""
-        return self.rank_chunk_bytes * self.world_size
+        """Bytes of one arena row's data: every rank's slice of one chunk (one slice under the
+        replicated layout)."""
+        return self.rank_chunk_bytes * self.copies
 
     def get_manager(self) -> KvtierOffloadingManager:
         """The scheduler-side manager (built once), with its completion channel open."""
         if self._manager is None:
-            m = _k.TieringManager.from_config(self.chain_path, self.chunk_bytes, reporters=self.world_size)
+            m = _k.TieringManager.from_config(self.chain_path, self.chunk_bytes, reporters=self.copies)
             try:
                 # The row-key table exists before the channel opens: a worker that reached the
                 # channel finds the table of this manager, not one an earlier run left.
@@ -425,14 +439,18 @@ class KvtierOffloadingSpec(_SpecBase):
         group_tensors: Optional[Sequence[Sequence[int]]] = None,
     ) -> KvtierTransferHandler:
         """The copy engine of one rank over its KV tensors (each indexed by block id);
-        ``group_tensors[g]``: the tensors KV-cache group ``g`` uses (default: one group, all)."""
+        ``group_tensors[g]``: the tensors KV-cache group ``g`` uses (default: one group, all).
+        Under the replicated layout every rank copies the row's one slice (as slice 0) and only
+        rank 0, the one writer, opens the completion channel."""
+        rank = self.rank if rank is None else rank
+        writer = not self.replicated_layout or rank == 0
         return KvtierTransferHandler(
             self.arena_path,
             kv_tensors,
-            rank=self.rank if rank is None else rank,
-            world_size=self.world_size,
+            rank=0 if self.replicated_layout else rank,
+            world_size=self.copies,
             blocks_per_chunk=self.blocks_per_chunk,
-            channel_path=self.channel_path,
+            channel_path=self.channel_path if writer else None,
             rank_stride=self.rank_chunk_bytes,
             group_tensors=group_tensors,
         )
