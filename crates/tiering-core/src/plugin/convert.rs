@@ -323,6 +323,7 @@ pub(crate) fn push_event(out: FfiSink<FfiEvent>, e: &OffloadingEvent) {
         locality: locality_code(e.locality),
         removed: u8::from(e.removed),
         metadata_only: u8::from(e.metadata_only),
+        removal_expected: u8::from(e.removal_expected),
         has_ownership: u8::from(e.ownership.is_some()),
         ownership: FfiStr::new(owner),
     };
@@ -343,8 +344,7 @@ pub(crate) unsafe fn event_from_ffi(e: &FfiEvent) -> OffloadingEvent {
         locality: locality_from(e.locality),
         removed: e.removed != 0,
         metadata_only: e.metadata_only != 0,
-        // Not in the plugin ABI (yet): a plugin tier's stores never promise a removal.
-        removal_expected: false,
+        removal_expected: e.removal_expected != 0,
         ownership: if e.has_ownership != 0 {
             // SAFETY: as above.
             Some(unsafe { e.ownership.to_str() }.unwrap_or("").to_owned())
@@ -496,11 +496,15 @@ mod tests {
         let ev = OffloadingEvent::removed(vec![k(4)], Some(Medium::Cpu), Some(Locality::Remote))
             .owned_by("t")
             .metadata_only();
+        let stored = OffloadingEvent::stored(vec![k(5), k(6)], Some(Medium::Storage), Some(Locality::Local))
+            .owned_by("disk")
+            .expecting_removal();
         let mut events = Vec::new();
         // SAFETY: as above.
         let mut collect = |e: &FfiEvent| events.push(unsafe { event_from_ffi(e) });
         push_event(sink(&mut collect), &ev);
-        assert_eq!(events, vec![ev]);
+        push_event(sink(&mut collect), &stored);
+        assert_eq!(events, vec![ev, stored]);
 
         let mut stats = TierStats::named("s");
         stats.hits = 4;

@@ -13,7 +13,7 @@ use std::marker::PhantomData;
 use crate::arena::ArenaRawParts;
 
 /// The version of this ABI. A library built against another version is refused.
-pub const ABI_VERSION: u32 = 3;
+pub const ABI_VERSION: u32 = 4;
 
 /// Name of the exported `u32` static holding the library's [`ABI_VERSION`].
 pub const ABI_SYMBOL: &str = "kvtier_tier_abi_version";
@@ -228,6 +228,8 @@ pub struct FfiEvent {
     pub removed: u8,
     /// 1 for a metadata-only removal.
     pub metadata_only: u8,
+    /// 1 for a store whose removal the tier will report too (it evicts on its own).
+    pub removal_expected: u8,
     /// 1 when `ownership` is set.
     pub has_ownership: u8,
     /// The owning tier's name.
