@@ -204,13 +204,16 @@ class KvtierTransferHandler:
         return out
 
     def _places(self, group: int, placed: list):
-        """(tensor, GPU block, byte offset in the row, page bytes) of a chunk's copies."""
+        """(tensor, GPU blocks, byte offset in the row, bytes) of a chunk's copies, one per
+        tensor of its group: the chunk's positions ``j`` are consecutive, so its pages of one
+        tensor are one span of the row, copied with one gather (or scatter) of its GPU blocks
+        rather than a copy per block (each a synchronous device transfer under torch)."""
         base = self.rank * self.rank_stride
+        first = placed[0][0]
+        blocks = [block for _, block in placed]
         for t in self.group_tensors[group]:
             nb = self.block_bytes[t]
-            for j, block in placed:
-                off = base + self.sections[t] + j * nb
-                yield self.tensors[t], block, off, nb
+            yield self.tensors[t], blocks, base + self.sections[t] + first * nb, nb * len(blocks)
 
     def copy_out(
         self,
@@ -225,8 +228,8 @@ class KvtierTransferHandler:
         for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
             with self._row(row_id, True) as row:
                 dst = row.array()
-                for t, block, off, nb in self._places(group, placed):
-                    _copy_block_out(t, block, dst[off : off + nb], np)
+                for t, blocks, off, n in self._places(group, placed):
+                    _gather_out(t, blocks, dst[off : off + n], np)
                 del dst
 
     def report(self, keys: Sequence[bytes], success: bool) -> bool:
@@ -272,8 +275,8 @@ class KvtierTransferHandler:
         for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
             with self._row(row_id, False) as row:
                 src = row.array()
-                for t, block, off, nb in self._places(group, placed):
-                    _copy_block_in(t, block, src[off : off + nb], np)
+                for t, blocks, off, n in self._places(group, placed):
+                    _scatter_in(t, blocks, src[off : off + n], np)
                 del src
         return True
 
@@ -305,25 +308,28 @@ def _is_numpy(t: Any, np: Any) -> bool:
     return isinstance(t, np.ndarray)
 
 
-def _copy_block_out(t: Any, block: int, dst: Any, np: Any) -> None:
+def _gather_out(t: Any, blocks: list, dst: Any, np: Any) -> None:
+    """Copies blocks ``blocks`` of tensor ``t``, in order, into the byte span ``dst``."""
     if _is_numpy(t, np):
-        dst[:] = np.ascontiguousarray(t[block]).reshape(-1).view(np.uint8)
+        dst[:] = np.ascontiguousarray(t[blocks]).reshape(-1).view(np.uint8)
         return
     import torch  # noqa: F401  (lazily: workers without torch use numpy tensors)
 
-    src = t[block].contiguous().view(-1).view(torch.uint8)
+    idx = torch.as_tensor(blocks, dtype=torch.long, device=t.device)
+    src = t.index_select(0, idx).contiguous().view(-1).view(torch.uint8)
     torch.from_numpy(dst).copy_(src, non_blocking=False)
 
 
-def _copy_block_in(t: Any, block: int, src: Any, np: Any) -> None:
+def _scatter_in(t: Any, blocks: list, src: Any, np: Any) -> None:
+    """Copies the byte span ``src`` into blocks ``blocks`` of tensor ``t``, in order."""
     if _is_numpy(t, np):
-        flat = t[block].reshape(-1).view(np.uint8)
-        flat[:] = src
+        t[blocks] = src.view(t.dtype).reshape((len(blocks),) + t.shape[1:])
         return
     import torch
 
-    dst = t[block].view(-1).view(torch.uint8)
-    dst.copy_(torch.from_numpy(np.array(src, copy=False)), non_blocking=False)
+    idx = torch.as_tensor(blocks, dtype=torch.long, device=t.device)
+    data = torch.from_numpy(np.array(src, copy=False)).to(t.device)
+    t.index_copy_(0, idx, data.view(t.dtype).view((len(blocks),) + tuple(t.shape[1:])))
 
 
 def _groups(gpu_spec: Any) -> tuple:
