@@ -19,6 +19,7 @@ use tier_p2p as _;
 use tier_redis as _;
 
 mod arena;
+mod chain;
 mod errors;
 mod keys;
 mod manager;
@@ -48,6 +49,7 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arena::PyRow>()?;
     m.add_class::<arena::PyRowMemory>()?;
     m.add_class::<reporter::PyWorkerReporter>()?;
+    m.add_function(wrap_pyfunction!(chain::chain_arena_path, m)?)?;
     m.add_function(wrap_pyfunction!(keys::make_offload_key, m)?)?;
     m.add_function(wrap_pyfunction!(keys::split_offload_key, m)?)?;
     m.add("KEY_BYTES", tiering_core::key::KEY_BYTES)?;

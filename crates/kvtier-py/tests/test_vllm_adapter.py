@@ -32,6 +32,28 @@ def test_configuration_errors_name_the_problem(tmp_path):
         KvtierOffloadingSpec.from_settings({"kvtier_chain": "x", "kvtier_arena": "y"}, 0)
 
 
+def test_the_arena_path_is_read_with_the_managers_parser(tmp_path, monkeypatch):
+    chain = tmp_path / "chain.toml"
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    chain.write_text('[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "${tmpdir}/arena"\n')
+    assert kvtier.chain_arena_path(chain) == f"{tmp_path}/arena"
+    assert KvtierOffloadingSpec.from_settings({"kvtier_chain": str(chain)}, 64).arena_path == f"{tmp_path}/arena"
+    chain.write_text('[primary]\ntype = "cpu"\ncapacity = 4\n')
+    assert kvtier.chain_arena_path(str(chain)) is None
+    # ${pid} differs in every process: workers could never open the scheduler's arena.
+    chain.write_text('[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "/dev/shm/kv-${pid}"\n')
+    with pytest.raises(kvtier.ConfigError, match=r"\$\{pid\}"):
+        KvtierOffloadingSpec.from_settings({"kvtier_chain": str(chain)}, 64)
+    chain.write_text('[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = 7\n')
+    with pytest.raises(kvtier.ConfigError, match="path string"):
+        kvtier.chain_arena_path(chain)
+    chain.write_text("[primary]\ncapacity = 4\n")
+    with pytest.raises(kvtier.ConfigError, match="type"):
+        kvtier.chain_arena_path(chain)
+    with pytest.raises(kvtier.ConfigError):
+        kvtier.chain_arena_path(tmp_path / "missing.toml")
+
+
 def test_vllm_contexts_map_to_one_kvtier_context_with_positions_and_filter(tmp_path):
     sp = spec(tmp_path)
     assert sp.chunk_bytes == 128 and sp.channel_path == f"{tmp_path}/arena.sock"

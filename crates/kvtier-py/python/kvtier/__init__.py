@@ -32,6 +32,7 @@ from ._kvtier import (
     StepError,
     TieringManager,
     WorkerReporter,
+    chain_arena_path,
     make_offload_key,
     split_offload_key,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "StepError",
     "TieringManager",
     "WorkerReporter",
+    "chain_arena_path",
     "make_offload_key",
     "split_offload_key",
 ]

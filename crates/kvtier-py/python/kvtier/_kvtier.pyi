@@ -19,6 +19,10 @@ class ConfigError(KvtierError):
 class StepError(KvtierError):
     """A step used wrongly (second step on one thread, released step, handle call mid-step)."""
 
+def chain_arena_path(path: "os.PathLike[str] | str") -> Optional[str]:
+    """The arena file a chain's primary tier shares ([primary] shared_memory, ${tmpdir}
+    expanded), or None. Raises ConfigError for an invalid chain or a path using ${pid}."""
+
 def make_offload_key(block_hash: bytes, group_idx: int = 0) -> bytes:
     """Packs a 32-byte block hash and a KV-group index into a 36-byte key."""
 

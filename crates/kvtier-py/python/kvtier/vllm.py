@@ -299,23 +299,6 @@ def _check_block_hashes() -> None:
         )
 
 
-def _chain_arena_path(chain_path: str) -> Optional[str]:
-    """The ``[primary] shared_memory`` of a chain file (Python ≥ 3.11, or with tomli)."""
-    try:
-        import tomllib  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover - Python < 3.11
-        try:
-            import tomli as tomllib  # type: ignore[import-not-found,no-redef]
-        except ImportError:
-            return None
-    with open(chain_path, "rb") as f:
-        chain = tomllib.load(f)
-    path = chain.get("primary", {}).get("shared_memory")
-    if path is None:
-        return None
-    return path.replace("${tmpdir}", os.environ.get("TMPDIR", "/tmp"))
-
-
 class KvtierOffloadingSpec(_SpecBase):
     """The offloading spec vLLM loads (``spec_name = "KvtierOffloadingSpec"``).
 
@@ -351,7 +334,7 @@ class KvtierOffloadingSpec(_SpecBase):
             if self.extra_config.get(name):
                 self.extra_config[name] = str(self.extra_config[name]).replace("{dp_index}", dp_index)
         self.chain_path = self.extra_config["kvtier_chain"]
-        self.arena_path = self.extra_config.get("kvtier_arena") or _chain_arena_path(self.chain_path)
+        self.arena_path = self.extra_config.get("kvtier_arena") or _k.chain_arena_path(self.chain_path)
         if not self.arena_path:
             raise _k.ConfigError(
                 f"{self.chain_path}: [primary] needs shared_memory (the arena workers open), "
