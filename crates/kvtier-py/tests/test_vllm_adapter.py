@@ -526,6 +526,7 @@ def test_a_replicated_layout_keeps_one_copy_written_by_rank_0_and_loaded_by_ever
     try:
         assert m.manager.chunk_bytes == block
         assert reader.handler.channel_path is None, "rank 1 never reports"
+        assert (reader.handler.rank, reader.handler.slot) == (1, 0)
         k = keys(1, 2)
         with m.lock:
             m.on_new_request("a")

@@ -20,11 +20,11 @@ class KvtierTransferHandler:
 
     ``kv_tensors`` are the rank's KV caches, each indexed by GPU block id on its first axis (a
     torch tensor on any device, or a numpy array). A chunk is ``blocks_per_chunk`` consecutive
-    blocks of one KV-cache group. This rank's slice of a row starts at ``rank * rank_stride``
-    and holds one section per tensor, in tensor order, of ``blocks_per_chunk`` pages each: a
-    chunk's block ``j`` of tensor ``t`` is at ``section[t] + j * page[t]``. A chunk of group
-    ``g`` fills the sections of the tensors ``group_tensors[g]`` names (default: one group over
-    every tensor), as vLLM sizes a row for every tensor's page.
+    blocks of one KV-cache group. This rank's slice of a row starts at ``slot * rank_stride``
+    (``slot`` is the rank unless given) and holds one section per tensor, in tensor order, of
+    ``blocks_per_chunk`` pages each: a chunk's block ``j`` of tensor ``t`` is at ``section[t] +
+    j * page[t]``. A chunk of group ``g`` fills the sections of the tensors ``group_tensors[g]``
+    names (default: one group over every tensor), as vLLM sizes a row for every tensor's page.
 
     Transfers follow vLLM's GPU specs: per group, ``group_sizes[g]`` GPU blocks whose first is
     logical block ``block_indices[g]`` of the request, so the first and last chunk of a group may
@@ -48,10 +48,14 @@ class KvtierTransferHandler:
         rank_stride: Optional[int] = None,
         open_timeout_s: float = 60.0,
         group_tensors: Optional[Sequence[Sequence[int]]] = None,
+        slot: Optional[int] = None,
     ):
         self.arena_path = str(arena_path)
         self.tensors = list(kv_tensors)
         self.rank = rank
+        # Which of the row's ``world_size`` slices this rank copies: its rank, or 0 for every
+        # rank when the ranks' KV is identical and a row holds one copy (replicated layout).
+        self.slot = rank if slot is None else slot
         self.world_size = world_size
         self.blocks_per_chunk = blocks_per_chunk
         self.block_bytes = [self._nbytes(t[0]) for t in self.tensors]
@@ -208,7 +212,7 @@ class KvtierTransferHandler:
         tensor of its group: the chunk's positions ``j`` are consecutive, so its pages of one
         tensor are one span of the row, copied with one gather (or scatter) of its GPU blocks
         rather than a copy per block (each a synchronous device transfer under torch)."""
-        base = self.rank * self.rank_stride
+        base = self.slot * self.rank_stride
         first = placed[0][0]
         blocks = [block for _, block in placed]
         for t in self.group_tensors[group]:

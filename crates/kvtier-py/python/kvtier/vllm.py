@@ -423,19 +423,20 @@ class KvtierOffloadingSpec(_SpecBase):
     ) -> KvtierTransferHandler:
         """The copy engine of one rank over its KV tensors (each indexed by block id);
         ``group_tensors[g]``: the tensors KV-cache group ``g`` uses (default: one group, all).
-        Under the replicated layout every rank copies the row's one slice (as slice 0) and only
+        Under the replicated layout every rank copies the row's one slice (slot 0) and only
         rank 0, the one writer, opens the completion channel."""
         rank = self.rank if rank is None else rank
         writer = not self.replicated_layout or rank == 0
         return KvtierTransferHandler(
             self.arena_path,
             kv_tensors,
-            rank=0 if self.replicated_layout else rank,
+            rank=rank,
             world_size=self.copies,
             blocks_per_chunk=self.blocks_per_chunk,
             channel_path=self.channel_path if writer else None,
             rank_stride=self.rank_chunk_bytes,
             group_tensors=group_tensors,
+            slot=0 if self.replicated_layout else rank,
         )
 
     def get_worker(self, kv_caches: Any, rank: Optional[int] = None) -> KvtierOffloadingWorker:
