@@ -91,9 +91,10 @@ def test_vllm_contexts_map_to_one_kvtier_context_with_positions_and_filter(tmp_p
         m.shutdown()
 
 
-def worker_spec(tmp_path, off_step=True, world_size=1):
-    """A spec over a one-rank chain with a shared arena, off-step completions and no control
-    thread (reports are applied when the scheduler side calls in), and "GPU" tensors."""
+def worker_spec(tmp_path, off_step=True, world_size=1, **settings):
+    """A spec over a chain with a shared arena, off-step completions and no control thread
+    (reports are applied when the scheduler side calls in), and "GPU" tensors; `settings` go to
+    `from_settings` (rank, replicated_layout)."""
     chain = tmp_path / "chain.toml"
     chain.write_text(
         f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n'
@@ -101,7 +102,7 @@ def worker_spec(tmp_path, off_step=True, world_size=1):
     )
     tensors = [np.arange(8 * 16, dtype=np.float32).reshape(8, 16)]
     extra = {"kvtier_chain": str(chain)}
-    return KvtierOffloadingSpec.from_settings(extra, tensors[0][0].nbytes, world_size), tensors
+    return KvtierOffloadingSpec.from_settings(extra, tensors[0][0].nbytes, world_size, **settings), tensors
 
 
 def ids(xs):
@@ -505,21 +506,11 @@ def test_a_replicated_layout_keeps_one_copy_written_by_rank_0_and_loaded_by_ever
     """vLLM's replicated layout (every rank's KV byte-identical, stores submitted to rank 0
     only): a row holds one rank's slice, rank 0 alone reports (the manager waits for one
     report, not world_size), and rank 1 loads the same bytes into its own tensors."""
-    chain = tmp_path / "chain.toml"
-    chain.write_text(
-        f'[primary]\ntype = "cpu"\ncapacity = 4\nshared_memory = "{tmp_path}/arena"\n'
-        "[control_plane]\nthread = false\noff_step = true\n"
-    )
-    tensors = [np.arange(8 * 16, dtype=np.float32).reshape(8, 16)]
+    sp, tensors = worker_spec(tmp_path, world_size=2, rank=0, replicated_layout=True)
     block = tensors[0][0].nbytes
-    sp = KvtierOffloadingSpec.from_settings(
-        {"kvtier_chain": str(chain)}, block, world_size=2, rank=0, replicated_layout=True
-    )
     assert sp.replicated_layout and sp.copies == 1 and sp.chunk_bytes == block
-    rank1_tensors = [np.zeros_like(tensors[0])]
-    rank1 = KvtierOffloadingSpec.from_settings(
-        {"kvtier_chain": str(chain)}, block, world_size=2, rank=1, replicated_layout=True
-    )
+    rank1, rank1_tensors = worker_spec(tmp_path, world_size=2, rank=1, replicated_layout=True)
+    rank1_tensors[0][:] = 0
     m = sp.get_manager()
     writer = sp.get_worker(tensors)
     reader = rank1.get_worker(rank1_tensors)

@@ -189,8 +189,9 @@ fn promotions_are_batched_one_job_per_tier_and_request() {
     );
 }
 
-#[test]
-fn partial_promotion_completes_the_successes_and_frees_the_rest() {
+/// Keys 1 and 2 promoted from tier `t0` for request "a" in one job, which reports only key 1
+/// done: key 1 is then a hit, key 2 (gone from the tier too) a miss.
+fn partially_promoted() -> (Rig, ReqContext) {
     let mut r = step_rig(8, &["t0"]);
     r.tiers[0].set_completion(Completion::Manual);
     let ctx = new_req(&mut r, "a");
@@ -204,6 +205,12 @@ fn partial_promotion_completes_the_successes_and_frees_the_rest() {
     r.tiers[0].set_lookup(key(2), LookupResult::Miss);
     assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
     assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Miss);
+    (r, ctx)
+}
+
+#[test]
+fn partial_promotion_completes_the_successes_and_frees_the_rest() {
+    let (mut r, ctx) = partially_promoted();
     assert_eq!(load_bytes(&mut r.m, &r.primary, &ctx, key(1)), bytes_for(&key(1)));
     let s = r.m.stats().unwrap().manager;
     assert_eq!((s.promoted_keys, s.failed_promotion_keys), (1, 1));
@@ -568,19 +575,7 @@ fn load_source_names_the_tier_a_request_promoted_from_until_the_request_ends() {
 
 #[test]
 fn load_source_forgets_a_failed_promotion_and_a_reset() {
-    let mut r = step_rig(8, &["t0"]);
-    r.tiers[0].set_completion(Completion::Manual);
-    let ctx = new_req(&mut r, "a");
-    for n in [1, 2] {
-        r.tiers[0].insert(key(n), bytes_for(&key(n)));
-        assert_eq!(r.m.lookup(&key(n), &ctx).unwrap(), LookupResult::HitPending);
-    }
-    end_step(&mut r.m);
-    let (id, _, _) = r.tiers[0].held_jobs()[0].clone();
-    assert!(r.tiers[0].complete(id, JobOutcome::Partial(vec![key(1)])));
-    r.tiers[0].set_lookup(key(2), LookupResult::Miss);
-    assert_eq!(r.m.lookup(&key(1), &ctx).unwrap(), LookupResult::Hit);
-    assert_eq!(r.m.lookup(&key(2), &ctx).unwrap(), LookupResult::Miss);
+    let (mut r, ctx) = partially_promoted();
     assert_eq!(r.m.step().load_source(&key(1), &ctx).unwrap().secondary, Some(0));
     assert_eq!(
         r.m.step().load_source(&key(2), &ctx).unwrap().secondary,
