@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from . import _kvtier as _k
+from ._copy_engine import Completion, CopyJob, host_array, make_engine
 from ._vllm_types import RowKeys, _vllm
 
 _WorkerBase = _vllm("OffloadingWorker")
@@ -59,6 +60,7 @@ class KvtierTransferHandler:
         self.world_size = world_size
         self.blocks_per_chunk = blocks_per_chunk
         self.block_bytes = [self._nbytes(t[0]) for t in self.tensors]
+        self.num_blocks = [_num_blocks(t) for t in self.tensors]
         self.rank_chunk_bytes = sum(self.block_bytes) * blocks_per_chunk
         # Where each tensor's section starts in this rank's slice of a row.
         self.sections = [sum(self.block_bytes[:i]) * blocks_per_chunk for i in range(len(self.tensors))]
@@ -137,17 +139,46 @@ class KvtierTransferHandler:
             return
         cudart = self._cudart()
         address, length = view.row_region
+        t0 = time.perf_counter()
         rc = cudart.cudaHostRegister(address, length, 0)
+        took = time.perf_counter() - t0
         if int(rc) != 0:
+            clear = getattr(cudart, "cudaGetLastError", None)
+            if clear is not None:  # the failed call leaves its error for the next CUDA call
+                try:
+                    clear()
+                except Exception:
+                    pass
             _log.warning(
-                "kvtier: rank %d could not pin the arena's %d bytes for DMA (CUDA error %s); "
-                "copies run through pageable memory",
+                "kvtier: rank %d could not pin the arena's %.1f MiB for DMA (CUDA error %s, after "
+                "%.3f s); copies run through pageable memory: staged by the driver, slower, and "
+                "device-to-host copies block the engine until they finish",
                 self.rank,
-                length,
+                length / 2**20,
                 rc,
+                took,
             )
             return
+        _log.info("kvtier: rank %d pinned the arena's %.1f MiB for DMA in %.3f s", self.rank, length / 2**20, took)
         self._pinned = (cudart, address)
+
+    @property
+    def pinned(self) -> bool:
+        """Whether the rows are registered with CUDA (page-locked for DMA)."""
+        return self._pinned is not None
+
+    @property
+    def row_stride(self) -> int:
+        """Bytes from one row to the next in the arena's row region."""
+        view = self.open()
+        return view.row_region[1] // view.num_chunks
+
+    def region_array(self, view: Optional[_k.ArenaView] = None) -> Any:
+        """A writable numpy ``uint8`` array over the whole row region, for copy engines that
+        address rows by offset (``row * row_stride``); they touch a row only under its grant."""
+        view = view or self.open()
+        address, length = view.row_region
+        return host_array(address, length, view)
 
     @staticmethod
     def _nbytes(t: Any) -> int:
@@ -208,7 +239,7 @@ class KvtierTransferHandler:
         return out
 
     def _places(self, group: int, placed: list):
-        """(tensor, GPU blocks, byte offset in the row, bytes) of a chunk's copies, one per
+        """(tensor index, GPU blocks, byte offset in the row, bytes) of a chunk's copies, one per
         tensor of its group: the chunk's positions ``j`` are consecutive, so its pages of one
         tensor are one span of the row, copied with one gather (or scatter) of its GPU blocks
         rather than a copy per block (each a synchronous device transfer under torch)."""
@@ -217,7 +248,46 @@ class KvtierTransferHandler:
         blocks = [block for _, block in placed]
         for t in self.group_tensors[group]:
             nb = self.block_bytes[t]
-            yield self.tensors[t], blocks, base + self.sections[t] + first * nb, nb * len(blocks)
+            yield t, blocks, base + self.sections[t] + first * nb, nb * len(blocks)
+
+    def plan(
+        self,
+        gpu_block_ids: Sequence[int],
+        chunk_ids: Sequence[int],
+        group_sizes: Optional[Sequence[int]] = None,
+        block_indices: Optional[Sequence[int]] = None,
+    ) -> list:
+        """A transfer's copies, chunk by chunk: ``(row, [(tensor index, GPU blocks, offset in
+        the row, bytes), ...])``. Every GPU block and row is checked to exist (asynchronous
+        engines copy by address)."""
+        out = []
+        num_rows = self.open().num_chunks
+        for row, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
+            if not 0 <= row < num_rows:
+                raise _k.KvtierError(f"arena row {row} does not exist (the arena has {num_rows})")
+            parts = list(self._places(group, placed))
+            for t, blocks, _, _ in parts:
+                n = self.num_blocks[t]
+                bad = [] if n is None else [b for b in blocks if not 0 <= b < n]
+                if bad:
+                    raise _k.KvtierError(f"GPU blocks {bad} do not exist in KV tensor {t} of {n} blocks")
+            out.append((row, parts))
+        return out
+
+    def copy_plan(self, plan: list, write: bool) -> None:
+        """Runs a plan's copies now, row grant by row grant: into the rows (``write``: a store)
+        or out of them (a load)."""
+        import numpy as np
+
+        for row_id, parts in plan:
+            with self._row(row_id, write) as row:
+                data = row.array()
+                for t, blocks, off, n in parts:
+                    if write:
+                        _gather_out(self.tensors[t], blocks, data[off : off + n], np)
+                    else:
+                        _scatter_in(self.tensors[t], blocks, data[off : off + n], np)
+                del data
 
     def copy_out(
         self,
@@ -227,14 +297,7 @@ class KvtierTransferHandler:
         block_indices: Optional[Sequence[int]] = None,
     ) -> None:
         """Copies GPU blocks into this rank's slice of their chunks' rows (see :meth:`chunks`)."""
-        import numpy as np
-
-        for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
-            with self._row(row_id, True) as row:
-                dst = row.array()
-                for t, blocks, off, n in self._places(group, placed):
-                    _gather_out(t, blocks, dst[off : off + n], np)
-                del dst
+        self.copy_plan(self.plan(gpu_block_ids, chunk_ids, group_sizes, block_indices), True)
 
     def report(self, keys: Sequence[bytes], success: bool) -> bool:
         """Reports finished (or failed) stores of ``keys`` on the channel; ``False`` when no
@@ -274,25 +337,28 @@ class KvtierTransferHandler:
     ) -> bool:
         """Copies this rank's slice of the chunks' rows into their GPU blocks (see
         :meth:`chunks`)."""
-        import numpy as np
-
-        for row_id, group, placed in self.chunks(gpu_block_ids, chunk_ids, group_sizes, block_indices):
-            with self._row(row_id, False) as row:
-                src = row.array()
-                for t, blocks, off, n in self._places(group, placed):
-                    _scatter_in(t, blocks, src[off : off + n], np)
-                del src
+        self.copy_plan(self.plan(gpu_block_ids, chunk_ids, group_sizes, block_indices), False)
         return True
 
-    def close(self) -> None:
-        if self._pinned is not None:
+    def close(self, keep_pinned: bool = False) -> None:
+        """Unpins the rows and says goodbye on the channel. Idempotent, and quiet when the
+        manager has already gone (its channel then refuses the goodbye). ``keep_pinned`` leaves
+        the rows registered (copies given up at shutdown may still be running on the device)."""
+        if self._pinned is not None and not keep_pinned:
             # Before the view (and its mapping) goes.
             cudart, address = self._pinned
             self._pinned = None
-            cudart.cudaHostUnregister(address)
-        if self.reporter is not None:
-            self.reporter.close()
-            self.reporter = None
+            try:
+                cudart.cudaHostUnregister(address)
+            except Exception as e:
+                _log.warning("kvtier: rank %d could not unpin the arena: %s", self.rank, e)
+        reporter, self.reporter = self.reporter, None
+        if reporter is not None:
+            try:
+                reporter.close()
+            except (_k.KvtierError, OSError) as e:
+                # The manager shut down first: nobody is left to say goodbye to.
+                _log.debug("kvtier: rank %d: completion channel already gone at close: %s", self.rank, e)
 
 
 def _retrying(attempt: Any, timeout_s: float, pause_s: float) -> Any:
@@ -306,6 +372,17 @@ def _retrying(attempt: Any, timeout_s: float, pause_s: float) -> Any:
             if time.monotonic() > deadline:
                 raise
             time.sleep(pause_s)
+
+
+def _num_blocks(t: Any) -> Optional[int]:
+    """Blocks of a KV tensor (its first axis), ``None`` when it does not say."""
+    shape = getattr(t, "shape", None)
+    if shape is not None and len(shape):
+        return int(shape[0])
+    try:
+        return len(t)
+    except TypeError:
+        return None
 
 
 def _is_numpy(t: Any, np: Any) -> bool:
@@ -332,8 +409,29 @@ def _scatter_in(t: Any, blocks: list, src: Any, np: Any) -> None:
     import torch
 
     idx = torch.as_tensor(blocks, dtype=torch.long, device=t.device)
-    data = torch.from_numpy(np.array(src, copy=False)).to(t.device)
+    data = torch.from_numpy(_readable(src, np)).to(t.device)
     t.index_copy_(0, idx, data.view(t.dtype).view((len(blocks),) + tuple(t.shape[1:])))
+
+
+def _readable(a: Any, np: Any) -> Any:
+    """``a`` itself when writable; else a writable alias of its bytes (kept alive with it) that
+    ``torch.from_numpy`` takes without warning about read-only memory. Only ever read."""
+    if a.flags.writeable:
+        return a
+    return np.asarray(_Alias(a))
+
+
+class _Alias:
+    """A numpy array interface over the same bytes as the (read-only, contiguous) array ``a``."""
+
+    def __init__(self, a: Any):
+        self.a = a
+        self.__array_interface__ = {
+            "shape": a.shape,
+            "typestr": a.dtype.str,
+            "data": (a.__array_interface__["data"][0], False),
+            "version": 3,
+        }
 
 
 def _groups(gpu_spec: Any) -> tuple:
@@ -356,9 +454,15 @@ class _TransferResult:
 
 
 class KvtierOffloadingWorker(_WorkerBase):
-    """vLLM's ``OffloadingWorker`` of one rank: GPU↔arena copies, done at submission (the
-    copies are host-side memcpy-speed for numpy and synchronous ``copy_`` for torch), with the
-    finished stores reported by key on the completion channel.
+    """vLLM's ``OffloadingWorker`` of one rank: device↔arena copies through a copy engine
+    (:mod:`kvtier._copy_engine`), with the finished stores reported by key on the completion
+    channel.
+
+    On CUDA the copies run on the engine's own streams (a store stream, a load stream and one
+    for expedited loads) and a job is handed to vLLM — and a store reported on the channel —
+    only once its event fired, polled without blocking at every ``submit_*``, ``wait`` and
+    ``get_finished``. Elsewhere (numpy arrays, CPU tensors) the copies run inside ``submit_*``
+    and are reported there. ``engine`` injects another engine (the tests' fake device).
 
     Jobs follow vLLM's GPU specs: several KV-cache groups per job, each starting at any
     logical block (partial first and last chunks), see :meth:`KvtierTransferHandler.chunks`.
@@ -367,13 +471,21 @@ class KvtierOffloadingWorker(_WorkerBase):
     whose copy fails is therefore reported as failed on the completion channel — the manager
     applies that report before the engine's, and drops the chunks — and finished towards vLLM.
     Only when the failure cannot reach the manager is the job's result a failure. A load that
-    fails raises: the GPU blocks would otherwise hold wrong KV.
+    fails raises (from the call that finds it: ``submit_load`` on the CPU, ``get_finished`` or
+    ``wait`` on CUDA): the GPU blocks would otherwise hold wrong KV.
     """
 
-    def __init__(self, handler: KvtierTransferHandler, row_keys: "RowKeys | str | None"):
+    #: How long ``shutdown`` waits for copies still running before giving them up.
+    shutdown_timeout_s = 60.0
+
+    def __init__(self, handler: KvtierTransferHandler, row_keys: "RowKeys | str | None", engine: Any = None):
         self.handler = handler
         self._row_keys = row_keys
+        self._engine = engine
         self._finished: list = []
+        # Failed loads not yet raised (vLLM cannot take a failed load).
+        self._load_failures: list = []
+        self._closed = False
         self._result_cls = _vllm("TransferResult")
         if self._result_cls is object:
             self._result_cls = _TransferResult
@@ -386,68 +498,134 @@ class KvtierOffloadingWorker(_WorkerBase):
             self._row_keys = RowKeys(self._row_keys, view.num_chunks, create=False)
         return self._row_keys
 
-    def _done(self, job_id: int, ok: bool, nbytes: int, t0: float) -> None:
-        self._finished.append(self._result_cls(job_id, ok, nbytes, time.perf_counter() - t0))
+    @property
+    def engine(self) -> Any:
+        """The copy engine (built at the first job: a CUDA engine opens the arena). ``engine``
+        given to the constructor as a factory (a callable taking the handler) is called then."""
+        if self._engine is None:
+            self._engine = make_engine(self.handler)
+        elif not hasattr(self._engine, "submit"):
+            self._engine = self._engine(self.handler)
+        return self._engine
+
+    def _nbytes(self, rows: list) -> int:
+        return len(rows) * self.handler.rank_chunk_bytes
 
     def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        t0 = time.perf_counter()
         rows = [int(r) for r in dst_spec.block_ids]
         blocks = [int(b) for b in src_spec.block_ids]
-        keys: list = []
-        error: Optional[Exception] = None
+        job = CopyJob(job_id, True, [], nbytes=self._nbytes(rows))
         try:
             row_keys = self.row_keys
             if row_keys is not None:
-                keys = row_keys.keys_of(rows)
-            self.handler.copy_out(blocks, rows, *_groups(src_spec))
+                job.keys = row_keys.keys_of(rows)
+            job.plan = self.handler.plan(blocks, rows, *_groups(src_spec))
+            engine = self.engine
         except Exception as e:  # reported below; vLLM cannot take an exception here either
-            error = e
+            self._complete(Completion(job, False, e))
+            return True
+        engine.submit(job)
+        # A failed load found here raises from the next load, wait or get_finished instead.
+        self._collect(raise_load_failures=False)
+        return True
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+        rows = [int(r) for r in src_spec.block_ids]
+        job = CopyJob(job_id, False, [], nbytes=self._nbytes(rows), expedited=bool(expedited))
         try:
-            reported = bool(keys) and self.handler.report(keys, error is None)
+            job.plan = self.handler.plan([int(b) for b in dst_spec.block_ids], rows, *_groups(dst_spec))
+            engine = self.engine
         except Exception as e:
-            _log.error("kvtier: rank %d could not report store job %d: %s", self.handler.rank, job_id, e)
+            self._complete(Completion(job, False, e))
+            self._raise_load_failures()
+            return True
+        engine.submit(job)
+        self._collect()
+        return True
+
+    def _collect(self, raise_load_failures: bool = True) -> None:
+        """Hands the engine's completions on: stores reported on the channel, results queued
+        for ``get_finished``; a failed load raises once every completion was handled."""
+        for c in self.engine.poll() if hasattr(self._engine, "submit") else ():
+            self._complete(c)
+        if raise_load_failures:
+            self._raise_load_failures()
+
+    def _complete(self, c: Completion) -> None:
+        job = c.job
+        if not job.store:
+            if c.ok:
+                self._finished.append(self._result_cls(job.job_id, True, job.nbytes, c.seconds))
+            else:
+                self._load_failures.append(c)
+            return
+        try:
+            reported = bool(job.keys) and self.handler.report(job.keys, c.ok)
+        except Exception as e:
+            _log.error("kvtier: rank %d could not report store job %d: %s", self.handler.rank, job.job_id, e)
             reported = False
-        if error is None:
+        if c.ok:
             ok = True
         elif reported:
             _log.error(
                 "kvtier: rank %d: store job %d failed (%s); reported as failed on the completion "
                 "channel, so the manager drops those chunks",
                 self.handler.rank,
-                job_id,
-                error,
+                job.job_id,
+                c.error,
             )
             ok = True
         else:
             _log.error(
                 "kvtier: rank %d: store job %d failed (%s) and the failure could not be reported",
                 self.handler.rank,
-                job_id,
-                error,
+                job.job_id,
+                c.error,
             )
             ok = False
-        self._done(job_id, ok, len(rows) * self.handler.rank_chunk_bytes, t0)
-        return True
+        self._finished.append(self._result_cls(job.job_id, ok, job.nbytes, c.seconds))
 
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
-        t0 = time.perf_counter()
-        rows = [int(r) for r in src_spec.block_ids]
-        try:
-            self.handler.load(rows, [int(b) for b in dst_spec.block_ids], *_groups(dst_spec))
-        except Exception as e:
-            raise _k.KvtierError(
-                f"rank {self.handler.rank}: load job {job_id} from arena rows {rows} failed: {e} "
-                "(vLLM cannot fail a load; its blocks would hold wrong KV)"
-            ) from e
-        self._done(job_id, True, len(rows) * self.handler.rank_chunk_bytes, t0)
-        return True
+    def _raise_load_failures(self) -> None:
+        failures = self._load_failures
+        if not failures:
+            return
+        first, rest = failures[0], failures[1:]
+        failures.clear()
+        for c in rest:
+            _log.error("kvtier: rank %d: load job %d failed: %s", self.handler.rank, c.job.job_id, c.error)
+        rows = [row for row, _ in first.job.plan]
+        raise _k.KvtierError(
+            f"rank {self.handler.rank}: load job {first.job.job_id} from arena rows {rows} failed: "
+            f"{first.error} (vLLM cannot fail a load; its blocks would hold wrong KV)"
+        ) from first.error
 
     def get_finished(self) -> list:
+        """vLLM's results of the jobs whose copies are done (polled, never waited for)."""
+        self._collect()
         out, self._finished = self._finished, []
         return out
 
     def wait(self, job_ids: set) -> None:
-        """Copies finish at submission; nothing to wait for."""
+        """Blocks until the copies of ``job_ids`` are done (vLLM waits so for the expedited
+        loads its next forward reads, and for stores of preempted requests' blocks); their
+        results come from ``get_finished`` as usual."""
+        if self._engine is not None and hasattr(self._engine, "submit"):
+            self._engine.wait(set(job_ids))
+        self._collect()
 
     def shutdown(self) -> None:
-        self.handler.close()
+        """Waits (up to ``shutdown_timeout_s``) for the copies in flight and reports them —
+        given-up stores as failed —, then closes the handler. Idempotent, and clean after the
+        manager has gone."""
+        if self._closed:
+            return
+        self._closed = True
+        abandoned = False
+        if hasattr(self._engine, "submit"):
+            for c in self._engine.shutdown(self.shutdown_timeout_s):
+                self._complete(c)
+            abandoned = bool(getattr(self._engine, "abandoned", False))
+            for c in self._load_failures:
+                _log.error("kvtier: rank %d: load job %d failed at shutdown: %s", self.handler.rank, c.job.job_id, c.error)
+            self._load_failures.clear()
+        self.handler.close(keep_pinned=abandoned)
