@@ -512,8 +512,9 @@ def make_engine(handler: Any, device: Any = None, mover: Any = None) -> Any:
     view = handler.open()
     if mover is None:
         region = handler.region_array(view)
-        if not cuda:
-            mover = NumpyMover(tensors, region, handler.row_stride)
+        if not cuda:  # a device layer that runs host code (the tests' fake)
+            torch_tensors = any(type(t).__module__.startswith("torch") for t in tensors)
+            mover = (TorchMover if torch_tensors else NumpyMover)(tensors, region, handler.row_stride)
         else:
             swap = vllm_swap_blocks()
             if swap is not None and all(_pages_contiguous(t) for t in tensors):
