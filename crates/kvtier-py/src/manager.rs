@@ -18,11 +18,11 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tiering_core::config::ChainConfig;
-use tiering_core::{ChunkArena, Registry, TieringManager};
+use tiering_core::{ChunkArena, Registry, TierInfo, TieringManager};
 
 use crate::errors::{StepError, config_err, kvtier_err};
 use crate::step::PyStep;
-use crate::values::{OffloadingEvent, row_bytes};
+use crate::values::{OffloadingEvent, locality_name, medium_name, row_bytes};
 
 /// The manager and the thread that holds its step, shared with the steps.
 pub(crate) struct Shared {
@@ -33,6 +33,8 @@ pub(crate) struct Shared {
     pub(crate) step_thread: Mutex<Option<ThreadId>>,
     /// The chain file's `type` of each tier: the primary's, then the secondaries' in order.
     pub(crate) tier_types: Vec<String>,
+    /// Name, medium and locality of each tier, as built: the primary's, then the secondaries'.
+    tier_infos: Vec<TierInfo>,
 }
 
 impl Drop for Shared {
@@ -69,7 +71,11 @@ pub(crate) struct PyTieringManager {
 
 /// Builds the chain; `reporters` overrides the number of worker ranks that report each store
 /// (chain files have no key for it).
-fn build(config: &ChainConfig, chunk_bytes: usize, reporters: Option<u32>) -> Result<TieringManager, String> {
+fn build(
+    config: &ChainConfig,
+    chunk_bytes: usize,
+    reporters: Option<u32>,
+) -> Result<(TieringManager, Vec<TierInfo>), String> {
     if reporters == Some(0) {
         return Err("reporters must be at least 1".to_owned());
     }
@@ -81,7 +87,10 @@ fn build(config: &ChainConfig, chunk_bytes: usize, reporters: Option<u32>) -> Re
     if let Some(n) = reporters {
         built.manager_config.reporters = n;
     }
-    Ok(built.into_manager())
+    let infos = std::iter::once(built.primary.info())
+        .chain(built.secondaries.iter().map(|t| t.info()))
+        .collect();
+    Ok((built.into_manager(), infos))
 }
 
 impl PyTieringManager {
@@ -94,7 +103,7 @@ impl PyTieringManager {
         if chunk_bytes == 0 {
             return Err(config_err("chunk_bytes must be positive"));
         }
-        let manager = py
+        let (manager, tier_infos) = py
             .detach(|| build(config, chunk_bytes, reporters))
             .map_err(config_err)?;
         Ok(Self {
@@ -106,6 +115,7 @@ impl PyTieringManager {
                     .chain(&config.secondaries)
                     .map(|t| t.tier_type.clone())
                     .collect(),
+                tier_infos,
             }),
         })
     }
@@ -211,7 +221,8 @@ impl PyTieringManager {
     }
 
     /// A snapshot of the counters: `{"manager": {...}, "primary": {...}, "secondaries": [...],
-    /// "jobs_in_flight": n}`.
+    /// "jobs_in_flight": n, "gates": [...], "decisions": [...]}` (`gates` and `decisions`: one
+    /// dict per secondary tier, in chain order).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let stats = self
             .with_manager(py, "stats", TieringManager::stats)?
@@ -311,6 +322,32 @@ impl PyTieringManager {
         self.arena_info(py, |a| tiering_core::channel::arena_fingerprint(a))
     }
 
+    /// The chain's tiers as built, primary first, then the secondaries in chain order: one dict
+    /// each, `{"name", "type", "medium", "locality", "secondary"}` (`medium` "CPU"/"STORAGE" or
+    /// `None`, `locality` "LOCAL"/"REMOTE" or `None`, `secondary` the index in chain order or
+    /// `None` for the primary). Fixed for the manager's life; readable inside a step and after
+    /// shutdown.
+    #[getter]
+    fn tiers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let shared = &self.shared;
+        let tiers: Vec<serde_json::Value> = shared
+            .tier_infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| {
+                serde_json::json!({
+                    "name": info.name,
+                    "type": shared.tier_types.get(i).cloned().unwrap_or_default(),
+                    "medium": info.medium.map(medium_name),
+                    "locality": info.locality.map(locality_name),
+                    "secondary": i.checked_sub(1),
+                })
+            })
+            .collect();
+        py.import("json")?
+            .call_method1("loads", (serde_json::Value::from(tiers).to_string(),))
+    }
+
     /// Whether the control-plane thread is running (`False` once shut down).
     #[getter]
     fn control_thread_running(&self, py: Python<'_>) -> PyResult<bool> {
@@ -390,6 +427,8 @@ pub(crate) fn stats_to_py<'py>(
         "primary": stats.primary,
         "secondaries": stats.secondaries,
         "jobs_in_flight": stats.jobs_in_flight,
+        "gates": stats.gates,
+        "decisions": stats.decisions,
     });
     py.import("json")?.call_method1("loads", (value.to_string(),))
 }

@@ -265,7 +265,7 @@ pub(crate) struct OffloadingEvent {
 }
 
 /// A medium as vLLM's `Medium` names it.
-fn medium_name(m: Medium) -> &'static str {
+pub(crate) fn medium_name(m: Medium) -> &'static str {
     match m {
         Medium::Cpu => "CPU",
         Medium::Storage => "STORAGE",
@@ -273,7 +273,7 @@ fn medium_name(m: Medium) -> &'static str {
 }
 
 /// A locality as vLLM's `Locality` names it.
-fn locality_name(l: Locality) -> &'static str {
+pub(crate) fn locality_name(l: Locality) -> &'static str {
     match l {
         Locality::Local => "LOCAL",
         Locality::Remote => "REMOTE",

@@ -154,6 +154,9 @@ class TieringManager:
     arena_path: Optional[pathlib.Path]
     arena_fingerprint: int
     control_thread_running: bool
+    tiers: list[dict[str, Any]]
+    """The chain's tiers as built, primary first: {"name", "type", "medium" ("CPU"/"STORAGE"/None),
+    "locality" ("LOCAL"/"REMOTE"/None), "secondary" (index in chain order; None: the primary)}."""
     @staticmethod
     def from_config(
         path: "os.PathLike[str] | str", chunk_bytes: int, reporters: Optional[int] = None
