@@ -54,7 +54,7 @@ pub use offloading::OffloadingManager;
 pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
 pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
-pub use tier::{ParentManager, PrimaryTier, SecondaryTier};
+pub use tier::{ParentManager, PrimaryTier, SecondaryTier, TierHealth};
 pub use waker::{ControlWaker, FdWatch};
 pub mod config;
 pub mod registry;

@@ -52,6 +52,12 @@ pub struct ManagerCounters {
     pub promoted_keys: u64,
     /// Keys whose promotion failed.
     pub failed_promotion_keys: u64,
+    /// Times a secondary tier was skipped by every lookup because its promotions kept failing
+    /// (`ManagerConfig::promotion_backoff`).
+    pub promotion_suspensions: u64,
+    /// Lookups that skipped a secondary tier because a promotion from it failed recently (of
+    /// that key, or of every key while the tier is suspended).
+    pub backed_off_lookups: u64,
     /// Promotions refused because the primary tier could not make room (answered `Miss`).
     pub promotion_alloc_failures: u64,
     /// Cascade (store) jobs submitted to secondary tiers, including request-level ones.

@@ -210,12 +210,48 @@ pub trait SecondaryTier: Send {
         TierStats::named(self.info().name)
     }
 
+    /// Whether the tier can reach its storage, and how often it came back after it could not.
+    /// The manager reads it only while it remembers a failed promotion from the tier: a tier that
+    /// has recovered since (more recoveries, or healthy after being unhealthy) is looked up again
+    /// at once instead of after its back-off (`docs/ARCHITECTURE.md`, "Failed promotions").
+    /// The default is always healthy: such a tier is looked up again when its back-off expires.
+    fn health(&self) -> TierHealth {
+        TierHealth::default()
+    }
+
     /// Stops threads and closes connections.
     ///
     /// # Errors
     /// Whatever the tier could not stop; the manager then keeps the arena alive.
     fn shutdown(&mut self) -> Result<(), TierError> {
         Ok(())
+    }
+}
+
+/// A secondary tier's health signal ([`SecondaryTier::health`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TierHealth {
+    /// The tier can reach its storage now (a remote tier: its server answers).
+    pub healthy: bool,
+    /// How many times the tier has come back after being unreachable, since it was built: a
+    /// generation counter, so a recovery between two reads is not missed.
+    pub recoveries: u64,
+}
+
+impl Default for TierHealth {
+    fn default() -> Self {
+        Self {
+            healthy: true,
+            recoveries: 0,
+        }
+    }
+}
+
+impl TierHealth {
+    /// Whether `self` (read now) shows a recovery since `earlier` was read.
+    #[must_use]
+    pub fn recovered_since(&self, earlier: &TierHealth) -> bool {
+        self.recoveries > earlier.recoveries || (self.healthy && !earlier.healthy)
     }
 }
 

@@ -336,7 +336,7 @@ impl fmt::Display for ResolvedChain<'_> {
         write!(
             f,
             "  [control_plane] thread = {}, off_step = {}, reporters = {}, idle_wait = {:?}, lock_timeout = {:?}, \
-             tier_timeout = {:?}, worker_deadline = {:?}, on_tier_failure = {:?}",
+             tier_timeout = {:?}, worker_deadline = {:?}, on_tier_failure = {:?}, promotion_backoff = {:?}..{:?}",
             cp.thread,
             cp.off_step,
             cp.reporters,
@@ -344,7 +344,9 @@ impl fmt::Display for ResolvedChain<'_> {
             cp.lock_timeout,
             cp.tier_timeout,
             cp.worker_deadline,
-            cp.on_tier_failure
+            cp.on_tier_failure,
+            cp.promotion_backoff,
+            cp.promotion_backoff_max
         )
     }
 }

@@ -105,6 +105,11 @@ pub struct ControlPlaneSpec {
     pub worker_deadline: Duration,
     /// What a failing tier costs (`on_tier_failure = "quarantine" | "fail"`, default quarantine).
     pub on_tier_failure: OnTierFailure,
+    /// How long lookups skip a tier after a promotion from it failed, at first
+    /// (`promotion_backoff`, default 1s; it doubles while the tier keeps failing).
+    pub promotion_backoff: Duration,
+    /// The longest such back-off (`promotion_backoff_max`, default 30s).
+    pub promotion_backoff_max: Duration,
 }
 
 impl Default for ControlPlaneSpec {
@@ -121,6 +126,8 @@ impl Default for ControlPlaneSpec {
             tier_timeout: d.tier_timeout,
             worker_deadline: d.worker_deadline,
             on_tier_failure: d.on_tier_failure,
+            promotion_backoff: d.promotion_backoff.initial,
+            promotion_backoff_max: d.promotion_backoff.max,
         }
     }
 }
@@ -140,6 +147,11 @@ impl ControlPlaneSpec {
             tier_timeout: self.tier_timeout,
             worker_deadline: self.worker_deadline,
             on_tier_failure: self.on_tier_failure,
+            promotion_backoff: crate::manager::PromotionBackoffConfig {
+                initial: self.promotion_backoff,
+                max: self.promotion_backoff_max,
+                ..crate::manager::PromotionBackoffConfig::default()
+            },
             ..ManagerConfig::default()
         }
     }
@@ -533,13 +545,43 @@ impl ChainConfig {
                 "lock_timeout" => spec.lock_timeout = duration(v)?,
                 "starvation_warning" => spec.starvation_warning = duration(v)?,
                 "join_timeout" => spec.join_timeout = duration(v)?,
+                "promotion_backoff" | "promotion_backoff_max" => {
+                    let d = duration(v)?;
+                    if d.is_zero() {
+                        return Err(err(ChainErrorKind::Invalid(format!(
+                            "`{name}` must be longer than zero (a failed promotion would be retried at once)"
+                        ))));
+                    }
+                    if name == "promotion_backoff" {
+                        spec.promotion_backoff = d;
+                    } else {
+                        spec.promotion_backoff_max = d;
+                    }
+                }
                 other => {
                     return Err(err(ChainErrorKind::UnknownKey {
                         key: other.to_owned(),
-                        expected: "thread, off_step, reporters, idle_wait, lock_timeout, starvation_warning, join_timeout, tier_timeout, worker_deadline, on_tier_failure",
+                        expected: "thread, off_step, reporters, idle_wait, lock_timeout, starvation_warning, join_timeout, tier_timeout, worker_deadline, on_tier_failure, promotion_backoff, promotion_backoff_max",
                     }));
                 }
             }
+        }
+        if spec.promotion_backoff_max < spec.promotion_backoff {
+            let line = table
+                .iter()
+                .find(|(k, _)| *k.get_ref() == "promotion_backoff_max")
+                .or_else(|| table.iter().find(|(k, _)| *k.get_ref() == "promotion_backoff"))
+                .map(|(k, _)| lines.of_span(&k.span()));
+            return Err(ChainError::file(
+                source,
+                ChainErrorKind::Invalid(format!(
+                    "`promotion_backoff_max` ({:?}) is shorter than `promotion_backoff` ({:?})",
+                    spec.promotion_backoff_max, spec.promotion_backoff
+                )),
+            )
+            .at_line(line)
+            .in_tier("[control_plane]")
+            .with_key("promotion_backoff_max"));
         }
         Ok(spec)
     }

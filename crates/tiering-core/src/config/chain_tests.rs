@@ -482,3 +482,42 @@ fn a_built_chain_gates_local_storage_after_first_reuse_unless_told_otherwise() {
     assert!(!config["gate-always"].backpressure.enabled);
     m.shutdown().unwrap();
 }
+
+#[test]
+fn promotion_backoff_is_a_control_plane_setting() {
+    let d = parse("[primary]\ntype = \"a\"\n").unwrap().manager_config();
+    assert_eq!(
+        d.promotion_backoff,
+        crate::manager::PromotionBackoffConfig::default()
+    );
+    let c = parse(
+        "[primary]\ntype = \"a\"\n[control_plane]\npromotion_backoff = \"250ms\"\npromotion_backoff_max = \"5s\"\n",
+    )
+    .unwrap();
+    let b = c.manager_config().promotion_backoff;
+    assert_eq!(b.initial, std::time::Duration::from_millis(250));
+    assert_eq!(b.max, std::time::Duration::from_secs(5));
+    for (text, line, key) in [
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\npromotion_backoff = \"0s\"\n",
+            4,
+            "promotion_backoff",
+        ),
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\nthread = false\npromotion_backoff_max = \"often\"\n",
+            5,
+            "promotion_backoff_max",
+        ),
+        (
+            "[primary]\ntype = \"a\"\n[control_plane]\npromotion_backoff = \"10s\"\npromotion_backoff_max = \"2s\"\n",
+            5,
+            "promotion_backoff_max",
+        ),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("chain.toml:{line}: [control_plane]: key `{key}`")),
+            "{e}"
+        );
+    }
+}

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use super::backoff::PromotionBackoffConfig;
 use super::cost::CostConfig;
 use crate::admission::{AdmissionConfig, BackpressureConfig, Clock};
 
@@ -68,8 +69,13 @@ pub struct ManagerConfig {
     /// `backpressure` keys). A tier not named gets [`TierGateConfig::default`]: `always`, with
     /// backpressure on. A chain names every tier, with the defaults for its medium.
     pub tier_gates: BTreeMap<String, TierGateConfig>,
-    /// The clock backpressure times cascades with (a manual one in tests).
+    /// The clock backpressure times cascades with and promotion back-offs are timed by (a
+    /// manual one in tests).
     pub gate_clock: Clock,
+    /// How long a secondary tier whose promotion failed is skipped by lookups (of the failed
+    /// keys, or of every key once its promotions keep failing); `[control_plane]
+    /// promotion_backoff` and `promotion_backoff_max` in a chain file.
+    pub promotion_backoff: PromotionBackoffConfig,
 }
 
 /// The gates on cascades to one secondary tier (`docs/ARCHITECTURE.md`, "Admission and
@@ -100,6 +106,7 @@ impl Default for ManagerConfig {
             tier_gates: BTreeMap::new(),
             gate_clock: Clock::system(),
             cost: CostConfig::default(),
+            promotion_backoff: PromotionBackoffConfig::default(),
         }
     }
 }

@@ -140,9 +140,18 @@ impl TieringState {
         if !ok.is_empty() {
             self.primary.complete_write(&ok, &meta.ctx, true);
         }
-        if !failed.is_empty() {
+        if failed.is_empty() {
+            self.backoff.succeeded(idx);
+        } else {
             self.primary.complete_write(&failed, &meta.ctx, false);
             self.forget_load_sources(&meta.ctx, &failed, idx);
+            // Remembered, so the next lookup of these keys does not start the same promotion.
+            let health = self.tiers[idx]
+                .tier
+                .as_ref()
+                .map(|t| t.health())
+                .unwrap_or_default();
+            self.backoff.failed(idx, &failed, ok.is_empty(), health);
         }
         if invalid {
             return Err(ManagerError::InvalidPartialResult {

@@ -36,6 +36,7 @@ impl TieringState {
             self.handle_faults(faults)?;
         }
         if poll && !self.promotions_polled_this_step {
+            self.refresh_backoff();
             self.recheck_declined_retries();
             self.poll_awaited_promotions()?;
         }
@@ -67,6 +68,20 @@ impl TieringState {
             self.handle_faults(faults)?;
         }
         Ok(())
+    }
+
+    /// Once per step: forgets the failed promotions of tiers that report a recovery, and the
+    /// remembered failures whose back-off expired (`super::backoff`).
+    fn refresh_backoff(&mut self) {
+        for idx in 0..self.tiers.len() {
+            if !self.backoff.watches(idx) {
+                continue;
+            }
+            if let Some(tier) = self.tiers[idx].tier.as_ref() {
+                self.backoff.observe_health(idx, tier.health());
+            }
+        }
+        self.backoff.expire();
     }
 
     /// Looks up again, on their tiers, the `Retry` questions the engine was told not to wait
@@ -113,6 +128,11 @@ impl TieringState {
             let Some(tier) = slot.tier.as_mut() else {
                 continue;
             };
+            // A promotion of this key from this tier failed recently, or every promotion from
+            // it does: do not start the same promotion again (`super::backoff`).
+            if !self.backoff.is_idle() && self.backoff.skips(idx, key) {
+                continue;
+            }
             match tier.lookup(key, ctx) {
                 LookupResult::Hit => {
                     self.cost.answered(idx, key, true);

@@ -8,12 +8,13 @@
 //! (`has_pending_work`, `take_events`, `stats`) lock only for their own duration.
 //!
 //! Modules by what they own: [`state`] (the state and its diagnostics), `lookup` (lookups and
-//! promotions), `load_source` (where a request's hits came from), `store` (stores and
+//! promotions), `backoff` (failed promotions remembered), `load_source` (where a request's hits came from), `store` (stores and
 //! cascades), `completions` (the engine's and the copy workers' store reports), `requests` (the
 //! request lifecycle), `jobs` (job results), `serve` (serving peers), `control` (the control
 //! thread and its sweep), `faults` (failure policy, bounded tier calls), `teardown` (reset and
 //! shutdown), [`step`] (the step guard).
 
+mod backoff;
 pub(crate) mod completions;
 mod config;
 pub(crate) mod control;
@@ -47,6 +48,7 @@ use crate::stats::ManagerStats;
 use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
+pub use backoff::PromotionBackoffConfig;
 pub use completions::StoreCompletionSender;
 pub(crate) use completions::{CompletionQueue, WorkerEvent};
 pub use config::{ManagerConfig, OnTierFailure, TierGateConfig};

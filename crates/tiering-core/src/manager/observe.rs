@@ -33,18 +33,26 @@ impl TieringState {
 
     pub(crate) fn stats_unlocked(&self) -> ManagerStats {
         ManagerStats {
-            manager: self.counters.clone(),
+            manager: {
+                let mut counters = self.counters.clone();
+                (counters.promotion_suspensions, counters.backed_off_lookups) = self.backoff.figures();
+                counters
+            },
             primary: self.primary.stats(),
             secondaries: self
                 .tiers
                 .iter()
-                .map(|s| {
+                .enumerate()
+                .map(|(idx, s)| {
                     let mut stats = s
                         .tier
                         .as_ref()
                         .map_or_else(|| TierStats::named(&s.info.name), |t| t.stats());
                     if s.quarantined.is_some() {
                         stats.extra.insert("quarantined".to_owned(), 1.0);
+                    }
+                    if self.backoff.suspended(idx) {
+                        stats.extra.insert("promotions_suspended".to_owned(), 1.0);
                     }
                     stats
                 })

@@ -105,6 +105,8 @@ pub struct TieringState {
     pub(crate) gates: super::gates::Gates,
     /// Load-versus-recompute decisions and the per-tier load model.
     pub(crate) cost: super::cost::CostModel,
+    /// Failed promotions remembered, so lookups skip the tier they failed on for a while.
+    pub(crate) backoff: super::backoff::PromotionBackoff,
 }
 
 impl TieringState {
@@ -126,6 +128,11 @@ impl TieringState {
             telemetry,
             gates,
             cost: super::cost::CostModel::new(config.cost, n),
+            backoff: super::backoff::PromotionBackoff::new(
+                config.promotion_backoff,
+                config.gate_clock.clone(),
+                n,
+            ),
             primary,
             arena,
             tiers: secondaries
@@ -202,6 +209,20 @@ impl TieringState {
                     .map(|why| (s.info.name.clone(), why.clone()))
             })
             .collect()
+    }
+
+    /// (tier, key) promotion failures remembered now: lookups of those keys skip those tiers
+    /// until their back-off expires or the tier recovers.
+    #[must_use]
+    pub fn remembered_promotion_failures(&self) -> usize {
+        self.backoff.remembered_keys()
+    }
+
+    /// Whether lookups skip secondary tier `idx` for every key now, because its promotions kept
+    /// failing.
+    #[must_use]
+    pub fn promotions_suspended(&self, idx: usize) -> bool {
+        self.backoff.suspended(idx)
     }
 
     /// Whether the scheduler thread (not the control thread) polls and serves tier `idx`.

@@ -47,6 +47,7 @@ impl TieringState {
             0
         };
         self.gates.reset();
+        self.backoff.clear();
         self.polled_this_step = false;
         self.promotions_polled_this_step = false;
         drained.and(processed).map(|()| fenced)

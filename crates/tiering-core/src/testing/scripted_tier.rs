@@ -16,7 +16,7 @@ use crate::key::{KeyMap, KeySet, OffloadKey};
 use crate::outcome::{LookupResult, OffloadPolicy};
 use crate::request::{Locality, Medium, ReqContext, RequestId, TierInfo};
 use crate::stats::TierStats;
-use crate::tier::{ParentManager, SecondaryTier};
+use crate::tier::{ParentManager, SecondaryTier, TierHealth};
 use crate::waker::ControlWaker;
 
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
@@ -93,6 +93,10 @@ struct Inner {
     serve_panic: bool,
     serve_delay: Duration,
     fail_load_keys: KeySet,
+    /// Every promotion fails (a tier whose server is gone).
+    fail_loads: bool,
+    /// What `health` answers.
+    health: TierHealth,
     fail_stores: bool,
     report_unknown: Vec<JobResult>,
     finished_requests: Vec<RequestId>,
@@ -158,6 +162,8 @@ impl ScriptedTier {
             serve_panic: false,
             serve_delay: Duration::ZERO,
             fail_load_keys: KeySet::default(),
+            fail_loads: false,
+            health: TierHealth::default(),
             fail_stores: false,
             report_unknown: Vec::new(),
             finished_requests: Vec::new(),
@@ -215,6 +221,10 @@ fn run_job(inner: &mut Inner, mut job: TransferJob) -> JobResult {
             )
         }
         JobKind::Promotion => {
+            if inner.fail_loads {
+                inner.stats.failures += 1;
+                return JobResult::failed(job.id, start.elapsed());
+            }
             let mut ok = Vec::with_capacity(job.keys.len());
             let mut bytes = 0;
             for (i, key) in job.keys.iter().enumerate() {
@@ -385,6 +395,10 @@ impl SecondaryTier for ScriptedTier {
         s
     }
 
+    fn health(&self) -> TierHealth {
+        self.shared.0.lock().health
+    }
+
     fn shutdown(&mut self) -> Result<(), TierError> {
         let mut inner = self.shared.0.lock();
         self.record(&mut inner, "shutdown", None);
@@ -514,6 +528,16 @@ impl ScriptedTierHandle {
     /// Makes loads of `key` fail.
     pub fn fail_loads_of(&self, key: OffloadKey) {
         self.lock().fail_load_keys.insert(key);
+    }
+
+    /// Makes every promotion fail (`true`) or work again (`false`).
+    pub fn set_fail_loads(&self, fail: bool) {
+        self.lock().fail_loads = fail;
+    }
+
+    /// What the tier's `health` answers from now on.
+    pub fn set_health(&self, health: TierHealth) {
+        self.lock().health = health;
     }
 
     /// Makes every store fail.
