@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace: the Rust crates, the Redis-backed tests (redis-server is
-# installed from Debian's packages when missing) and the Python binding's pytest suite (run by
-# crates/kvtier-py/tests/pytest_suite.rs in a project-local venv it creates). Works with rustup's
-# stock cargo: cargo-nextest is used when installed, `cargo test` otherwise.
+# Runs every test of the workspace: the Rust crates with the Redis-backed tests (redis-server is
+# installed from Debian's packages when missing), the Python binding's pytest suite (in a
+# project-local venv, scripts/python-tests.sh) and the vLLM-in-the-loop suite (vLLM 0.33.0's real
+# scheduler and connector, in a pinned environment cached outside the clone,
+# scripts/vllm-tests.sh). Works with rustup's stock cargo: cargo-nextest is used when installed,
+# `cargo test` otherwise. `cargo test` alone runs only the Rust tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,3 +15,5 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --all-features --no-fail-fast
 fi
+scripts/python-tests.sh
+scripts/vllm-tests.sh
