@@ -29,6 +29,12 @@
 //!   back off (`reconnect_backoff`, doubling up to `reconnect_backoff_max`) and fail work at
 //!   once meanwhile; warnings are rate-limited and failures counted. `drain_jobs` cancels
 //!   queued work and waits only for batches already on the wire, which the timeouts bound.
+//!   While the server counts as unreachable (a connection failure since the last successful
+//!   round trip) every lookup answers `Miss`, whatever the presence cache holds, and a load
+//!   that fails drops its keys' cached `Hit`s. A worker probes the server (`PING`) each time
+//!   the backoff expires; when it answers, the cache is cleared (a restarted server may have
+//!   lost its keys) and `SecondaryTier::health` reports the recovery, so the manager uses the
+//!   tier again at once.
 //! - **Eviction is the server's.** The tier never deletes chunks to make room. Run the server
 //!   with a memory limit and an all-keys eviction policy:
 //!

@@ -116,6 +116,17 @@ impl Presence {
         }
     }
 
+    /// Forgets a cached `Hit` for `key` (its load failed); returns whether there was one. Other
+    /// states stay: a known absence is still true, a pending question is still asked.
+    pub(crate) fn invalidate(&mut self, key: &OffloadKey) -> bool {
+        if let Some(State::Present(_)) = self.entries.get(key) {
+            self.entries.remove(key);
+            true
+        } else {
+            false
+        }
+    }
+
     /// Forgets every answer (after an invalidation or `reset`).
     pub(crate) fn clear(&mut self) {
         self.entries.clear();
@@ -165,6 +176,26 @@ mod tests {
             p.lookup(&k, t0 + Duration::from_secs(4)),
             Answer::Known(LookupResult::Miss)
         );
+    }
+
+    #[test]
+    fn invalidating_drops_only_a_cached_hit() {
+        let mut p = Presence::new(Duration::from_secs(60), Duration::from_secs(1));
+        let t0 = Instant::now();
+        let (hit, absent, asked) = (
+            OffloadKey::from_u64(1),
+            OffloadKey::from_u64(2),
+            OffloadKey::from_u64(3),
+        );
+        p.set(hit, true, t0);
+        p.set(absent, false, t0);
+        assert_eq!(p.lookup(&asked, t0), Answer::Queued);
+        assert!(p.invalidate(&hit));
+        assert!(!p.invalidate(&absent));
+        assert!(!p.invalidate(&asked));
+        assert_eq!(p.lookup(&hit, t0), Answer::Queued, "asked again");
+        assert_eq!(p.lookup(&absent, t0), Answer::Known(LookupResult::Miss));
+        assert_eq!(p.lookup(&asked, t0), Answer::Pending);
     }
 
     #[test]

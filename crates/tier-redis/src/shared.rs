@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -37,6 +37,10 @@ pub(crate) struct Counters {
     pub(crate) connection_failures: AtomicU64,
     pub(crate) connects: AtomicU64,
     pub(crate) cancelled_keys: AtomicU64,
+    /// Lookups answered `Miss` because the server counted as unreachable.
+    pub(crate) unreachable_misses: AtomicU64,
+    /// Cached `Hit`s dropped because a load of their key failed.
+    pub(crate) invalidated_presence: AtomicU64,
 }
 
 impl Counters {
@@ -103,10 +107,11 @@ impl Batch {
     }
 }
 
-/// Work waiting for a worker, by priority: presence checks, loads (an engine waits), stores,
-/// then an `INFO` refresh.
+/// Work waiting for a worker, by priority: a reachability probe, presence checks, loads (an
+/// engine waits), stores, then an `INFO` refresh.
 #[derive(Default)]
 pub(crate) struct Queue {
+    pub(crate) probe: bool,
     pub(crate) lookups: VecDeque<Vec<OffloadKey>>,
     pub(crate) loads: VecDeque<Batch>,
     pub(crate) stores: VecDeque<Batch>,
@@ -119,10 +124,16 @@ pub(crate) enum Work {
     Lookup(Vec<OffloadKey>),
     Transfer(Batch),
     Info,
+    /// Connect (when the backoff allows) and `PING`: how an unreachable server is found back
+    /// while lookups answer `Miss` and no job reaches the tier.
+    Probe,
 }
 
 impl Queue {
     pub(crate) fn pop(&mut self) -> Option<Work> {
+        if std::mem::take(&mut self.probe) {
+            return Some(Work::Probe);
+        }
         if let Some(keys) = self.lookups.pop_front() {
             return Some(Work::Lookup(keys));
         }
@@ -191,6 +202,12 @@ pub(crate) struct Shared {
     pub(crate) log: RateLimitedLog,
     /// Lookup batches taken by a worker and not answered yet.
     pub(crate) lookups_running: AtomicU64,
+    /// Set by a connection-level failure, cleared by the next successful round trip: while
+    /// set, lookups answer `Miss` (a cached `Hit` could not be loaded).
+    unreachable: AtomicBool,
+    /// Times the server was reachable again after being unreachable (the tier's health
+    /// generation).
+    recoveries: AtomicU64,
 }
 
 impl Shared {
@@ -218,7 +235,35 @@ impl Shared {
             waker: Mutex::new(None),
             log: RateLimitedLog::new(Duration::from_secs(10)),
             lookups_running: AtomicU64::new(0),
+            unreachable: AtomicBool::new(false),
+            recoveries: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the server counts as unreachable (a connection-level failure since the last
+    /// successful round trip).
+    pub(crate) fn is_unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Acquire)
+    }
+
+    /// Times the server came back after being unreachable.
+    pub(crate) fn recoveries(&self) -> u64 {
+        self.recoveries.load(Ordering::Acquire)
+    }
+
+    /// While the server is unreachable and its backoff has expired, asks a worker to try it
+    /// again (once; the probe's failure starts the next backoff).
+    pub(crate) fn request_probe_if_due(&self) {
+        if !self.is_unreachable() || self.backing_off() {
+            return;
+        }
+        let mut q = self.queue.lock();
+        if q.probe || q.stop {
+            return;
+        }
+        q.probe = true;
+        drop(q);
+        self.queue_cond.notify_one();
     }
 
     pub(crate) fn wake(&self) {
@@ -241,6 +286,7 @@ impl Shared {
     /// Records a connection-level failure: the next attempt waits out a doubling backoff.
     pub(crate) fn connection_failed(&self, what: &str, e: &redis::RedisError) {
         Counters::add(&self.counters.connection_failures, 1);
+        self.unreachable.store(true, Ordering::Release);
         let backoff = {
             let mut h = self.health.lock();
             h.backoff = if h.retry_at.is_some() {
@@ -261,12 +307,18 @@ impl Shared {
         );
     }
 
-    /// Records a successful round trip: the server is healthy again.
+    /// Records a successful round trip: the server is healthy again. A recovery forgets the
+    /// cached presence answers (a restarted server may have lost its keys) and counts in the
+    /// tier's health, so the manager uses the tier again at once.
     pub(crate) fn connection_ok(&self) {
         let mut h = self.health.lock();
         if h.retry_at.take().is_some() {
             drop(h);
+            self.presence.lock().clear();
+            self.recoveries.fetch_add(1, Ordering::AcqRel);
+            self.unreachable.store(false, Ordering::Release);
             tracing::info!(tier = %self.name, server = %self.endpoint.display(), "redis tier: server reachable again");
+            self.wake();
         }
     }
 
@@ -318,6 +370,17 @@ impl Shared {
         } else {
             Counters::add(&c.loads, n);
             Counters::add(&c.bytes_read, bytes);
+            if n < job.keys.len() as u64 {
+                // A cached `Hit` that could not be loaded is not answered again from the cache:
+                // the next lookup asks the server.
+                let mut p = self.presence.lock();
+                let mut dropped = 0;
+                for (k, _) in job.keys.iter().zip(&succeeded).filter(|&(_, &s)| !s) {
+                    dropped += u64::from(p.invalidate(k));
+                }
+                drop(p);
+                Counters::add(&c.invalidated_presence, dropped);
+            }
         }
         let result =
             JobResult::from_key_outcomes(job.id, &job.keys, &succeeded, bytes, job.submitted.elapsed());

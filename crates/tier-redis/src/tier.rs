@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use tiering_core::{
     ControlWaker, JobId, JobKind, JobResult, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
-    ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob,
+    ReqContext, SecondaryTier, TierError, TierHealth, TierInfo, TierStats, TransferJob,
 };
 
 use crate::conn::Endpoint;
@@ -257,6 +257,15 @@ impl SecondaryTier for RedisTier {
     }
 
     fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
+        if self.shared.is_unreachable() {
+            // Whatever the cache says, nothing can be loaded from a server the tier cannot
+            // reach: a `Hit` would only start a promotion that fails.
+            let c = &self.shared.counters;
+            Counters::add(&c.misses, 1);
+            Counters::add(&c.unreachable_misses, 1);
+            self.shared.request_probe_if_due();
+            return LookupResult::Miss;
+        }
         let (answer, queued) = {
             let mut p = self.shared.presence.lock();
             let a = p.lookup(key, Instant::now());
@@ -331,6 +340,14 @@ impl SecondaryTier for RedisTier {
     fn on_schedule_end(&mut self) {
         self.flush_lookups();
         self.shared.request_info_if_due();
+        self.shared.request_probe_if_due();
+    }
+
+    fn health(&self) -> TierHealth {
+        TierHealth {
+            healthy: !self.shared.is_unreachable(),
+            recoveries: self.shared.recoveries(),
+        }
     }
 
     fn drain_jobs(&mut self) {
@@ -370,7 +387,10 @@ impl SecondaryTier for RedisTier {
             ("server_evicted_keys", server.evicted_keys),
             ("server_keys", server.keys),
             ("server_info_refreshes", u64::from(server.refreshed.is_some())),
-            ("server_reachable", u64::from(!self.shared.backing_off())),
+            ("server_reachable", u64::from(!self.shared.is_unreachable())),
+            ("server_recoveries", self.shared.recoveries()),
+            ("unreachable_misses", Counters::get(&c.unreachable_misses)),
+            ("invalidated_presence", Counters::get(&c.invalidated_presence)),
             ("lookup_retries", Counters::get(&c.retries)),
             ("lookup_timeouts", Counters::get(&c.lookup_timeouts)),
             ("presence_batches", Counters::get(&c.presence_batches)),

@@ -143,6 +143,11 @@ impl Worker {
                         self.panicked::<()>();
                     }
                 }
+                Work::Probe => {
+                    if catch_unwind(AssertUnwindSafe(|| self.probe())).is_err() {
+                        self.panicked::<()>();
+                    }
+                }
             }
         }
     }
@@ -430,6 +435,14 @@ impl Worker {
             let _ = self.keyed("UNLINK", bad.iter());
         }
         out
+    }
+
+    /// Connects if needed and sends `PING`: success clears the unreachable state (see
+    /// [`Shared::connection_ok`]), failure starts the next backoff.
+    fn probe(&mut self) {
+        if self.conn().is_some() {
+            let _ = self.io("PING", false, |conn, _| conn.pipeline(vec![redis::cmd("PING")]));
+        }
     }
 
     fn refresh_info(&mut self) {

@@ -347,11 +347,12 @@ fn a_hung_server_fails_jobs_within_the_timeout_and_drain_returns() {
         r
     };
     assert_eq!(job_a.outcome, JobOutcome::Failed);
-    // Lookups of unknown keys stay non-blocking and end as misses.
+    // Lookups stay non-blocking and are misses: the timed-out load counts the server as
+    // unreachable, so nothing is asked or answered from the cache until it answers again.
     let started = Instant::now();
     assert_eq!(
         rig.tier.lookup(&key(50), &tiering_core::ReqContext::local("t")),
-        LookupResult::Retry
+        LookupResult::Miss
     );
     assert!(started.elapsed() < Duration::from_secs(1), "lookup blocked");
     assert_eq!(rig.lookup(&key(50)), LookupResult::Miss);
