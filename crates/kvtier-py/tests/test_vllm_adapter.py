@@ -113,12 +113,15 @@ def results(worker):
     return [(r.job_id, r.success) for r in worker.get_finished()]
 
 
-def test_get_stats_gives_vllm_no_metrics_and_kvtier_stats_the_counters(tmp_path):
+def test_without_vllm_get_stats_is_none_and_kvtier_stats_has_the_counters(tmp_path):
     m = spec(tmp_path).get_manager()
     try:
         # vLLM's connector calls get_stats every step and expects OffloadingConnectorStats or
-        # None; kvtier's counters have their own name.
+        # None: without vLLM there is no such type (tests/vllm/test_vllm_stats.py covers the
+        # payload under vLLM). kvtier's counters have their own name; config_info describes
+        # the chain either way.
         assert m.get_stats() is None
+        assert [t["tier"] for t in m.config_info()] == ["0:primary"]
         assert m.kvtier_stats()["jobs_in_flight"] == 0
         with m.lock:
             assert m.get_stats() is None and "manager" in m.kvtier_stats()

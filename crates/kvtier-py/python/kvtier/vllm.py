@@ -32,6 +32,13 @@ import threading
 from typing import Any, Optional, Sequence
 
 from . import _kvtier as _k
+from ._vllm_stats import (
+    VllmStatsState,
+    config_info_for_vllm,
+    config_info_keys_for_vllm,
+    metric_definitions_for_vllm,
+    stats_for_vllm,
+)
 from ._vllm_types import ChunkSpec, RowKeys, StoreOutput, _vllm, _vllm_types
 from ._vllm_worker import KvtierOffloadingWorker, KvtierTransferHandler
 
@@ -79,9 +86,19 @@ class KvtierOffloadingManager(_ManagerBase):
     thread: another thread entering it waits, and its calls never use this thread's step.
     """
 
-    def __init__(self, manager: _k.TieringManager, row_keys: Optional[RowKeys] = None):
+    def __init__(
+        self,
+        manager: _k.TieringManager,
+        row_keys: Optional[RowKeys] = None,
+        offloading_config: Any = None,
+        blocks_per_chunk: Optional[int] = None,
+    ):
         self.manager = manager
         self.row_keys = row_keys
+        # vLLM's OffloadingConfig and the chunk geometry label the config_info series.
+        self._offloading_config = offloading_config
+        self._blocks_per_chunk = blocks_per_chunk
+        self._stats_state = VllmStatsState()
         self._held = threading.local()
         self._contexts: dict = {}
         self._types = _vllm_types()
@@ -218,10 +235,19 @@ class KvtierOffloadingManager(_ManagerBase):
             return self._step.has_pending_work()
         return self.manager.has_pending_work()
 
-    def get_stats(self) -> None:
-        """vLLM's per-step connector metrics: none (vLLM expects ``OffloadingConnectorStats``
-        or ``None``). kvtier's counters are :meth:`kvtier_stats` and its Prometheus metrics."""
-        return None
+    def get_stats(self) -> Any:
+        """vLLM's per-step offloading metrics: kvtier's counters since the previous call as
+        vLLM's ``OffloadingConnectorStats`` (under vLLM's tiering and CPU metric names where vLLM
+        has one, ``vllm:kv_offload_kvtier_*`` for the rest), or ``None`` when nothing changed
+        or vLLM is not importable. See :mod:`kvtier._vllm_stats` for the mapping."""
+        return stats_for_vllm(self._stats_state, self)
+
+    def config_info(self) -> list:
+        """vLLM's ``config_info``: one series of labels per tier of the chain (name, type,
+        medium, locality, capacity), the primary's with vLLM's CPU geometry labels."""
+        return config_info_for_vllm(
+            self, offloading_config=self._offloading_config, blocks_per_chunk=self._blocks_per_chunk
+        )
 
     def kvtier_stats(self) -> dict:
         """kvtier's counters (``TieringManager.stats``)."""
@@ -387,6 +413,17 @@ class KvtierOffloadingSpec(_SpecBase):
             )
         )
 
+    @classmethod
+    def build_metric_definitions(cls, extra_config: dict) -> dict:
+        """The metrics :meth:`KvtierOffloadingManager.get_stats` may send (vLLM's Prometheus
+        logger accepts only declared names)."""
+        return metric_definitions_for_vllm(extra_config)
+
+    @classmethod
+    def config_info_keys(cls, extra_config: dict) -> tuple:
+        """The label names of :meth:`KvtierOffloadingManager.config_info`'s series."""
+        return config_info_keys_for_vllm(extra_config)
+
     @property
     def copies(self) -> int:
         """Rank slices per row: one per rank, or one in all under the replicated layout."""
@@ -412,7 +449,9 @@ class KvtierOffloadingSpec(_SpecBase):
             except BaseException:
                 m.shutdown()
                 raise
-            self._manager = KvtierOffloadingManager(m, row_keys)
+            self._manager = KvtierOffloadingManager(
+                m, row_keys, offloading_config=self.config, blocks_per_chunk=self.blocks_per_chunk
+            )
         return self._manager
 
     def get_transfer_handler(
