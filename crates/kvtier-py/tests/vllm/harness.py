@@ -8,9 +8,9 @@ forward, every token a scheduled request already holds (from the device prefix c
 by the connector) is checked against the value the model would have written: a wrong byte
 anywhere in a request's computed prefix is counted as a wrong token.
 
-The reference runs use vLLM's own specs (``CPUOffloadingSpec``, ``TieringOffloadingSpec``) with
-:class:`TorchCopyWorker`, a plain synchronous copy worker: vLLM's CPU worker refuses to run
-without CUDA.
+The reference runs use vLLM's own specs (``CPUOffloadingSpec`` here, ``TieringOffloadingSpec``
+in :mod:`reference_tiering`) with :class:`TorchCopyWorker`, a plain synchronous copy worker:
+vLLM's CPU worker refuses to run without CUDA.
 """
 
 from __future__ import annotations
@@ -52,7 +52,6 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult  # noqa: E402
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec  # noqa: E402
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
@@ -236,27 +235,6 @@ class ReferenceCPUSpec(CPUOffloadingSpec):
     def get_worker(self, kv_caches):
         if not getattr(self, "_ref_worker", None):
             self._ref_worker = TorchCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
-        return self._ref_worker
-
-
-class ReferenceTieringSpec(TieringOffloadingSpec):
-    """vLLM's ``TieringOffloadingSpec`` with :class:`TorchCopyWorker` writing the shared region
-    its secondary tiers read."""
-
-    def get_worker(self, kv_caches):
-        if not getattr(self, "_ref_worker", None):
-            from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-            rank = 0 if self.replicated_layout else self.config.parallel.rank
-            self._region = SharedOffloadRegion(
-                engine_id=self._engine_id,
-                num_chunks=self.num_chunks,
-                rank=rank,
-                kv_bytes_per_chunk=self.kv_bytes_per_chunk,
-                cpu_page_size=self.cpu_page_size_per_worker,
-            )
-            host = self._region.create_cpu_tensor() if hasattr(self._region, "create_cpu_tensor") else None
-            self._ref_worker = TorchCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks, host)
         return self._ref_worker
 
 
