@@ -494,10 +494,11 @@ class Engine:
 
     # -- requests --
     def add_request(self, req_id: str, prompt: list, max_tokens: int, kv_transfer_params: Optional[dict] = None):
-        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        # kv_transfer_params reach the request as an API server puts them: in the sampling
+        # parameters' extra_args.
+        extra = {"kv_transfer_params": kv_transfer_params} if kv_transfer_params is not None else None
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True, extra_args=extra)
         req = Request(req_id, list(prompt), sp, None, block_hasher=self.hasher)
-        if kv_transfer_params is not None:
-            req.kv_transfer_params = kv_transfer_params
         self.requests[req_id] = req
         self.arrival_step[req_id] = self.stats.steps
         self.scheduler.add_request(req)
@@ -593,14 +594,21 @@ def shared_prefix_workload(seed: int, n: int, block_size: int) -> list:
     return out
 
 
-def drive(engine: Engine, workload: list, max_steps: int = 5000, on_step: Optional[Callable] = None) -> RunStats:
-    """Adds each request at its arrival step and steps the engine until all finish (bounded)."""
+def drive(
+    engine: Engine,
+    workload: list,
+    max_steps: int = 5000,
+    on_step: Optional[Callable] = None,
+    kv_transfer_params: Optional[dict] = None,
+) -> RunStats:
+    """Adds each request at its arrival step (with ``kv_transfer_params``, if given) and steps
+    the engine until all finish or ``max_steps`` pass; requests left then are listed as stuck."""
     pending = sorted(workload, key=lambda r: r[3])
     step = 0
     while step < max_steps and (pending or engine.busy):
         while pending and pending[0][3] <= step:
             rid, prompt, max_tokens, _ = pending.pop(0)
-            engine.add_request(rid, prompt, max_tokens)
+            engine.add_request(rid, prompt, max_tokens, kv_transfer_params)
         if on_step is not None:
             on_step(engine, step)
         if engine.busy:
