@@ -162,6 +162,11 @@ fn tiers(libraries: &[PathBuf]) -> Result<()> {
     if registry.is_empty() && libraries.is_empty() {
         println!("(no tier types registered)");
     }
+    println!(
+        "medium and locality (what request tier filters match) are declared by each tier when built \
+         (cpu: CPU/LOCAL, disk: STORAGE/LOCAL, redis: STORAGE/REMOTE, p2p: CPU/REMOTE); a chain's \
+         `medium` / `locality` keys override them; `kvtier check --build` prints them"
+    );
     println!("host build: {BUILD_FINGERPRINT}");
     Ok(())
 }
@@ -200,9 +205,20 @@ fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) 
         );
     }
     let resolved = chain.resolve(registry)?;
-    let text = resolved.to_string();
+    let mut text = resolved.to_string();
     if build {
         let mut manager = resolved.build(chunk_bytes)?;
+        // What request tier filters match: each type's declaration, or the chain's override.
+        for info in manager.inspect(|s| s.secondary_infos()) {
+            text.push_str(&format!(
+                "\n  built: {} — medium {}, locality {}",
+                info.name,
+                info.medium
+                    .map_or("any".to_owned(), |m| format!("{m:?}").to_uppercase()),
+                info.locality
+                    .map_or("any".to_owned(), |l| format!("{l:?}").to_uppercase()),
+            ));
+        }
         manager
             .shutdown()
             .with_context(|| format!("{}: shutting the built chain down", path.display()))?;

@@ -363,7 +363,7 @@ impl Shared {
             Counters::add(&c.stores, n);
             Counters::add(&c.bytes_written, bytes);
             if !ok_keys.is_empty() {
-                let e = OffloadingEvent::stored(ok_keys, Some(Medium::Cpu), Some(Locality::Remote))
+                let e = OffloadingEvent::stored(ok_keys, Some(Medium::Storage), Some(Locality::Remote))
                     .owned_by(self.name.clone());
                 self.events.lock().push(e);
             }

@@ -81,7 +81,7 @@ impl RedisTier {
         Ok(Self {
             shared,
             workers,
-            info: TierInfo::new(opts.name.clone(), Some(Medium::Cpu), Some(Locality::Remote)),
+            info: TierInfo::new(opts.name.clone(), Some(Medium::Storage), Some(Locality::Remote)),
             max_queued: opts.max_queued_jobs,
             max_lookup_batch: opts.max_lookup_batch,
             value_bytes: (chunk_bytes + HEADER_LEN) as u64,

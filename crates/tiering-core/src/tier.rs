@@ -1,6 +1,8 @@
 //! The tier contracts: what the primary (CPU) tier and every secondary tier implement, and the
 //! `ParentManager` a tier calls back into while it serves a peer.
 
+mod described;
+
 use std::sync::Arc;
 
 use crate::arena::ChunkArena;
@@ -227,6 +229,8 @@ pub trait SecondaryTier: Send {
         Ok(())
     }
 }
+
+pub use described::Redescribed;
 
 /// A secondary tier's health signal ([`SecondaryTier::health`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

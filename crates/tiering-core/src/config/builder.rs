@@ -266,6 +266,8 @@ impl ResolvedChain<'_> {
                     registered_as: "primary",
                 }),
             };
+            // The chain's `medium` / `locality` keys, whatever the tier's type.
+            let made = made.map(|t| crate::tier::Redescribed::wrap(t, spec.medium, spec.locality));
             let made = made.and_then(|t| {
                 let name = t.info().name;
                 if names.insert(name.clone()) {
@@ -330,6 +332,12 @@ impl fmt::Display for ResolvedChain<'_> {
             }
             if let Some(b) = &spec.backpressure {
                 writeln!(f, "      backpressure = {b:?}")?;
+            }
+            if let Some(m) = spec.medium {
+                writeln!(f, "      medium = {m:?} (overrides the type's)")?;
+            }
+            if let Some(l) = spec.locality {
+                writeln!(f, "      locality = {l:?} (overrides the type's)")?;
             }
         }
         let cp = &self.config.control_plane;

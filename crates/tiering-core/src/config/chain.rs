@@ -25,6 +25,7 @@ use super::quoted_words;
 use super::units::HumanDuration;
 use crate::admission::{AdmissionConfig, BackpressureConfig};
 use crate::manager::{ManagerConfig, OnTierFailure};
+use crate::request::{Locality, Medium};
 
 /// Where a tier sits in the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +62,12 @@ pub struct TierSpec {
     pub admission: Option<AdmissionConfig>,
     /// The `backpressure` key of a secondary tier (`None`: on, with the defaults).
     pub backpressure: Option<BackpressureConfig>,
+    /// The `medium` key of a secondary tier (`"cpu"` or `"storage"`): overrides the medium its
+    /// type declares (`None`: the type's).
+    pub medium: Option<Medium>,
+    /// The `locality` key of a secondary tier (`"local"` or `"remote"`): overrides the
+    /// locality its type declares (`None`: the type's).
+    pub locality: Option<Locality>,
     /// Line of the section header (1-based).
     pub line: usize,
     key_lines: BTreeMap<String, usize>,
@@ -387,6 +394,8 @@ impl ChainConfig {
             options: toml::Table::new(),
             admission: None,
             backpressure: None,
+            medium: None,
+            locality: None,
             line: header_line,
             key_lines: BTreeMap::new(),
         };
@@ -431,6 +440,35 @@ impl ChainConfig {
                         )));
                     };
                     spec.same_build = b;
+                }
+                "medium" | "locality" => {
+                    if position == TierPosition::Primary {
+                        return Err(err(ChainErrorKind::Invalid(format!(
+                            "`{name}` describes a secondary tier for request tier filters; the primary tier is always CPU and local"
+                        ))));
+                    }
+                    let word = v.as_str().map(str::to_ascii_lowercase);
+                    if name == "medium" {
+                        spec.medium = Some(match word.as_deref() {
+                            Some("cpu") => Medium::Cpu,
+                            Some("storage") => Medium::Storage,
+                            _ => {
+                                return Err(err(ChainErrorKind::Invalid(format!(
+                                    "`medium` must be \"cpu\" or \"storage\", found {v}"
+                                ))));
+                            }
+                        });
+                    } else {
+                        spec.locality = Some(match word.as_deref() {
+                            Some("local") => Locality::Local,
+                            Some("remote") => Locality::Remote,
+                            _ => {
+                                return Err(err(ChainErrorKind::Invalid(format!(
+                                    "`locality` must be \"local\" or \"remote\", found {v}"
+                                ))));
+                            }
+                        });
+                    }
                 }
                 "admission" | "backpressure" => {
                     if position == TierPosition::Primary {

@@ -8,6 +8,7 @@ use serde::Deserialize;
 
 use super::*;
 use crate::registry::{PrimaryContext, Registry, SecondaryContext};
+use crate::request::{Locality, Medium};
 use crate::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
 use crate::tier::{PrimaryTier, SecondaryTier};
 
@@ -520,4 +521,88 @@ fn promotion_backoff_is_a_control_plane_setting() {
             "{e}"
         );
     }
+}
+
+#[test]
+fn medium_and_locality_override_a_secondary_tiers_declaration() {
+    let c = parse(
+        "[primary]\ntype = \"a\"\n[[secondary]]\ntype = \"b\"\nmedium = \"cpu\"\nlocality = \"remote\"\n[[secondary]]\ntype = \"c\"\nlocality = \"LOCAL\"\n[[secondary]]\ntype = \"d\"\n",
+    )
+    .unwrap();
+    let s = &c.secondaries;
+    assert_eq!(
+        (s[0].medium, s[0].locality),
+        (Some(Medium::Cpu), Some(Locality::Remote))
+    );
+    assert_eq!((s[1].medium, s[1].locality), (None, Some(Locality::Local)));
+    assert_eq!((s[2].medium, s[2].locality), (None, None));
+    assert!(
+        !s[0].options.contains_key("medium"),
+        "not passed to the tier's factory"
+    );
+    for (text, line, key, what) in [
+        (
+            "[primary]\ntype = \"a\"\n[[secondary]]\ntype = \"b\"\nmedium = \"tape\"\n",
+            5,
+            "medium",
+            "must be \"cpu\" or \"storage\"",
+        ),
+        (
+            "[primary]\ntype = \"a\"\n[[secondary]]\ntype = \"b\"\n\nlocality = 1\n",
+            6,
+            "locality",
+            "must be \"local\" or \"remote\"",
+        ),
+        (
+            "[primary]\ntype = \"a\"\nmedium = \"cpu\"\n",
+            3,
+            "medium",
+            "the primary tier is always CPU and local",
+        ),
+    ] {
+        let e = parse(text).unwrap_err().to_string();
+        assert!(e.starts_with(&format!("chain.toml:{line}: ")), "{e}");
+        assert!(e.contains(&format!("key `{key}`")) && e.contains(what), "{e}");
+    }
+}
+
+#[test]
+fn a_built_chain_applies_the_overrides_to_lookups_and_filters() {
+    use crate::offloading::OffloadingManager;
+    use crate::request::{ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
+    let mut m = build(
+        "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\
+         [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"described-a\"\nmedium = \"cpu\"\nlocality = \"remote\"\n\
+         [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"described-b\"\n\
+         [control_plane]\nthread = false\n",
+    )
+    .unwrap();
+    let infos = m.inspect(|s| s.secondary_infos());
+    assert_eq!(
+        infos,
+        [
+            TierInfo::new("described-a", Some(Medium::Cpu), Some(Locality::Remote)),
+            TierInfo::new("described-b", Some(Medium::Storage), Some(Locality::Local)),
+        ]
+    );
+    // Both tiers hold the key; a filter on CPU reaches only the overridden one.
+    let k = crate::OffloadKey::from_u64(7);
+    handle("described-a").insert(k, vec![1; 128]);
+    handle("described-b").insert(k, vec![2; 128]);
+    let cpu_only = ReqContext::builder(RequestId::local("f"))
+        .filter(TierFilter::Matchers(vec![TierMatcher {
+            medium: Some(Medium::Cpu),
+            locality: None,
+        }]))
+        .build();
+    let mut step = m.step();
+    step.on_new_request(&cpu_only).unwrap();
+    assert_eq!(
+        step.lookup(&k, &cpu_only).unwrap(),
+        crate::LookupResult::HitPending
+    );
+    drop(step);
+    assert_eq!(handle("described-a").count("submit_load"), 1);
+    assert_eq!(handle("described-b").count("lookup"), 0);
+    m.shutdown().unwrap();
 }

@@ -211,6 +211,13 @@ impl TieringState {
             .collect()
     }
 
+    /// Name, medium and locality of each secondary tier, in chain order, as request tier
+    /// filters see them (a chain's `medium` / `locality` keys applied).
+    #[must_use]
+    pub fn secondary_infos(&self) -> Vec<TierInfo> {
+        self.tiers.iter().map(|s| s.info.clone()).collect()
+    }
+
     /// (tier, key) promotion failures remembered now: lookups of those keys skip those tiers
     /// until their back-off expires or the tier recovers.
     #[must_use]
