@@ -283,15 +283,16 @@ class KvtierOffloadingManager(_ManagerBase):
 
 def hit_source_name(source: _k.LoadSource) -> str:
     """The value of vLLM's ``CacheHitSource`` for a kvtier tier: ``host`` for the primary (and
-    any local CPU tier), ``p2p`` for a peer tier, ``disk`` for a storage tier, and
-    ``external_unspecified`` for the rest (a Redis server, plugins that do not say)."""
+    any local CPU tier), ``p2p`` for a peer tier, ``disk`` for local storage, and
+    ``external_unspecified`` for the rest (a remote store such as a Redis server, plugins that
+    do not say)."""
     if source.secondary is None:
         return "host"
     if source.tier_type == "p2p":
         return "p2p"
-    if source.medium == "STORAGE":
+    if source.locality == "LOCAL" and source.medium == "STORAGE":
         return "disk"
-    if source.medium == "CPU" and source.locality == "LOCAL":
+    if source.locality == "LOCAL" and source.medium == "CPU":
         return "host"
     return "external_unspecified"
 
