@@ -72,8 +72,12 @@ pub struct ManagerCounters {
     /// Absorbed second reports whose success flag disagreed with the applied one.
     pub store_report_conflicts: u64,
     /// Worker reports of keys with no prepared store (late, after the request was finalized,
-    /// or foreign), ignored.
+    /// or foreign), ignored. Off-step mode only: a true mismatch.
     pub unmatched_worker_reports: u64,
+    /// Keys of worker reports received while off-step completions are off: the engine's own
+    /// `complete_store` is the report used in that mode, so these are acknowledged and not
+    /// applied (no mismatch).
+    pub ignored_worker_reports: u64,
     /// Keys failed because the copy worker that should have reported them disconnected and did
     /// not come back within the deadline.
     pub worker_lost_store_keys: u64,

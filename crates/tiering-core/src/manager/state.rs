@@ -92,6 +92,8 @@ pub struct TieringState {
     pub(crate) channel: Option<crate::channel::ChannelServer>,
     /// Per-key record of prepared device→primary stores and who reported them.
     pub(crate) ledger: StoreLedger,
+    /// What was said about worker reports ignored in on-step mode.
+    pub(crate) ignored_report_notes: super::completions::IgnoredReportNotes,
     /// Sweeps also submit the promotions that serving peers reserved (off-step mode).
     pub(crate) off_step: bool,
     pub(crate) on_tier_failure: OnTierFailure,
@@ -156,6 +158,7 @@ impl TieringState {
             completion_queue: Arc::new(CompletionQueue::default()),
             channel: None,
             ledger: StoreLedger::new(config.off_step, config.reporters, config.worker_deadline),
+            ignored_report_notes: super::completions::IgnoredReportNotes::default(),
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,
             deferred_failure: None,

@@ -61,6 +61,14 @@ impl ApplyList {
     }
 }
 
+/// Whether the manager already said it ignores copy workers' reports (on-step mode): once
+/// each, instead of a line per report.
+#[derive(Default)]
+pub(crate) struct IgnoredReportNotes {
+    reported: bool,
+    failure: bool,
+}
+
 /// The queue workers push to; shared by the senders, the channel and the manager state.
 #[derive(Default)]
 pub(crate) struct CompletionQueue {
@@ -150,6 +158,26 @@ impl TieringState {
             self.end_store_batch(batch);
         }
         Ok(())
+    }
+
+    fn ignore_worker_report(&mut self, rank: u32, keys: usize, success: bool) {
+        self.counters.ignored_worker_reports += keys as u64;
+        let notes = &mut self.ignored_report_notes;
+        if !notes.reported {
+            notes.reported = true;
+            tracing::info!(
+                rank,
+                "copy workers report stores, but off-step completions are off: the engine's complete_store is used and the workers' reports are ignored (counted in ignored_worker_reports)"
+            );
+        }
+        if !success && !notes.failure {
+            notes.failure = true;
+            tracing::warn!(
+                rank,
+                keys,
+                "a copy worker reported a failed store copy while off-step completions are off: only the engine's report is used; set [control_plane] off_step = true for the workers' failures to count"
+            );
+        }
     }
 
     fn note_tally(&mut self, tally: &ReportTally, source: &str) {
@@ -293,8 +321,11 @@ impl TieringState {
 
     fn apply_worker_report(&mut self, rank: u32, keys: &[OffloadKey], success: bool) {
         if !self.ledger.dual {
-            self.counters.unmatched_worker_reports += keys.len() as u64;
-            tracing::warn!("a copy worker reported a store but off-step completions are off; ignored");
+            // On-step mode: the engine's `complete_store` is the one report of a store, and the
+            // ledger keeps no record for a worker report to match (it takes each key out when
+            // the engine reports it). A worker that reports anyway (a binding that always
+            // opens the channel) is not a mismatch: acknowledge and count, say so once.
+            self.ignore_worker_report(rank, keys.len(), success);
             return;
         }
         let mut tally = ReportTally::default();
@@ -397,5 +428,118 @@ mod tests {
         assert_eq!(counters.off_step_store_completions, 2);
         s.on_request_finished(&ctx).unwrap();
         assert_eq!(s.inspect(|st| st.tracked_requests()).unwrap(), 0);
+    }
+
+    /// Counts the log events at each level emitted on this thread.
+    #[derive(Default)]
+    struct LevelCounter(std::sync::Mutex<std::collections::BTreeMap<tracing::Level, usize>>);
+
+    impl tracing::Subscriber for LevelCounter {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            *self
+                .0
+                .lock()
+                .unwrap()
+                .entry(*event.metadata().level())
+                .or_default() += 1;
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// On-step mode (off_step = false) with copy workers that report anyway, as a binding that
+    /// always opens the completion channel does: every report is acknowledged as not used in
+    /// this mode — counted in `ignored_worker_reports`, not as a mismatch — the stores complete
+    /// from the engine's reports, and the manager says so once (info), not once per report.
+    /// A failed copy reported by a worker is warned about once.
+    #[test]
+    fn worker_reports_in_on_step_mode_are_acknowledged_not_mismatches() {
+        let counter = std::sync::Arc::new(LevelCounter::default());
+        let levels = std::sync::Arc::clone(&counter);
+        tracing::subscriber::with_default(counter, || {
+            let mut m = TieringManager::new(
+                Box::new(MemoryPrimary::new(64, 16)),
+                Vec::new(),
+                ManagerConfig::step_driven(),
+            );
+            let sender = m.store_completion_sender();
+            let ctx = ReqContext::local("r");
+            let mut reported = 0;
+            for round in 0..20u64 {
+                let keys = [k(2 * round), k(2 * round + 1)];
+                let mut s = m.step();
+                if round == 0 {
+                    s.on_new_request(&ctx).unwrap();
+                }
+                s.prepare_store(&keys, &ctx).unwrap().unwrap();
+                // Half the workers report before the engine, half after (applied at the next
+                // step's poll).
+                if round % 2 == 0 {
+                    sender.report(&keys, true);
+                    reported += 2;
+                }
+                s.complete_store(&keys, &ctx, true).unwrap();
+                if round % 2 == 1 {
+                    sender.report(&keys, round != 19);
+                    reported += 2;
+                }
+                assert_eq!(s.lookup(&keys[0], &ctx).unwrap(), LookupResult::Hit);
+                s.on_schedule_end(&crate::outcome::ScheduleEndContext::default())
+                    .unwrap();
+            }
+            let mut s = m.step();
+            // The last reports are applied by the next step's first poll.
+            assert_eq!(
+                s.lookup(&k(39), &ctx).unwrap(),
+                LookupResult::Hit,
+                "the engine's report stands"
+            );
+            let counters = s.stats().unwrap().manager;
+            assert_eq!(counters.unmatched_worker_reports, 0, "no report is a mismatch");
+            assert_eq!(counters.ignored_worker_reports, reported);
+            assert_eq!(counters.off_step_store_completions, 0);
+            s.on_request_finished(&ctx).unwrap();
+            assert_eq!(s.inspect(|st| st.tracked_requests()).unwrap(), 0);
+        });
+        let levels = levels.0.lock().unwrap();
+        assert_eq!(
+            levels.get(&tracing::Level::INFO).copied().unwrap_or(0),
+            1,
+            "{levels:?}"
+        );
+        assert_eq!(
+            levels.get(&tracing::Level::WARN).copied().unwrap_or(0),
+            1,
+            "{levels:?}"
+        );
+    }
+
+    /// Off-step mode still counts a report of a key nobody prepared as a mismatch.
+    #[test]
+    fn a_report_of_an_unknown_key_is_a_mismatch_in_off_step_mode() {
+        let config = ManagerConfig {
+            off_step: true,
+            ..ManagerConfig::step_driven()
+        };
+        let mut m = TieringManager::new(Box::new(MemoryPrimary::new(8, 16)), Vec::new(), config);
+        let sender = m.store_completion_sender();
+        sender.report(&[k(5)], true);
+        let ctx = ReqContext::local("r");
+        let mut s = m.step();
+        s.on_new_request(&ctx).unwrap();
+        assert_eq!(s.lookup(&k(5), &ctx).unwrap(), LookupResult::Miss);
+        let counters = s.stats().unwrap().manager;
+        assert_eq!(
+            (counters.unmatched_worker_reports, counters.ignored_worker_reports),
+            (1, 0)
+        );
     }
 }
