@@ -20,6 +20,8 @@ removes, as it removes the region file.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shutil
 import tempfile
 import uuid
@@ -85,6 +87,7 @@ class ReferenceTieringSpec(TieringOffloadingSpec):
             manager = super().get_manager()
             shutdown = manager.shutdown
             dirs = self._tmp_dirs
+            region = self._scheduler_mmap
 
             def shutdown_and_clean() -> None:
                 try:
@@ -93,6 +96,11 @@ class ReferenceTieringSpec(TieringOffloadingSpec):
                     for d in dirs:
                         shutil.rmtree(d, ignore_errors=True)
                     dirs.clear()
+                    # The region's files are unlinked by its cleanup, which a failed shutdown
+                    # (a buffer still exported) skips: never leave them in /dev/shm.
+                    for path, _, _ in getattr(region, "_segments", ()):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path)
 
             manager.shutdown = shutdown_and_clean
         return self._manager
