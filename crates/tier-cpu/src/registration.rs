@@ -76,6 +76,12 @@ mod tests {
             .validate(&table("capacity = 4\nworkers = \"two\""))
             .unwrap_err();
         assert!(errors[0].to_string().contains("`workers`"), "{}", errors[0]);
+        let errors = reg.validate(&table("capacity = 4\neviction = 3")).unwrap_err();
+        assert_eq!(
+            errors[0].to_string(),
+            "invalid configuration: `eviction`: expected a string (\"lru\", \"arc\" or \"s3fifo\"), \
+             found an integer 3"
+        );
     }
 
     #[test]

@@ -305,8 +305,11 @@ pub trait EvictionPolicy: Send {
 }
 
 /// The eviction policies, by configuration name.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
-#[serde(try_from = "String")]
+///
+/// In a chain file it is a string, case-insensitive; a value of another type is reported as
+/// `expected a string ("lru", "arc" or "s3fifo"), found …` (see
+/// [`tiering_core::config::parse_options`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     /// vLLM 0.33.0's logical-rank LRU.
     #[default]
@@ -376,6 +379,35 @@ impl TryFrom<String> for PolicyKind {
     }
 }
 
+impl<'de> Deserialize<'de> for PolicyKind {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Names;
+
+        impl serde::de::Visitor<'_> for Names {
+            type Value = PolicyKind;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string (")?;
+                for (i, k) in PolicyKind::ALL.iter().enumerate() {
+                    let sep = match i {
+                        0 => "",
+                        i if i + 1 == PolicyKind::ALL.len() => " or ",
+                        _ => ", ",
+                    };
+                    write!(f, "{sep}{:?}", k.name())?;
+                }
+                f.write_str(")")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<PolicyKind, E> {
+                v.parse().map_err(E::custom)
+            }
+        }
+
+        deserializer.deserialize_str(Names)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -389,6 +421,14 @@ mod tests {
         assert_eq!("ARC".parse::<PolicyKind>(), Ok(PolicyKind::Arc));
         assert_eq!("s3-fifo".parse::<PolicyKind>(), Ok(PolicyKind::S3Fifo));
         let err = "lfu".parse::<PolicyKind>().unwrap_err();
+        let wrong =
+            toml::from_str::<std::collections::HashMap<String, PolicyKind>>("eviction = 3").unwrap_err();
+        assert!(
+            wrong
+                .message()
+                .contains("invalid type: integer `3`, expected a string (\"lru\", \"arc\" or \"s3fifo\")"),
+            "{wrong}"
+        );
         assert_eq!(
             err.to_string(),
             "unknown eviction policy \"lfu\"; supported: lru, arc, s3fifo"
