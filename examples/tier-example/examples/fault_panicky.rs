@@ -1,5 +1,6 @@
 //! A tier library whose tier panics in `lookup` (or, with `panic_in = "factory"`, while being
-//! built), for the tests that check panics never cross the boundary.
+//! built, or with `panic_in = "validate"`, in its validate-only hook), for the tests that check
+//! panics never cross the boundary.
 
 use serde::Deserialize;
 use tiering_core::config::parse_options;
@@ -51,4 +52,13 @@ fn build(options: &toml::Table, _ctx: &SecondaryContext) -> Result<Box<dyn Secon
     Ok(Box::new(Panicky { finished: Vec::new() }))
 }
 
-tiering_core::export_tier!("panicky" => build);
+fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    let o: Options = parse_options(options).map_err(|e| vec![e])?;
+    assert!(
+        o.panic_in != "validate",
+        "the panicky tier's validate hook gave up"
+    );
+    Ok(())
+}
+
+tiering_core::export_tier!("panicky" => build, validate = validate);

@@ -17,12 +17,14 @@
 //! - [`peer`] — how a peer asks this node for chunks; the tier answers through the
 //!   `ParentManager`, so a question is answered from the whole node (the primary tier and the
 //!   other secondaries), not only from this tier.
-//! - [`tier::build`] — the factory, registered twice below ([`tier::validate`] checks a table
-//!   without building, for `kvtier check`):
+//! - [`tier::build`] — the factory, registered twice below with [`tier::validate`], which checks
+//!   a table without building anything, for `kvtier check` (in the `.so` it is the library's
+//!   validate entry, tier ABI 5: `kvtier check` loads the library and calls it, and no tier is
+//!   built):
 //!
 //! ```ignore
 //! tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate); // linked in
-//! tiering_core::export_tier!("example" => tier::build);                                         // loaded from the .so
+//! tiering_core::export_tier!("example" => tier::build, validate = tier::validate);             // loaded from the .so
 //! ```
 //!
 //! ## Using it
@@ -48,4 +50,4 @@ pub mod tier;
 pub use tier::{ExampleOptions, ExampleTier, build};
 
 tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate);
-tiering_core::export_tier!("example" => tier::build);
+tiering_core::export_tier!("example" => tier::build, validate = tier::validate);

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
-use super::builder::locate;
+use super::builder::{TierSource, locate};
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
 use super::units::ByteSize;
@@ -17,8 +17,10 @@ const CAPACITY_BOUND: u64 = 1 << 50;
 
 impl ChainConfig {
     /// Every error of the chain, in file order: an unknown or misplaced tier type, every error
-    /// the type's validate-only hook ([`TierRegistration::validate`](crate::TierRegistration::validate))
-    /// finds in its options, a `capacity` of zero or larger than the machine (physical
+    /// the type's validate-only hook ([`TierRegistration::validate`](crate::TierRegistration::validate),
+    /// or for a tier library its validate entry,
+    /// [`LoadedLibrary::validate_options`](crate::plugin::LoadedLibrary::validate_options), which
+    /// loads the library but builds no tier) finds in its options, a `capacity` of zero or larger than the machine (physical
     /// memory for the primary, the filesystem under `path` for a tier with a path, 1 PiB
     /// otherwise), two tiers with one name, two tiers on one `path`. Nothing is built.
     ///
@@ -30,17 +32,30 @@ impl ChainConfig {
         let mut names: HashMap<String, usize> = HashMap::new();
         let mut paths: HashMap<PathBuf, usize> = HashMap::new();
         for spec in self.tiers() {
-            if let Err(e) = self.resolve_tier(spec, registry) {
-                errors.push(e);
-            } else if spec.library.is_some() {
-                // A library's options are its own (checked by `--build`).
-            } else if let Some(Err(found)) = registry.get(&spec.tier_type).map(|r| r.validate(&spec.options))
-            {
-                errors.extend(
-                    found
-                        .into_iter()
-                        .map(|e: TierError| locate(self, spec, ChainErrorKind::Tier(e))),
-                );
+            match self.resolve_tier(spec, registry) {
+                Err(e) => errors.push(e),
+                Ok(TierSource::Library(lib)) => match lib.validate_options(&spec.options) {
+                    // No validate entry: only building the tier checks its options.
+                    None => {}
+                    Some(Ok(problems)) => errors.extend(problems.into_iter().map(|p| {
+                        let kind = ChainErrorKind::Tier(TierError::Config(p.message));
+                        match p.key.filter(|k| spec.key_line(k).is_some()) {
+                            Some(key) => self.at_key(spec, &key, kind),
+                            None => locate(self, spec, kind),
+                        }
+                    })),
+                    Some(Err(e)) => errors.push(locate(self, spec, ChainErrorKind::Plugin(e))),
+                },
+                Ok(TierSource::Linked { .. }) => {
+                    if let Some(Err(found)) = registry.get(&spec.tier_type).map(|r| r.validate(&spec.options))
+                    {
+                        errors.extend(
+                            found
+                                .into_iter()
+                                .map(|e: TierError| locate(self, spec, ChainErrorKind::Tier(e))),
+                        );
+                    }
+                }
             }
             if let Some(e) = self.check_capacity(spec) {
                 errors.push(e);

@@ -19,16 +19,16 @@ use super::convert::{
     request_id, sink, slice,
 };
 use super::ffi::{
-    ABI_VERSION, ErrSink, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey, FfiParent, FfiReq,
-    FfiSink, FfiStaticStr, FfiStats, FfiStatus, FfiStr, PluginDescriptor, TierState, TierVTable, job_kind,
-    lookup, status,
+    ABI_VERSION, ErrSink, FfiConfigError, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey,
+    FfiParent, FfiReq, FfiSink, FfiStaticStr, FfiStats, FfiStatus, FfiStr, PluginDescriptor, TierState,
+    TierVTable, job_kind, lookup, status,
 };
 use crate::arena::{ChunkArena, RowGrant, RowRead, RowWrite};
 use crate::error::{ControlPlaneFailure, ManagerError, TierError};
 use crate::job::{JobId, JobKind, JobResult, TransferJob};
 use crate::key::OffloadKey;
 use crate::outcome::{LookupResult, OffloadPolicy};
-use crate::registry::{SecondaryContext, SecondaryFactory};
+use crate::registry::{OptionsValidator, SecondaryContext, SecondaryFactory};
 use crate::request::{ReqContext, RequestId};
 use crate::tier::{ParentManager, SecondaryTier};
 use crate::waker::ControlWaker;
@@ -41,7 +41,8 @@ pub type CreateFn = unsafe extern "C" fn(
     err: ErrSink,
 ) -> FfiStatus;
 
-/// The descriptor of a library providing `type_name`, built by `create`.
+/// The descriptor of a library providing `type_name`, built by `create`, without a validate
+/// entry (add one with [`PluginDescriptor::with_validate`]).
 #[must_use]
 pub const fn descriptor(type_name: &'static str, create: CreateFn) -> PluginDescriptor {
     PluginDescriptor {
@@ -69,6 +70,7 @@ pub const fn descriptor(type_name: &'static str, create: CreateFn) -> PluginDesc
             stats,
             shutdown,
         },
+        validate: None,
     }
 }
 
@@ -304,6 +306,48 @@ pub unsafe fn create(
         });
         // SAFETY: checked non-null above; the caller guarantees it is writable.
         unsafe { *out = Box::into_raw(state).cast() };
+        Ok(())
+    })
+}
+
+/// `validate` for a library whose options `validator` checks (the same hook as
+/// `register_tier!`'s `validate = …`). Called by the code [`export_tier!`](crate::export_tier)
+/// generates. Each problem goes out with the top-level key its message quotes in backquotes
+/// (what [`parse_options`](crate::config::parse_options) writes), or no key.
+///
+/// # Safety
+/// `options_toml` is valid for the call; the sinks are callable during it.
+pub unsafe fn validate(
+    validator: OptionsValidator,
+    options_toml: FfiStr,
+    out: FfiSink<FfiConfigError>,
+    err: ErrSink,
+) -> FfiStatus {
+    guarded(err, "the validate hook", || {
+        // SAFETY: guaranteed by the caller.
+        let text = unsafe { options_toml.to_str() }.ok_or_else(|| fail("options are not UTF-8"))?;
+        let options: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| fail(format!("options are not a TOML table: {e}")))?;
+        let Err(problems) = tier_call("the validate hook", || validator(&options))? else {
+            return Ok(());
+        };
+        for problem in problems {
+            let message = match problem {
+                TierError::Config(m) => m,
+                other => other.to_string(),
+            };
+            let key = crate::config::quoted_words(&message)
+                .find(|w| options.contains_key(*w))
+                .unwrap_or("");
+            let item = FfiConfigError {
+                key: FfiStr::new(key),
+                message: FfiStr::new(&message),
+            };
+            // SAFETY: the caller's sink, callable during this call; `item` borrows `message`,
+            // which lives across the push.
+            unsafe { (out.push)(out.ctx, &raw const item) };
+        }
         Ok(())
     })
 }
@@ -734,18 +778,41 @@ impl ParentManager for ParentAdapter<'_> {
 
 /// Exports a secondary tier type from a `cdylib`, so a host can load it with
 /// `library = "…"` in a chain file. The factory has the same signature as for
-/// [`register_tier!`](crate::register_tier), so one function serves both:
+/// [`register_tier!`](crate::register_tier), so one function serves both; so does the optional
+/// validate-only hook, which lets `kvtier check` check the tier's options without building it
+/// (tier ABI 5; without it, only `kvtier check --build` checks them):
 ///
 /// ```ignore
-/// tiering_core::register_tier!(secondary "my-tier" => build);
-/// tiering_core::export_tier!("my-tier" => build);
+/// tiering_core::register_tier!(secondary "my-tier" => build, validate = validate);
+/// tiering_core::export_tier!("my-tier" => build, validate = validate);
 /// ```
 ///
 /// Use it once per library, at module level. It exports the ABI version static and the entry
-/// function the loader looks for.
+/// function the loader looks for. The hook must only parse and check (no allocation of the
+/// tier's storage, no files, sockets or threads); a panic in it is caught in the library and
+/// reported as an error of the check.
 #[macro_export]
 macro_rules! export_tier {
     ($name:literal => $factory:expr $(,)?) => {
+        $crate::export_tier!(@entry $name, $factory, |d| d);
+    };
+    ($name:literal => $factory:expr, validate = $validator:expr $(,)?) => {
+        $crate::export_tier!(@entry $name, $factory, |d| {
+            // Named so it cannot shadow the hook's own name in `$validator`.
+            unsafe extern "C" fn __kvtier_validate_entry(
+                options: $crate::plugin::ffi::FfiStr,
+                out: $crate::plugin::ffi::FfiSink<$crate::plugin::ffi::FfiConfigError>,
+                err: $crate::plugin::ffi::ErrSink,
+            ) -> $crate::plugin::ffi::FfiStatus {
+                let validator: $crate::registry::OptionsValidator = $validator;
+                // SAFETY: the host calls `validate` under the descriptor's contract, which is
+                // exactly `plugin::export::validate`'s.
+                unsafe { $crate::plugin::export::validate(validator, options, out, err) }
+            }
+            d.with_validate(__kvtier_validate_entry)
+        });
+    };
+    (@entry $name:literal, $factory:expr, |$d:ident| $finish:expr) => {
         /// The kvtier tier ABI version this library implements (read by the loader first).
         #[allow(non_upper_case_globals)]
         #[unsafe(no_mangle)]
@@ -765,8 +832,10 @@ macro_rules! export_tier {
                 // `plugin::export::create`'s.
                 unsafe { $crate::plugin::export::create(factory, options, ctx, out, err) }
             }
-            static DESCRIPTOR: $crate::plugin::ffi::PluginDescriptor =
-                $crate::plugin::export::descriptor($name, create);
+            static DESCRIPTOR: $crate::plugin::ffi::PluginDescriptor = {
+                let $d = $crate::plugin::export::descriptor($name, create);
+                $finish
+            };
             &DESCRIPTOR
         }
     };

@@ -5,15 +5,29 @@
 //!
 //! Versioning: [`ABI_VERSION`] changes whenever any type or function signature of this module
 //! changes. The loader reads it from the exported static [`ABI_SYMBOL`] before it calls any code
-//! of the library.
+//! of the library, and accepts [`MIN_ABI_VERSION`] to [`ABI_VERSION`].
+//!
+//! History of what a host still reads:
+//! - 5: the descriptor ends with an optional [`ValidateFn`] (`validate`, null when the library
+//!   has none), which checks a tier's options without building it (`kvtier check`).
+//! - 4: the descriptor ends with the vtable ([`PluginDescriptorV4`]); every other type and
+//!   function of this module is as in version 5, so a version-5 host reads a version-4
+//!   descriptor through that prefix and uses the library as before, without a validate entry.
+//!
+//! A library declares the version it was built for; a host older than that version refuses it
+//! (it cannot know the fields it would ignore were optional).
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
 use crate::arena::ArenaRawParts;
 
-/// The version of this ABI. A library built against another version is refused.
-pub const ABI_VERSION: u32 = 4;
+/// The version of this ABI, which libraries built against this crate declare. A host accepts
+/// libraries of [`MIN_ABI_VERSION`] up to this version and refuses any other.
+pub const ABI_VERSION: u32 = 5;
+
+/// The oldest library ABI version this host still loads (see the module's history).
+pub const MIN_ABI_VERSION: u32 = 4;
 
 /// Name of the exported `u32` static holding the library's [`ABI_VERSION`].
 pub const ABI_SYMBOL: &str = "kvtier_tier_abi_version";
@@ -449,11 +463,31 @@ pub struct TierVTable {
     pub shutdown: unsafe extern "C" fn(state: TierState, err: ErrSink) -> FfiStatus,
 }
 
+/// One problem a library's validate entry found in a tier's options.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct FfiConfigError {
+    /// The top-level option key the problem is about; empty when it is about no one key (a
+    /// missing key is named in the message).
+    pub key: FfiStr,
+    /// What is wrong, in words (it may quote the key in backquotes too).
+    pub message: FfiStr,
+}
+
+/// A library's validate entry (ABI 5): checks `options_toml` (a TOML table, serialised, as
+/// `create` receives it) without building anything — no allocation of the tier's storage, no
+/// files, no sockets, no threads. It pushes one [`FfiConfigError`] per problem into `out` and
+/// returns [`status::OK`] whether or not it found any; any other status means the check itself
+/// could not run (the options are not TOML, or the hook panicked: [`status::PANIC`]), with a
+/// message on `err`.
+pub type ValidateFn =
+    unsafe extern "C" fn(options_toml: FfiStr, out: FfiSink<FfiConfigError>, err: ErrSink) -> FfiStatus;
+
 /// What the entry function returns. Lives in a `static` of the library.
 #[repr(C)]
 #[derive(Debug)]
 pub struct PluginDescriptor {
-    /// Must equal [`ABI_VERSION`].
+    /// The library's ABI version ([`ABI_VERSION`] when built against this crate).
     pub abi_version: u32,
     /// `size_of::<PluginDescriptor>()` in the library, a second layout check.
     pub descriptor_size: usize,
@@ -464,5 +498,36 @@ pub struct PluginDescriptor {
     /// The tier type the library provides.
     pub type_name: FfiStaticStr,
     /// The functions.
+    pub vtable: TierVTable,
+    /// Checks options without building a tier (ABI 5); `None` (a null pointer) when the library
+    /// has no validate-only hook.
+    pub validate: Option<ValidateFn>,
+}
+
+impl PluginDescriptor {
+    /// This descriptor with a validate entry.
+    #[must_use]
+    pub const fn with_validate(mut self, validate: ValidateFn) -> Self {
+        self.validate = Some(validate);
+        self
+    }
+}
+
+/// The descriptor of an ABI-4 library: [`PluginDescriptor`] without its trailing `validate`
+/// field. A host reads it only after reading `abi_version == 4`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct PluginDescriptorV4 {
+    /// 4.
+    pub abi_version: u32,
+    /// `size_of::<PluginDescriptorV4>()` in the library.
+    pub descriptor_size: usize,
+    /// The tiering-core version the library was built against.
+    pub core_version: FfiStaticStr,
+    /// The library's build fingerprint.
+    pub fingerprint: FfiStaticStr,
+    /// The tier type the library provides.
+    pub type_name: FfiStaticStr,
+    /// The functions (the same table as in ABI 5).
     pub vtable: TierVTable,
 }

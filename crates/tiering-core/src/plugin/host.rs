@@ -8,17 +8,17 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::PluginError;
 use super::convert::{
     EncodedReq, ErrorText, build_context, event_from_ffi, info_from_ffi, key_from_ffi, key_to_ffi,
     panic_message, position_of, positions_of, push_error, request_id, result_from_ffi, sink, slice,
     stats_from_ffi,
 };
 use super::ffi::{
-    ErrSink, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey, FfiParent, FfiReq, FfiSink,
-    FfiStats, FfiStatus, FfiStr, TierState, TierVTable, job_kind, lookup, status,
+    ErrSink, FfiConfigError, FfiEvent, FfiFactoryCtx, FfiInfo, FfiJob, FfiJobResult, FfiKey, FfiParent,
+    FfiReq, FfiSink, FfiStats, FfiStatus, FfiStr, TierState, TierVTable, job_kind, lookup, status,
 };
 use super::loader::LoadedLibrary;
+use super::{OptionProblem, PluginError};
 use crate::arena::{ChunkArena, RowGrant, RowRead};
 use crate::error::{ManagerError, TierError};
 use crate::event::OffloadingEvent;
@@ -42,6 +42,52 @@ unsafe extern "C" fn host_wake(ctx: *const c_void) {
             w.0.lock().wake();
         }
     });
+}
+
+impl LoadedLibrary {
+    /// Checks a tier's `options` (the chain section without `type` and `library`) with the
+    /// library's validate entry, without building a tier: the library parses and checks them and
+    /// allocates, opens and binds nothing (its contract, as for a linked type's validate-only
+    /// hook).
+    ///
+    /// `None` when the library has no validate entry (ABI 4, or exported without `validate`):
+    /// only building a tier checks its options then. `Some(Ok(problems))` otherwise, empty when
+    /// the options are good.
+    ///
+    /// # Errors
+    /// (Inside the `Some`) the check could not run: the options cannot be serialised, or the
+    /// hook panicked (caught in the library) or failed.
+    pub fn validate_options(&self, options: &toml::Table) -> Option<Result<Vec<OptionProblem>, PluginError>> {
+        let validate = self.validate?;
+        let failed = |message: String| PluginError::Validate {
+            path: self.path().to_path_buf(),
+            message,
+        };
+        let text = match toml::to_string(options) {
+            Ok(t) => t,
+            Err(e) => return Some(Err(failed(format!("cannot serialise the options: {e}")))),
+        };
+        let mut problems = Vec::new();
+        let mut receive = |p: &FfiConfigError| {
+            // SAFETY: pushed strings are valid during the push.
+            let (key, message) = unsafe { (p.key.to_str(), p.message.to_str()) };
+            problems.push(OptionProblem {
+                key: key.filter(|k| !k.is_empty()).map(str::to_owned),
+                message: message.unwrap_or("(message is not UTF-8)").to_owned(),
+            });
+        };
+        let out = sink(&mut receive);
+        let mut err = ErrorText::default();
+        // SAFETY: a validate entry of a loaded library (never unloaded); `text` and the sinks'
+        // closures live across the call.
+        let code = err.with(|e| unsafe { validate(FfiStr::new(&text), out, e) });
+        // A panic's message says so ("panicked in the validate hook: …").
+        Some(if code == status::OK {
+            Ok(problems)
+        } else {
+            Err(failed(err.or("its validate hook failed without a message")))
+        })
+    }
 }
 
 /// A secondary tier living in a loaded library.

@@ -6,7 +6,10 @@ use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
-use super::ffi::{ABI_SYMBOL, ABI_VERSION, ENTRY_SYMBOL, EntryFn, PluginDescriptor, TierVTable};
+use super::ffi::{
+    ABI_SYMBOL, ABI_VERSION, ENTRY_SYMBOL, EntryFn, FfiStaticStr, MIN_ABI_VERSION, PluginDescriptor,
+    PluginDescriptorV4, TierVTable, ValidateFn,
+};
 use super::{BUILD_FINGERPRINT, CORE_VERSION, PluginError};
 
 /// A tier library that passed the loader's checks. Lives for the rest of the process: libraries
@@ -18,7 +21,9 @@ pub struct LoadedLibrary {
     type_name: String,
     core_version: String,
     fingerprint: String,
+    abi_version: u32,
     pub(super) vtable: TierVTable,
+    pub(super) validate: Option<ValidateFn>,
 }
 
 impl LoadedLibrary {
@@ -46,6 +51,19 @@ impl LoadedLibrary {
         &self.fingerprint
     }
 
+    /// The tier ABI version it implements ([`MIN_ABI_VERSION`] to [`ABI_VERSION`]).
+    #[must_use]
+    pub fn abi_version(&self) -> u32 {
+        self.abi_version
+    }
+
+    /// Whether it has a validate entry (ABI 5 and exported with `validate = …`), so its tiers'
+    /// options can be checked without building them ([`LoadedLibrary::validate_options`]).
+    #[must_use]
+    pub fn validates(&self) -> bool {
+        self.validate.is_some()
+    }
+
     /// Whether it was built exactly like this host (same fingerprint).
     #[must_use]
     pub fn same_build_as_host(&self) -> bool {
@@ -54,6 +72,12 @@ impl LoadedLibrary {
 }
 
 static LOADED: OnceLock<Mutex<HashMap<PathBuf, &'static LoadedLibrary>>> = OnceLock::new();
+
+/// Whether this host loads libraries declaring tier ABI `version`.
+#[must_use]
+pub fn abi_supported(version: u32) -> bool {
+    (MIN_ABI_VERSION..=ABI_VERSION).contains(&version)
+}
 
 /// `major.minor.patch` → (major, minor).
 fn major_minor(v: &str) -> Option<(u64, u64)> {
@@ -85,28 +109,50 @@ unsafe fn validate(label: &Path, desc: *const PluginDescriptor) -> Result<Loaded
         });
     }
     // SAFETY: non-null, and the caller guarantees the first field is readable. Only the leading
-    // `u32` is read before the version is known to match.
+    // `u32` is read before the version, and with it the layout, is known.
     let abi = unsafe { desc.cast::<u32>().read() };
-    if abi != ABI_VERSION {
-        return Err(PluginError::AbiMismatch {
-            path,
-            found: abi,
-            expected: ABI_VERSION,
-        });
-    }
-    // SAFETY: the ABI version matches, so the layout is this crate's `PluginDescriptor`.
-    let desc = unsafe { &*desc };
-    if desc.descriptor_size != size_of::<PluginDescriptor>() {
+    // The fields both layouts share, and the validate entry of version 5.
+    let (size, expected_size, strings, vtable, validate) = match abi {
+        ABI_VERSION => {
+            // SAFETY: version 5: the layout is this crate's `PluginDescriptor`.
+            let d = unsafe { &*desc };
+            let strings = [d.core_version, d.fingerprint, d.type_name];
+            (
+                d.descriptor_size,
+                size_of::<PluginDescriptor>(),
+                strings,
+                d.vtable,
+                d.validate,
+            )
+        }
+        4 => {
+            // SAFETY: version 4: the layout is `PluginDescriptorV4`, the prefix of version 5's.
+            let d = unsafe { &*desc.cast::<PluginDescriptorV4>() };
+            let strings = [d.core_version, d.fingerprint, d.type_name];
+            (
+                d.descriptor_size,
+                size_of::<PluginDescriptorV4>(),
+                strings,
+                d.vtable,
+                None,
+            )
+        }
+        found => {
+            return Err(PluginError::AbiMismatch {
+                path,
+                found,
+                expected: ABI_VERSION,
+            });
+        }
+    };
+    if size != expected_size {
         return Err(PluginError::BadDescriptor {
             path,
-            reason: format!(
-                "descriptor is {} bytes, expected {}",
-                desc.descriptor_size,
-                size_of::<PluginDescriptor>()
-            ),
+            reason: format!("a version-{abi} descriptor is {expected_size} bytes, but this one is {size}"),
         });
     }
-    let text = |s: super::ffi::FfiStaticStr, what: &str| {
+    let [core_version, fingerprint, type_name]: [FfiStaticStr; 3] = strings;
+    let text = |s: FfiStaticStr, what: &str| {
         // SAFETY: descriptor strings point to static data of the library, which is never
         // unloaded.
         unsafe { s.0.to_str() }
@@ -116,7 +162,7 @@ unsafe fn validate(label: &Path, desc: *const PluginDescriptor) -> Result<Loaded
                 reason: format!("the {what} is not UTF-8"),
             })
     };
-    let core_version = text(desc.core_version, "core version")?;
+    let core_version = text(core_version, "core version")?;
     if !core_compatible(&core_version) {
         return Err(PluginError::CoreVersionMismatch {
             path,
@@ -124,8 +170,8 @@ unsafe fn validate(label: &Path, desc: *const PluginDescriptor) -> Result<Loaded
             expected: CORE_VERSION.to_owned(),
         });
     }
-    let fingerprint = text(desc.fingerprint, "fingerprint")?;
-    let type_name = text(desc.type_name, "type name")?;
+    let fingerprint = text(fingerprint, "fingerprint")?;
+    let type_name = text(type_name, "type name")?;
     if type_name.is_empty() {
         return Err(PluginError::BadDescriptor {
             path,
@@ -145,7 +191,9 @@ unsafe fn validate(label: &Path, desc: *const PluginDescriptor) -> Result<Loaded
         type_name,
         core_version,
         fingerprint,
-        vtable: desc.vtable,
+        abi_version: abi,
+        vtable,
+        validate,
     })
 }
 
@@ -153,10 +201,14 @@ unsafe fn validate(label: &Path, desc: *const PluginDescriptor) -> Result<Loaded
 /// library).
 ///
 /// Order of checks: the file exists; it is a loadable shared library; it exports
-/// [`ABI_SYMBOL`] and its value is [`ABI_VERSION`] — read as data, before any of the library's
-/// functions is called; it exports [`ENTRY_SYMBOL`]; the descriptor's version, size, core version
-/// and strings are sound. Loading runs the library's initialisers, so only load libraries you
-/// trust, as with any native code.
+/// [`ABI_SYMBOL`] and its value is a version this host supports ([`MIN_ABI_VERSION`] to
+/// [`ABI_VERSION`]) — read as data, before any of the library's functions is called; it exports
+/// [`ENTRY_SYMBOL`]; the descriptor's version (the same), size, core version and strings are
+/// sound. Calling the entry point only returns the library's static descriptor: no tier is built
+/// (that is `create`, called by [`PluginTier::create`](super::PluginTier::create)). Loading runs
+/// the library's initialisers (`.init_array`: in a Rust tier library, little more than the
+/// `inventory` registrations of the crates it links), so only load libraries you trust, as with
+/// any native code.
 ///
 /// # Errors
 /// A [`PluginError`] naming the file and the failed check.
@@ -200,20 +252,30 @@ pub fn load_library(path: &Path) -> Result<&'static LoadedLibrary, PluginError> 
     // SAFETY: a data symbol of the library, mapped while `library` is loaded (forever, below);
     // `u32` has no invalid bit patterns.
     let abi = unsafe { abi_ptr.read_unaligned() };
-    if abi != ABI_VERSION {
+    if !abi_supported(abi) {
         return Err(PluginError::AbiMismatch {
             path: path.to_path_buf(),
             found: abi,
             expected: ABI_VERSION,
         });
     }
-    // SAFETY: ABI version 1 declares the entry symbol with exactly this signature.
+    // SAFETY: every supported ABI version declares the entry symbol with exactly this signature.
     let entry: EntryFn =
         *unsafe { library.get::<EntryFn>(ENTRY_SYMBOL.as_bytes()) }.map_err(|e| missing(ENTRY_SYMBOL, e))?;
     // Never unload: the entry point and everything it returns stay valid forever.
     std::mem::forget(library);
-    // SAFETY: the entry point of an ABI-1 library returns its static descriptor (or null).
+    // SAFETY: the entry point of a library of a supported ABI returns its static descriptor (or
+    // null), whose first field is the version.
     let loaded = unsafe { validate(path, entry()) }?;
+    if loaded.abi_version != abi {
+        return Err(PluginError::BadDescriptor {
+            path: path.to_path_buf(),
+            reason: format!(
+                "`{ABI_SYMBOL}` says tier ABI version {abi}, the descriptor version {}",
+                loaded.abi_version
+            ),
+        });
+    }
     let loaded: &'static LoadedLibrary = Box::leak(Box::new(loaded));
     tracing::info!(
         library = %path.display(),

@@ -13,6 +13,10 @@
 //!   (same memory, same row locks) and adopts the row grants the host gave up, so its tier
 //!   receives a real [`TransferJob`](crate::TransferJob) whose grants lock the host's rows.
 //! - Panics: caught on both sides of every call and turned into errors.
+//! - Checking options: a library may export a validate-only hook (ABI 5, `export_tier!(… ,
+//!   validate = f)`), which `kvtier check` calls through
+//!   [`LoadedLibrary::validate_options`] without building a tier. Libraries of ABI 4 still load
+//!   and run; they have no such entry.
 //! - Lifetime: libraries are never unloaded.
 //!
 //! All `unsafe` of the boundary is in this module (plus the arena's raw-grant functions).
@@ -27,7 +31,16 @@ mod log;
 use std::path::PathBuf;
 
 pub use host::PluginTier;
-pub use loader::{LoadedLibrary, core_compatible, from_entry_point, load_library};
+pub use loader::{LoadedLibrary, abi_supported, core_compatible, from_entry_point, load_library};
+
+/// One problem a tier library's validate entry found in a tier's options.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionProblem {
+    /// The top-level key it is about, when the library named one.
+    pub key: Option<String>,
+    /// What is wrong.
+    pub message: String,
+}
 
 /// The tiering-core version of this build.
 pub const CORE_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -73,8 +86,9 @@ pub enum PluginError {
     },
     /// The library implements another version of the ABI.
     #[error(
-        "tier library {} implements tier ABI version {found}, but this host needs version {expected}; rebuild it against this tiering-core",
-        path.display()
+        "tier library {} implements tier ABI version {found}, but this host loads versions {min} to {expected}; rebuild it against this tiering-core",
+        path.display(),
+        min = ffi::MIN_ABI_VERSION
     )]
     AbiMismatch {
         /// The path as configured.
@@ -127,6 +141,15 @@ pub enum PluginError {
         found: String,
         /// The chain's `type`.
         expected: String,
+    },
+    /// The library's validate entry could not run (it panicked, or the options could not be
+    /// handed over).
+    #[error("tier library {} could not check the options: {message}", path.display())]
+    Validate {
+        /// The path as configured.
+        path: PathBuf,
+        /// What happened.
+        message: String,
     },
     /// The library's factory failed or panicked.
     #[error("tier library {} could not build its tier: {message}", path.display())]

@@ -7,7 +7,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use super::export::{self, descriptor};
-use super::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
+use super::ffi::{
+    ErrSink, FfiConfigError, FfiFactoryCtx, FfiSink, FfiStaticStr, FfiStatus, FfiStr, PluginDescriptor,
+    PluginDescriptorV4, TierState,
+};
 use super::{PluginError, PluginTier, from_entry_point};
 use crate::error::{ManagerError, TierError};
 use crate::job::TransferJob;
@@ -159,6 +162,67 @@ extern "C" fn wrong_abi_entry() -> *const PluginDescriptor {
 }
 
 crate::export_tier!("macro-made" => scripted_factory);
+
+/// A validate-only hook: `name` must be a string other than "bad"; `panic_on = "validate"`
+/// panics; any other key is unknown.
+fn check_scripted(options: &toml::Table) -> Result<(), Vec<TierError>> {
+    let mut problems = Vec::new();
+    for (k, v) in options {
+        match (k.as_str(), v.as_str()) {
+            ("name", Some("bad")) => problems.push(TierError::Config("`name` must not be \"bad\"".into())),
+            ("name", Some(_)) => {}
+            ("panic_on", Some("validate")) => panic!("deliberate panic in validate"),
+            _ => problems.push(TierError::Config(format!("unknown field `{k}`"))),
+        }
+    }
+    if options.is_empty() {
+        problems.push(TierError::Other("a table without keys".into()));
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems)
+    }
+}
+
+unsafe extern "C" fn validate_scripted(o: FfiStr, out: FfiSink<FfiConfigError>, e: ErrSink) -> FfiStatus {
+    // SAFETY: forwarded verbatim from the host.
+    unsafe { export::validate(check_scripted, o, out, e) }
+}
+
+static CHECKED: PluginDescriptor = descriptor("checked", create_scripted).with_validate(validate_scripted);
+
+extern "C" fn checked_entry() -> *const PluginDescriptor {
+    &raw const CHECKED
+}
+
+/// A version-4 descriptor: the version-5 one without its trailing validate entry.
+const fn legacy_descriptor() -> PluginDescriptorV4 {
+    PluginDescriptorV4 {
+        abi_version: 4,
+        descriptor_size: size_of::<PluginDescriptorV4>(),
+        core_version: FfiStaticStr::new(super::CORE_VERSION),
+        fingerprint: FfiStaticStr::new(super::BUILD_FINGERPRINT),
+        type_name: FfiStaticStr::new("scripted"),
+        vtable: descriptor("scripted", create_scripted).vtable,
+    }
+}
+
+static LEGACY: PluginDescriptorV4 = legacy_descriptor();
+
+/// A version-4 descriptor claiming version 5's size.
+static LEGACY_WRONG_SIZE: PluginDescriptorV4 = PluginDescriptorV4 {
+    descriptor_size: size_of::<PluginDescriptor>(),
+    ..legacy_descriptor()
+};
+
+extern "C" fn legacy_entry() -> *const PluginDescriptor {
+    (&raw const LEGACY).cast()
+}
+
+extern "C" fn legacy_wrong_size_entry() -> *const PluginDescriptor {
+    (&raw const LEGACY_WRONG_SIZE).cast()
+}
 
 fn table(pairs: &[(&str, &str)]) -> toml::Table {
     pairs
@@ -417,4 +481,79 @@ fn info_and_stats_come_from_the_library() {
     assert!(t.take_events().is_empty());
     assert!(!t.has_pending_work());
     t.shutdown().unwrap();
+}
+
+#[test]
+fn a_validate_entry_checks_options_without_building_a_tier() {
+    let lib = from_entry_point("in-process", checked_entry).unwrap();
+    assert_eq!(lib.abi_version(), super::ffi::ABI_VERSION);
+    assert!(lib.validates());
+    let before = HANDLES.lock().len();
+    assert_eq!(
+        lib.validate_options(&table(&[("name", "fine")]))
+            .unwrap()
+            .unwrap(),
+        vec![]
+    );
+    let mut problems = lib
+        .validate_options(&table(&[("name", "bad"), ("colour", "blue")]))
+        .unwrap()
+        .unwrap();
+    problems.sort_by(|a, b| a.key.cmp(&b.key));
+    assert_eq!(
+        problems,
+        vec![
+            super::OptionProblem {
+                key: Some("colour".into()),
+                message: "unknown field `colour`".into(),
+            },
+            super::OptionProblem {
+                key: Some("name".into()),
+                message: "`name` must not be \"bad\"".into(),
+            },
+        ]
+    );
+    // A problem about no key of the table goes out without one (and keeps its text).
+    let problems = lib.validate_options(&toml::Table::new()).unwrap().unwrap();
+    assert_eq!(problems[0].key, None);
+    assert_eq!(problems[0].message, "a table without keys");
+    // A panic in the hook is caught in the library and is an error of the check.
+    let err = lib
+        .validate_options(&table(&[("panic_on", "validate")]))
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, PluginError::Validate { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("panicked in the validate hook: deliberate panic in validate"),
+        "{err}"
+    );
+    assert_eq!(HANDLES.lock().len(), before, "no tier was built");
+    // A library exported without a hook has no entry.
+    let plain = from_entry_point("macro", kvtier_tier_entry).unwrap();
+    assert!(!plain.validates());
+    assert!(plain.validate_options(&table(&[("name", "x")])).is_none());
+}
+
+#[test]
+fn an_abi_4_descriptor_still_loads_and_runs_without_a_validate_entry() {
+    let lib = from_entry_point("legacy", legacy_entry).unwrap();
+    assert_eq!(lib.abi_version(), 4);
+    assert!(!lib.validates());
+    assert!(lib.validate_options(&table(&[("name", "x")])).is_none());
+    let mut f = fixture(legacy_entry, &table(&[("name", "legacy-a")]), None);
+    let a = handle("legacy-a");
+    a.insert(OffloadKey::from_u64(7), bytes_for(7));
+    let ctx = ReqContext::local("legacy-r");
+    let mut s = f.manager.step();
+    s.on_new_request(&ctx).unwrap();
+    assert_ne!(
+        s.lookup(&OffloadKey::from_u64(7), &ctx).unwrap(),
+        LookupResult::Miss
+    );
+    drop(s);
+    f.manager.shutdown().unwrap();
+    let err = from_entry_point("legacy", legacy_wrong_size_entry).unwrap_err();
+    assert!(matches!(err, PluginError::BadDescriptor { .. }), "{err}");
+    assert!(err.to_string().contains("version-4 descriptor"), "{err}");
 }
