@@ -177,7 +177,7 @@ def test_chunks_one_engine_stores_are_promoted_bit_exact_by_another(server):
         with consumer.step() as s:
             source = s.load_source(ks[0], ctx)
         assert (source.tier, source.tier_type, source.secondary) == ("redis", "redis", 0)
-        assert (source.medium, source.locality) == ("CPU", "REMOTE")
+        assert (source.medium, source.locality) == ("STORAGE", "REMOTE")
         # vLLM counts a remote store's hits as external_unspecified.
         assert hit_source_name(source) == "external_unspecified"
         stats = consumer.stats()
