@@ -402,17 +402,24 @@ def main() -> None:
             )
         if pairs[kind]:
             worse = [(run, seed, k["waited"], t["waited"]) for run, seed, k, t in pairs[kind] if k["waited"] > t["waited"]]
-            fewer = [(run, seed, k["connector_tokens"], t["connector_tokens"]) for run, seed, k, t in pairs[kind]
-                     if k["connector_tokens"] < t["connector_tokens"]]
-            verdict = "MET" if not worse and not fewer else "NOT MET"
-            detail = f"{len(pairs[kind])} paired runs; kvtier waited {sum(k['waited'] for _, _, k, _ in pairs[kind])} steps " \
-                     f"for {sum(k['connector_tokens'] for _, _, k, _ in pairs[kind])} connector tokens, vLLM tiering " \
-                     f"{sum(t['waited'] for _, _, _, t in pairs[kind])} steps for {sum(t['connector_tokens'] for _, _, _, t in pairs[kind])} tokens"
+            hit_ratio = [k["connector_tokens"] / max(1, t["connector_tokens"]) for _, _, k, t in pairs[kind]]
+            kw, kt = sum(k["waited"] for _, _, k, _ in pairs[kind]), sum(k["connector_tokens"] for _, _, k, _ in pairs[kind])
+            tw, tt = sum(t["waited"] for _, _, _, t in pairs[kind]), sum(t["connector_tokens"] for _, _, _, t in pairs[kind])
+            verdict = "MET" if not worse else "NOT MET"
+            detail = (
+                f"{len(pairs[kind])} paired runs (same workload, seed and run); kvtier waited {kw} steps for {kt} "
+                f"connector tokens ({1000 * kw / max(1, kt):.1f} per 1k tokens), vLLM tiering {tw} steps for {tt} tokens "
+                f"({1000 * tw / max(1, tt):.1f} per 1k); kvtier/vLLM hit tokens per pair "
+                f"{statistics.median(hit_ratio):.2f} [{min(hit_ratio):.2f}–{max(hit_ratio):.2f}]"
+            )
             if worse:
                 detail += f"; kvtier waited more in (run, seed, kvtier, vLLM): {worse[:5]}"
+            print(f"VERDICT [{kind}] kvtier never more waiting steps than vLLM's tiering spec for the same hits: {verdict} ({detail})")
+            fewer = [(run, seed, k["connector_tokens"], t["connector_tokens"]) for run, seed, k, t in pairs[kind]
+                     if k["connector_tokens"] < t["connector_tokens"]]
             if fewer:
-                detail += f"; kvtier served fewer tokens in (run, seed, kvtier, vLLM): {fewer[:5]}"
-            print(f"VERDICT [{kind}] kvtier never more waiting steps than vLLM's tiering spec for at least the same hits: {verdict} ({detail})")
+                print(f"  [{kind}] kvtier served fewer connector tokens than vLLM's tiering in {len(fewer)} of "
+                      f"{len(pairs[kind])} pairs (run, seed, kvtier, vLLM): {fewer[:5]}")
         for s in specs:
             stuck = sum(x["stuck"] for x in r[s])
             wrong = sum(x["wrong"] for x in r[s])
