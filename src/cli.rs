@@ -191,7 +191,7 @@ fn check(configs: &[PathBuf], build: bool, chunk_bytes: usize) -> Result<()> {
 
 fn check_one(registry: &Registry, path: &Path, build: bool, chunk_bytes: usize) -> Result<String> {
     let chain = ChainConfig::load(path)?;
-    let kvtier::check::ChainCheck { errors, unchecked } = kvtier::check::check_chain(&chain, registry);
+    let kvtier::check::ChainCheck { errors, unchecked } = kvtier::check::check_chain(&chain, registry, build);
     for note in &unchecked {
         eprintln!("note: {note}");
     }

@@ -76,7 +76,7 @@ insecure = true
     assert_reported(&stderr, 14, "path", "also used by the tier at line 4");
     assert_reported(&stderr, 15, "capacity", "-1GiB");
     assert_reported(&stderr, 21, "capacity", "larger than the filesystem");
-    assert_reported(&stderr, 22, "io_threads", "invalid type");
+    assert_reported(&stderr, 22, "io_threads", "found a string \"two\"");
     assert!(stderr.contains("7 error(s)"), "{stderr}");
     // Validation built nothing: no scratch, no slab.
     let left: Vec<_> = std::fs::read_dir(dir.path().join("tmp"))
@@ -195,4 +195,36 @@ capacity = \"1GiB\"
         .flatten()
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+#[test]
+fn an_enum_value_of_the_wrong_type_is_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let chain = "\
+[primary]
+type = \"cpu\"
+capacity = \"8MiB\"
+eviction = 3
+
+[[secondary]]
+type = \"disk\"
+path = \"${tmpdir}/kvtier-${pid}/d\"
+capacity = \"16MiB\"
+sync = true
+";
+    let (out, stderr) = check(dir.path(), chain);
+    assert!(!out.status.success());
+    assert_reported(
+        &stderr,
+        4,
+        "eviction",
+        "expected a string (\"lru\", \"arc\" or \"s3fifo\"), found an integer 3",
+    );
+    assert_reported(
+        &stderr,
+        10,
+        "sync",
+        "expected a string (\"never\", \"batch\" or \"always\"), found a boolean true",
+    );
+    assert!(!stderr.contains("unit variant"), "{stderr}");
 }

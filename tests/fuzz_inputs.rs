@@ -426,7 +426,7 @@ fn chain_case(u: &mut Unstructured<'_>) -> arbitrary::Result<()> {
             }
             PARSED.fetch_add(1, Ordering::Relaxed);
             let _ = cfg.manager_config();
-            let check = kvtier::check::check_chain(&cfg, registry());
+            let check = kvtier::check::check_chain(&cfg, registry(), false);
             for e in &check.errors {
                 assert_located(e, &text);
             }

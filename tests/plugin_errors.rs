@@ -270,3 +270,130 @@ fn a_failing_constructor_shuts_down_the_tiers_already_built() {
         "no tier kept the arena"
     );
 }
+
+/// Runs `kvtier check [--build] chain.toml` on `chain` in a fresh directory; returns whether it
+/// succeeded and its standard error.
+fn kvtier_check(chain: &str, build: bool) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("chain.toml");
+    std::fs::write(&file, chain).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvtier"));
+    cmd.env("TMPDIR", dir.path()).arg("check");
+    if build {
+        cmd.arg("--build");
+    }
+    let out = cmd.arg(&file).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `stderr` has a line naming `chain.toml:<line>`, key `key` and `needle`.
+fn reported(stderr: &str, line: usize, key: &str, needle: &str) -> bool {
+    let (at, key) = (format!("chain.toml:{line}:"), format!("key `{key}`"));
+    stderr
+        .lines()
+        .any(|l| l.contains(&at) && l.contains(&key) && l.contains(needle))
+}
+
+fn cpu_and_library(lib: &Path, tier_type: &str, extra: &str) -> String {
+    format!(
+        "[primary]\ntype = \"cpu\"\ncapacity = \"4MiB\"\n\n[[secondary]]\ntype = \"{tier_type}\"\nlibrary = \"{}\"\n{extra}",
+        lib.display()
+    )
+}
+
+#[test]
+fn check_rejects_bad_options_of_a_library_tier_with_file_line_and_key_without_building_it() {
+    let lib = common::example_library();
+    // The library's validate entry (ABI 5) checks the options; no tier is built (an inbox socket
+    // would be bound by building).
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ex.sock");
+    let (ok, stderr) = kvtier_check(
+        &cpu_and_library(
+            &lib,
+            "example",
+            &format!(
+                "capacity = \"1MiB\"\ninbx = \"/tmp/x\"\ninbox = \"{}\"\n",
+                sock.display()
+            ),
+        ),
+        false,
+    );
+    assert!(!ok, "{stderr}");
+    assert!(reported(&stderr, 9, "inbx", "unknown field `inbx`"), "{stderr}");
+    assert!(!stderr.contains("options not checked"), "{stderr}");
+    assert!(!sock.exists(), "check built the tier");
+    let (ok, stderr) = kvtier_check(&cpu_and_library(&lib, "example", "capacity = \"lots\"\n"), false);
+    assert!(!ok, "{stderr}");
+    assert!(
+        reported(&stderr, 8, "capacity", "invalid size `lots`"),
+        "{stderr}"
+    );
+    // Good options pass, with nothing left unchecked.
+    let (ok, stderr) = kvtier_check(&cpu_and_library(&lib, "example", "capacity = \"1MiB\"\n"), false);
+    assert!(ok, "{stderr}");
+    assert!(!stderr.contains("not checked"), "{stderr}");
+}
+
+#[test]
+fn a_panicking_validate_hook_in_a_library_is_a_check_error() {
+    let (ok, stderr) = kvtier_check(
+        &cpu_and_library(
+            &common::fault_library("fault_panicky"),
+            "panicky",
+            "panic_in = \"validate\"\n",
+        ),
+        false,
+    );
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.lines().any(|l| l.contains("chain.toml:")
+            && l.contains("panicked in the validate hook: the panicky tier's validate hook gave up")),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn an_abi_4_library_loads_and_check_says_only_building_checks_its_options() {
+    let lib = common::fault_library("legacy_abi4");
+    // It still loads and builds.
+    let mut m = build(&with_library(&lib, "legacy", "capacity = \"1MiB\"\n")).unwrap();
+    assert_eq!(
+        m.inspect(|s| s.secondary_infos())
+            .into_iter()
+            .map(|i| i.name)
+            .collect::<Vec<_>>(),
+        ["legacy"]
+    );
+    m.shutdown().unwrap();
+    let loaded = tiering_core::plugin::load_library(&lib).unwrap();
+    assert_eq!(loaded.abi_version(), 4);
+    assert!(!loaded.validates());
+    // Bad options pass `check` (nothing can check them without building), which says so.
+    let chain = cpu_and_library(&lib, "legacy", "capacity = \"lots\"\n");
+    let (ok, stderr) = kvtier_check(&chain, false);
+    assert!(ok, "{stderr}");
+    let note = stderr
+        .lines()
+        .find(|l| l.starts_with("note: "))
+        .unwrap_or_else(|| panic!("no note in:\n{stderr}"));
+    assert!(note.contains("chain.toml:5: [[secondary]] #1"), "{note}");
+    assert!(note.contains("options not checked"), "{note}");
+    assert!(note.contains("(tier ABI 4) has no validate entry"), "{note}");
+    assert!(note.contains("`kvtier check --build` checks them"), "{note}");
+    // `--build` builds the tier, and with it checks the options; the note says so.
+    let (ok, stderr) = kvtier_check(&chain, true);
+    assert!(!ok, "{stderr}");
+    assert!(!stderr.contains("options not checked"), "{stderr}");
+    assert!(
+        stderr.contains("options checked only by building the tier (below)"),
+        "{stderr}"
+    );
+    assert!(
+        reported(&stderr, 8, "capacity", "invalid size `lots`"),
+        "{stderr}"
+    );
+}
