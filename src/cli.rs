@@ -85,6 +85,12 @@ enum Command {
         #[command(subcommand)]
         bench: kvtier::bench::BenchCommand,
     },
+    /// Chaos soak: two simulated nodes over cpu + disk + redis + p2p while seeded faults hit
+    /// them; checks that nothing is lost or served wrong, and exits non-zero on any violation.
+    Soak(kvtier::soak::SoakArgs),
+    /// The peer node of `kvtier soak` (started by it, not by hand).
+    #[command(hide = true)]
+    SoakNode(kvtier::soak::NodeArgs),
     /// A copy worker process of `bench fetch-rtt --workers-process` (started by it, not by hand).
     #[command(hide = true)]
     BenchCopyWorker(kvtier::bench::CopyWorkerArgs),
@@ -115,6 +121,8 @@ pub fn main() -> ExitCode {
         Command::Redis { cmd } => kvtier::redis_admin::run_command(&cmd),
         Command::Bench { bench } => kvtier::bench::run_command(&bench, DEFAULT_CHAIN_NAME, DEFAULT_CHAIN),
         Command::BenchCopyWorker(args) => kvtier::bench::copy_worker(&args),
+        Command::Soak(args) => kvtier::soak::soak_command(&args),
+        Command::SoakNode(args) => kvtier::soak::node_command(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

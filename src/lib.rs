@@ -12,7 +12,8 @@
 //! - [`scratch`](crate::scratch): per-run scratch space, removed on every exit path;
 //! - [`host_buffer`]: host buffers aligned as an engine's staging memory is;
 //! - [`metrics_endpoint`]: the Prometheus endpoint of `run` and `peer`;
-//! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run.
+//! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run;
+//! - [`soak`](crate::soak): the chaos soak behind `kvtier soak` (two nodes, seeded faults, checks).
 
 pub mod bench;
 pub mod check;
@@ -22,3 +23,4 @@ pub mod peer;
 pub mod redis_admin;
 pub mod scratch;
 pub mod sim;
+pub mod soak;

@@ -68,6 +68,11 @@ pub struct SimConfig {
     /// Give the manager the engine's recompute cost (`prefill_per_token` × `tokens_per_chunk`
     /// per chunk), so it promotes only what loads faster than it recomputes.
     pub recompute_cost: bool,
+    /// A peer (`HOST:PORT`, its p2p `bind` address) every request names as its
+    /// `remote_kv_source`, so a `p2p` tier probes that peer for the chunks the request misses
+    /// locally (`kvtier soak` runs two nodes this way). `None`: requests carry no parameters.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub remote_kv_source: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -92,6 +97,7 @@ impl Default for SimConfig {
             drain_timeout: Duration::from_secs(30),
             model: None,
             recompute_cost: false,
+            remote_kv_source: None,
         }
     }
 }

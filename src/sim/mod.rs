@@ -31,6 +31,7 @@ pub mod preflight;
 pub mod profile;
 mod report;
 mod rng;
+mod session;
 mod trace;
 mod workload;
 
@@ -46,10 +47,12 @@ pub use command::{RunArgs, load_chain, registry, run_command};
 pub use config::SimConfig;
 pub use error::{BoxError, SimError};
 pub use hash::{chunk_keys, chunk_matches, fill_chunk};
+pub use metrics::RunMetrics;
 pub use nodes::{NodeReport, NodesReport, run_nodes};
 pub use offload::{EventCounts, LookupCounts, Source};
 pub use report::{Baseline, CopyJobs, Identity, PathRow, Percentiles, Report, SourceRow, Timing};
 pub use rng::{SimRng, Zipf};
+pub use session::{Session, run_offload_off};
 pub use trace::{load_trace, parse_trace};
 pub use workload::{RequestSpec, WorkloadKind, WorkloadSpec};
 

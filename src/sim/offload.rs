@@ -95,6 +95,9 @@ pub struct Offload {
     /// Chunks this node promoted from a secondary tier that no node of the run stored (left
     /// in a shared tier by an earlier run).
     pub foreign_chunks: u64,
+    /// The events drained, kept for [`Offload::take_kept_events`] (only when asked for with
+    /// [`Offload::keep_events`]).
+    kept_events: Option<Vec<tiering_core::OffloadingEvent>>,
 }
 
 impl Offload {
@@ -122,6 +125,7 @@ impl Offload {
             node: None,
             cross_node_chunks: 0,
             foreign_chunks: 0,
+            kept_events: None,
         })
     }
 
@@ -363,14 +367,27 @@ impl Offload {
             Some(s) => s.take_events()?,
             None => self.mgr.take_events()?,
         };
-        for e in events {
+        for e in &events {
             if e.removed {
                 self.events.removed += e.keys.len() as u64;
             } else {
                 self.events.stored += e.keys.len() as u64;
             }
         }
+        if let Some(kept) = &mut self.kept_events {
+            kept.extend(events);
+        }
         Ok(())
+    }
+
+    /// Keeps every event drained from now on, for [`Offload::take_kept_events`].
+    pub fn keep_events(&mut self) {
+        self.kept_events.get_or_insert_with(Vec::new);
+    }
+
+    /// The events kept since the last call (none unless [`Offload::keep_events`] was called).
+    pub fn take_kept_events(&mut self) -> Vec<tiering_core::OffloadingEvent> {
+        self.kept_events.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// A stats snapshot (not timed: instrumentation).

@@ -83,6 +83,22 @@ struct Job {
     due: f64,
 }
 
+/// The context of a local request `id`; with `source` (`HOST:PORT`), it names that peer as the
+/// request's `remote_kv_source` (probed by a p2p tier for the chunks it misses locally).
+fn request_context(id: String, source: Option<&str>) -> ReqContext {
+    let Some((host, port)) = source.and_then(|s| s.rsplit_once(':')) else {
+        return ReqContext::local(id);
+    };
+    let mut params = serde_json::Map::new();
+    params.insert(
+        "remote_kv_source".into(),
+        serde_json::json!({ "kv_request_id": id, "host": host, "port": port }),
+    );
+    ReqContext::builder(tiering_core::RequestId::local(id))
+        .params(params)
+        .build()
+}
+
 /// Blocks a request of `tokens` tokens occupies.
 pub(crate) fn blocks_for(tokens: usize, tokens_per_chunk: usize) -> usize {
     tokens.div_ceil(tokens_per_chunk)
@@ -154,7 +170,7 @@ impl<'a> Engine<'a> {
             .map(|(i, s)| {
                 let mut tokens = s.prompt.to_vec();
                 tokens.extend_from_slice(&s.output);
-                let ctx = ReqContext::local(format!("{i}:{}", s.name));
+                let ctx = request_context(format!("{i}:{}", s.name), cfg.remote_kv_source.as_deref());
                 let keys = chunk_keys(&tokens, tpc, 0);
                 // End-token positions let a tier recover prefix order (request-scoped recency).
                 for (c, k) in keys.iter().enumerate() {
