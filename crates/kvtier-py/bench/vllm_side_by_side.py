@@ -29,7 +29,7 @@ chain files, disk and fs tiers, torch's scratch files) that it removes, and vLLM
 in /dev/shm is unlinked when each engine shuts down: it leaves no files behind.
 
 Each runner calls the connector's handle_preemptions before its forward, as vLLM's model runner
-does (tests/vllm/reference_tiering.handle_preemptions_before_forward).
+does (tests/vllm/harness.py).
 """
 
 import argparse
@@ -216,9 +216,9 @@ def measure(spec: str, kind: str, seed: int, a, model_dir: str) -> dict:
     work = workload(kind, seed, a.requests, shape.block_size)
     max_steps = a.max_steps or (max(r[3] for r in work) + 3000)
     workdir = tempfile.mkdtemp(prefix=spec[:2], dir=SCRATCH)
-    engine = rt.handle_preemptions_before_forward(make_engine(spec, model_dir, shape, a.cpu_chunks, workdir))
+    engine = make_engine(spec, model_dir, shape, a.cpu_chunks, workdir)
     sources = rt.track_hit_sources(engine)
-    kept = rt.track_stats(engine)
+    kept = engine.connector_stats
     inside = {"conn": 0}
     calls = time_calls(engine, inside)
     time_manager(engine, inside)

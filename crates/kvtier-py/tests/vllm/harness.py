@@ -15,6 +15,7 @@ vLLM's CPU worker refuses to run without CUDA.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import random
@@ -303,6 +304,9 @@ class Runner:
         """``work``: (req_id, tokens up to the step's end, block ids, computed, end) per scheduled
         request. Returns (KVConnectorOutput, wrong tokens, checked tokens)."""
         c = self.connector
+        # As vLLM's model runner: stores of blocks this step reallocates (jobs_to_flush) are
+        # submitted before the forward overwrites them.
+        c.handle_preemptions(metadata)
         c.bind_connector_metadata(metadata)
         c.start_load_kv(None)
         wrong = checked = 0
@@ -487,6 +491,18 @@ class Engine:
         conn.get_num_new_matched_tokens = get_num_new_matched_tokens
         conn.update_state_after_alloc = update_state_after_alloc
 
+        # vLLM's scheduler takes the connector's stats inside update_from_output: keep a copy of
+        # every non-empty payload.
+        stats_fn = conn.get_kv_connector_stats
+
+        def get_kv_connector_stats():
+            out = stats_fn()
+            if out is not None and not out.is_empty():
+                self.connector_stats.append(copy.deepcopy(out))
+            return out
+
+        conn.get_kv_connector_stats = get_kv_connector_stats
+
     @property
     def manager(self) -> Any:
         """The spec's scheduler-side ``OffloadingManager``."""
@@ -550,9 +566,6 @@ class Engine:
                 if o.finish_reason is not None:
                     self.stats.finished += 1
                     self.requests.pop(o.request_id, None)
-        stats = self.connector.get_kv_connector_stats()
-        if stats is not None and not stats.is_empty():
-            self.connector_stats.append(stats)
         self.stats.steps += 1
 
     def reset_cache(self) -> bool:

@@ -2,9 +2,8 @@
 ``fs`` secondary tier, :mod:`reference_tiering`) on the workloads of test_chains.py, next to
 kvtier's cpu+disk chain on the same workloads.
 
-Both sides run under vLLM's real scheduler and connector with every held token checked, each
-runner calling the connector's ``handle_preemptions`` before its forward as vLLM's model runner
-does (:func:`reference_tiering.handle_preemptions_before_forward`). Runs are bounded: a request
+Both sides run under vLLM's real scheduler and connector with every held token checked. Runs
+are bounded: a request
 vLLM's tiering leaves waiting (the issue saw a livelock with an 8-chunk CPU tier) is reported,
 never waited for.
 """
@@ -28,9 +27,9 @@ def chains_workload(shape, seed=11):
 
 
 def run_vllm_tiering(model_dir, shape, cpu_chunks, work):
-    engine = rt.handle_preemptions_before_forward(rt.tiering_engine(model_dir, shape, cpu_chunks))
+    engine = rt.tiering_engine(model_dir, shape, cpu_chunks)
     sources = rt.track_hit_sources(engine)
-    kept = rt.track_stats(engine)
+    kept = engine.connector_stats
     try:
         stats = harness.drive(engine, work, max_steps=MAX_STEPS)
     finally:
@@ -40,7 +39,7 @@ def run_vllm_tiering(model_dir, shape, cpu_chunks, work):
 
 def run_kvtier(model_dir, tmp_path, shape, cpu_chunks, work, name="kv"):
     path = chain(tmp_path, disk_tier(tmp_path / f"{name}-disk"), capacity=cpu_chunks, off_step=True, name=name)
-    engine = rt.handle_preemptions_before_forward(kvtier_engine(model_dir, path, shape))
+    engine = kvtier_engine(model_dir, path, shape)
     sources = rt.track_hit_sources(engine)
     try:
         stats = harness.drive(engine, work, max_steps=MAX_STEPS)
