@@ -31,6 +31,15 @@ pub enum TierError {
     /// Anything else, described.
     #[error("{0}")]
     Other(String),
+    /// The tier panicked in a call; the panic was caught at the manager's tier-call boundary
+    /// (`docs/ARCHITECTURE.md`, "Panic boundary").
+    #[error("panicked in {call}: {message}")]
+    Panicked {
+        /// The tier method that panicked (`lookup`, `submit_store`, …).
+        call: &'static str,
+        /// The panic's message.
+        message: String,
+    },
 }
 
 /// Why the control-plane thread stopped.
@@ -119,6 +128,11 @@ pub enum ManagerError {
     /// The completion channel failed.
     #[error("completion channel: {0}")]
     Channel(String),
+    /// The manager has failed for good: its primary tier (which cannot be quarantined: it owns
+    /// the arena) or the manager's own code panicked, so its state can no longer be trusted.
+    /// Every later engine call returns this; `shutdown` still runs (and keeps the arena alive).
+    #[error("the manager has failed and refuses further calls: {0}")]
+    Failed(Arc<str>),
     /// The manager was shut down.
     #[error("the manager has been shut down")]
     ShutDown,

@@ -85,6 +85,9 @@ pub struct ManagerCounters {
     pub completion_messages_rejected: u64,
     /// Tiers taken out of the chain after a failure.
     pub tiers_quarantined: u64,
+    /// Panics of secondary tier calls caught at the manager's boundary (each also quarantined
+    /// the tier, or was returned to the engine under `on_tier_failure = "fail"`).
+    pub tier_panics: u64,
     /// Control-plane failures (each returned once to the engine).
     pub control_failures: u64,
     /// Control-plane sweeps run (off the scheduler thread or at step end).

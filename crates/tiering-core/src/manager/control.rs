@@ -2,7 +2,6 @@
 //! for finished jobs, let them serve inbound peer requests, and (off-step) submit the promotions
 //! serving reserved — between scheduler steps, off the scheduler thread.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -10,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
 
-use crate::error::{ControlPlaneFailure, panic_message};
+use crate::error::ControlPlaneFailure;
 use crate::sync;
 use crate::waker::ControlWaker;
 
@@ -19,6 +18,7 @@ use super::faults::TierFault;
 use super::jobs::Servicer;
 use super::state::TieringState;
 use super::telemetry::Holder;
+use super::tier_call::{TierCalls, catch};
 
 /// What the engine-facing handle, its steps and the control thread share.
 pub(crate) struct Shared {
@@ -34,12 +34,16 @@ pub(crate) struct Shared {
     pub(crate) thread_enabled: AtomicBool,
     pub(crate) config: ManagerConfig,
     pub(crate) shut_down: AtomicBool,
+    /// The tier call in progress (the state's record, readable without the lock).
+    pub(crate) calls: Arc<TierCalls>,
 }
 
 impl Shared {
     pub(crate) fn new(state: TieringState, waker: ControlWaker, config: ManagerConfig) -> Self {
         let opted_in = state.tiers.iter().any(|s| s.on_control_plane);
+        let calls = Arc::clone(&state.calls);
         Self {
+            calls,
             state: Arc::new(Mutex::new(state)),
             stop: sync::AtomicBool::new(false),
             failure: Mutex::new(None),
@@ -90,8 +94,9 @@ impl Shared {
         }
     }
 
-    /// Starts the control thread if it is enabled and not running yet. Called with the state
-    /// locked by the caller's step (passed in), so the thread starts after that step.
+    /// Starts the control thread if it is enabled and not running yet. Called once, when the
+    /// manager is built, with the state locked (passed in): the opted-in tiers belong to the
+    /// thread from before the first step.
     pub(crate) fn start_control_thread(self: &Arc<Self>, state: &mut TieringState) {
         if !self.thread_enabled.load(Ordering::Acquire) || self.shut_down.load(Ordering::Acquire) {
             return;
@@ -313,6 +318,8 @@ struct Sweeps<'a> {
     shared: &'a Shared,
     starved_since: Option<Instant>,
     asked: Instant,
+    /// The stuck tier call last reported by the watchdog (reported once).
+    reported_stuck: Option<(String, &'static str)>,
 }
 
 impl<'a> ControlTurn for Sweeps<'a> {
@@ -328,6 +335,23 @@ impl<'a> ControlTurn for Sweeps<'a> {
     fn busy(&mut self) {
         let config = &self.shared.config;
         let now = Instant::now();
+        // The watchdog of scheduler-thread tier calls: the engine cannot be freed from a tier
+        // call that never returns on its own thread, but it is named.
+        if let Some(stuck) = self.shared.calls.in_progress()
+            && stuck.age >= config.tier_timeout
+            && self.reported_stuck.as_ref() != Some(&(stuck.tier.clone(), stuck.op))
+        {
+            tracing::error!(
+                tier = %stuck.tier,
+                call = stuck.op,
+                "tier {} has been inside {} for {:?} (over tier_timeout = {:?}) and holds the manager lock",
+                stuck.tier,
+                stuck.op,
+                stuck.age,
+                config.tier_timeout
+            );
+            self.reported_stuck = Some((stuck.tier, stuck.op));
+        }
         match self.starved_since {
             None => self.starved_since = Some(now),
             Some(since) if now.duration_since(since) >= config.starvation_warning => {
@@ -348,16 +372,20 @@ impl<'a> ControlTurn for Sweeps<'a> {
     fn sweep(&mut self, mut guard: Self::Guard) -> Option<Duration> {
         let shared = self.shared;
         let acquired = Instant::now();
-        let stop = match catch_unwind(AssertUnwindSafe(|| guard.sweep())) {
+        // The outer boundary of the thread's calls: tier panics are caught inside the sweep, so
+        // one that reaches here came from the manager's own code; a panic of the primary tier
+        // leaves the manager failed. Either way the thread stops and the next engine call hears.
+        let stop = match catch(|| guard.sweep()) {
             Ok(faults) => guard.settle_sweep_faults(faults, shared),
-            Err(payload) => {
-                let message = format!("a sweep panicked: {}", panic_message(&*payload));
+            Err(panic) => {
+                let message = format!("a sweep panicked: {panic}");
                 tracing::error!(%message, "control-plane sweep failed");
                 guard.counters.control_failures += 1;
                 shared.record_failure(message);
                 true
             }
         };
+        let stop = stop || guard.failure().is_some();
         if stop {
             fall_back_to_step_driven(shared, &mut guard);
             MutexGuard::unlock_fair(guard);
@@ -381,6 +409,7 @@ fn run(shared: &Shared) {
         shared,
         starved_since: None,
         asked: Instant::now(),
+        reported_stuck: None,
     };
     shared.control_loop().run(&mut sweeps, shared.config.idle_wait);
 }

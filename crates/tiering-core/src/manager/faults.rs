@@ -1,16 +1,17 @@
-//! Tier failures: catching a tier's panics at the call, the failure policy (quarantine the tier
-//! or report and keep it), and tier calls that may block (`drain_jobs`, `shutdown`) bounded by a
-//! timeout so a hung tier is abandoned instead of waited on forever.
+//! Tier failures: the failure policy (quarantine the tier or report and keep it), and tier calls
+//! that may block (`drain_jobs`, `shutdown`) bounded by a timeout so a hung tier is abandoned
+//! instead of waited on forever. Panics are caught by `super::tier_call`, the one boundary.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use crate::error::{ManagerError, TierError, panic_message};
+use crate::error::{ManagerError, TierError};
+use crate::tier::PrimaryTier as _;
 use crate::tier::SecondaryTier;
 
 use super::config::OnTierFailure;
 use super::state::TieringState;
+use super::tier_call::{Op, TierCalls, catch};
 
 /// A failure attributed to one secondary tier.
 #[derive(Debug)]
@@ -35,27 +36,32 @@ pub(crate) enum Bounded<R> {
     TimedOut,
 }
 
-/// Runs `f` on `tier` on a helper thread and waits at most `timeout` for it.
+/// Runs `f` on tier `idx` (taken out of its slot) on a helper thread, through the panic
+/// boundary, and waits at most `timeout` for it; the call is recorded in `calls` meanwhile.
 pub(crate) fn run_bounded<R: Send + 'static>(
     mut tier: Box<dyn SecondaryTier>,
     timeout: Duration,
-    op: &'static str,
+    (calls, idx): (&TierCalls, usize),
+    op: Op,
     f: fn(&mut dyn SecondaryTier) -> R,
 ) -> Bounded<R> {
     let (tx, rx) = mpsc::channel();
     let spawned = std::thread::Builder::new()
-        .name(format!("kvtier-{op}"))
+        .name(format!("kvtier-{}", op.name()))
         .spawn(move || {
-            let outcome = catch_unwind(AssertUnwindSafe(|| f(tier.as_mut())));
-            let _ = tx.send((tier, outcome.map_err(|p| panic_message(&*p))));
+            let outcome = catch(|| f(tier.as_mut()));
+            let _ = tx.send((tier, outcome));
         });
     if let Err(e) = spawned {
         // No thread to spare: there is no way to bound the call, so say so and give up on it
         // rather than risk blocking the engine forever.
-        tracing::error!(op, error = %e, "cannot start a thread to bound a tier call");
+        tracing::error!(op = op.name(), error = %e, "cannot start a thread to bound a tier call");
         return Bounded::TimedOut;
     }
-    match rx.recv_timeout(timeout) {
+    let mark = calls.enter(idx, op);
+    let outcome = rx.recv_timeout(timeout);
+    calls.leave(mark);
+    match outcome {
         Ok((tier, Ok(r))) => Bounded::Done(tier, r),
         Ok((tier, Err(msg))) => Bounded::Panicked(tier, msg),
         Err(_) => Bounded::TimedOut,
@@ -75,29 +81,6 @@ impl TieringState {
         first.map_or(Ok(()), Err)
     }
 
-    /// Calls `f` on tier `idx`, turning a panic into an error (and, under the quarantine policy,
-    /// quarantining the tier). An absent tier is skipped.
-    pub(crate) fn call_tier(
-        &mut self,
-        idx: usize,
-        op: &str,
-        f: impl FnOnce(&mut dyn SecondaryTier),
-    ) -> Result<(), ManagerError> {
-        let Some(tier) = self.tiers[idx].tier.as_mut() else {
-            return Ok(());
-        };
-        match catch_unwind(AssertUnwindSafe(|| f(tier.as_mut()))) {
-            Ok(()) => Ok(()),
-            Err(payload) => {
-                let error = ManagerError::tier(
-                    &self.tiers[idx].info.name,
-                    TierError::Other(format!("panicked in {op}: {}", panic_message(&*payload))),
-                );
-                self.handle_faults(vec![TierFault::new(idx, error)])
-            }
-        }
-    }
-
     /// Takes tier `idx` out of the chain for good: it is no longer looked up, stored to or
     /// served. It is shut down (bounded); once it has stopped, its in-flight jobs are reported
     /// failed, which releases their pins and reserved rows. A tier that does not stop in time
@@ -110,13 +93,26 @@ impl TieringState {
             return;
         }
         slot.quarantined = Some(reason.to_owned());
+        tracing::error!(tier = %slot.info.name, %reason, "tier quarantined: it leaves the chain");
+        self.retire(idx);
+    }
+
+    /// The second half of [`TieringState::quarantine`], for a tier marked quarantined: shuts it
+    /// down (bounded) and fails its jobs. A tier that is out of its slot right now (serving
+    /// peers) is retired when it is put back.
+    pub(crate) fn retire(&mut self, idx: usize) {
+        let Some(slot) = self.tiers.get_mut(idx) else {
+            return;
+        };
         let name = slot.info.name.clone();
         let Some(tier) = slot.tier.take() else {
             return;
         };
         self.counters.tiers_quarantined += 1;
-        tracing::error!(tier = %name, %reason, "tier quarantined: it leaves the chain");
-        match run_bounded(tier, self.tier_timeout, "tier-shutdown", |t| t.shutdown()) {
+        let calls = std::sync::Arc::clone(&self.calls);
+        match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::Shutdown, |t| {
+            t.shutdown()
+        }) {
             Bounded::Done(tier, result) => {
                 if let Err(e) = result {
                     tracing::warn!(tier = %name, error = %e, "quarantined tier did not shut down cleanly");
@@ -160,12 +156,22 @@ impl TieringState {
                 continue;
             };
             let name = self.tiers[idx].info.name.clone();
-            match run_bounded(tier, self.tier_timeout, "tier-drain", |t| t.drain_jobs()) {
+            let calls = std::sync::Arc::clone(&self.calls);
+            match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::DrainJobs, |t| {
+                t.drain_jobs();
+            }) {
                 Bounded::Done(tier, ()) => self.tiers[idx].tier = Some(tier),
-                Bounded::Panicked(tier, msg) => {
+                Bounded::Panicked(tier, message) => {
+                    // Whatever the policy: a tier that cannot drain cannot be trusted with rows.
                     self.tiers[idx].tier = Some(tier);
-                    let e =
-                        ManagerError::tier(&name, TierError::Other(format!("panicked in drain_jobs: {msg}")));
+                    self.counters.tier_panics += 1;
+                    let e = ManagerError::tier(
+                        &name,
+                        TierError::Panicked {
+                            call: Op::DrainJobs.name(),
+                            message,
+                        },
+                    );
                     self.quarantine(idx, &e.to_string());
                     first.get_or_insert(e);
                 }

@@ -1,14 +1,14 @@
 //! Job results: polling tiers for finished primary↔secondary jobs and applying them (a finished
 //! cascade releases its pins; a finished promotion makes its keys readable or frees them).
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use crate::error::{ManagerError, TierError, panic_message};
+use crate::error::ManagerError;
 use crate::job::{JobKind, JobOutcome, JobResult};
 use crate::key::{KeySet, OffloadKey};
+use crate::tier::PrimaryTier as _;
 
 use super::faults::TierFault;
 use super::state::{JobMeta, TieringState};
+use super::tier_call::{Op, catch};
 
 /// Which tiers a poll or serve pass covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,8 +43,10 @@ impl TieringState {
         self.poll_tiers(Servicer::Scheduler)
     }
 
-    /// Polls the tiers `who` services and applies their results. A tier that panics, or reports
-    /// a job it does not own, is returned as a fault; every other result is still applied.
+    /// Polls the tiers `who` services and applies their results. A tier that reports a job it
+    /// does not own is returned as a fault; every other result is still applied. A tier that
+    /// panics has the results it pushed before the panic applied, then goes through the failure
+    /// policy (`super::tier_call`): quarantined, or returned as a fault under `fail`.
     pub(crate) fn poll_tiers(&mut self, who: Servicer) -> Vec<TierFault> {
         let mut faults = Vec::new();
         let mut results = std::mem::take(&mut self.results);
@@ -56,21 +58,20 @@ impl TieringState {
                 continue;
             };
             results.clear();
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(|| tier.poll_finished(&mut results))) {
-                faults.push(TierFault::new(
-                    idx,
-                    ManagerError::tier(
-                        &self.tiers[idx].info.name,
-                        TierError::Other(format!("panicked in poll_finished: {}", panic_message(&*payload))),
-                    ),
-                ));
-            }
+            let mark = self.calls.enter(idx, Op::PollFinished);
+            let polled = catch(|| tier.poll_finished(&mut results));
+            self.calls.leave(mark);
             let mut first = None;
             for r in results.drain(..) {
                 if let Err(e) = self.apply_result(idx, &r) {
                     tracing::error!(error = %e, "invalid job report");
                     first.get_or_insert(e);
                 }
+            }
+            if let Err(message) = polled
+                && let Err(e) = self.tier_panicked(idx, Op::PollFinished, message)
+            {
+                faults.push(TierFault::new(idx, e));
             }
             if let Some(e) = first {
                 faults.push(TierFault::new(idx, e));
@@ -146,10 +147,8 @@ impl TieringState {
             self.primary.complete_write(&failed, &meta.ctx, false);
             self.forget_load_sources(&meta.ctx, &failed, idx);
             // Remembered, so the next lookup of these keys does not start the same promotion.
-            let health = self.tiers[idx]
-                .tier
-                .as_ref()
-                .map(|t| t.health())
+            let health = self
+                .tier_call_or_defer(idx, Op::Health, |t| t.health())
                 .unwrap_or_default();
             self.backoff.failed(idx, &failed, ok.is_empty(), health);
         }

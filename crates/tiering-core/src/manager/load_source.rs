@@ -5,6 +5,7 @@
 
 use crate::key::OffloadKey;
 use crate::request::{ReqContext, TierInfo};
+use crate::tier::PrimaryTier as _;
 
 use super::state::TieringState;
 

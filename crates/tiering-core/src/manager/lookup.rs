@@ -15,10 +15,12 @@ use crate::job::{JobKind, TransferJob};
 use crate::key::OffloadKey;
 use crate::outcome::LookupResult;
 use crate::request::ReqContext;
+use crate::tier::PrimaryTier as _;
 
 use super::cost::Verdict;
 use super::jobs::Servicer;
 use super::state::{JobMeta, PendingPromotion, TieringState};
+use super::tier_call::Op;
 
 impl TieringState {
     /// The lookup algorithm. `poll` is true only for the engine's own lookups: a lookup made
@@ -40,7 +42,7 @@ impl TieringState {
             self.recheck_declined_retries();
             self.poll_awaited_promotions()?;
         }
-        let (r, tier) = self.walk_tiers(key, ctx);
+        let (r, tier) = self.walk_tiers(key, ctx)?;
         if poll {
             self.telemetry.lookup(r, tier);
         }
@@ -77,8 +79,8 @@ impl TieringState {
             if !self.backoff.watches(idx) {
                 continue;
             }
-            if let Some(tier) = self.tiers[idx].tier.as_ref() {
-                self.backoff.observe_health(idx, tier.health());
+            if let Some(health) = self.tier_call_or_defer(idx, Op::Health, |t| t.health()) {
+                self.backoff.observe_health(idx, health);
             }
         }
         self.backoff.expire();
@@ -94,10 +96,13 @@ impl TieringState {
         let rechecks = self.cost.retries().take_rechecks();
         let now = Instant::now();
         for (idx, key, ctx) in rechecks {
-            let Some(tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.as_mut()) else {
+            if idx >= self.tiers.len() {
+                continue;
+            }
+            let Some(answer) = self.tier_call_or_defer(idx, Op::Lookup, |t| t.lookup(&key, &ctx)) else {
                 continue;
             };
-            match tier.lookup(&key, &ctx) {
+            match answer {
                 LookupResult::Hit => self.cost.answered(idx, &key, true),
                 LookupResult::Miss => self.cost.answered(idx, &key, false),
                 LookupResult::Retry | LookupResult::HitPending => {
@@ -108,35 +113,41 @@ impl TieringState {
     }
 
     /// The walk itself; returns the verdict and the index (0 = primary) of the tier that gave it.
-    fn walk_tiers(&mut self, key: &OffloadKey, ctx: &ReqContext) -> (LookupResult, Option<usize>) {
+    /// A tier that panics is quarantined and the walk goes on without it (an error only under
+    /// `on_tier_failure = "fail"`).
+    fn walk_tiers(
+        &mut self,
+        key: &OffloadKey,
+        ctx: &ReqContext,
+    ) -> Result<(LookupResult, Option<usize>), ManagerError> {
         match self.primary.lookup(key, ctx) {
             LookupResult::HitPending if self.cost.past_deadline(key, Instant::now()) => {
                 // A promotion the engine should no longer wait for: it recomputes the chunk.
-                return (LookupResult::Miss, None);
+                return Ok((LookupResult::Miss, None));
             }
-            r @ (LookupResult::Hit | LookupResult::HitPending) => return (r, Some(0)),
+            r @ (LookupResult::Hit | LookupResult::HitPending) => return Ok((r, Some(0))),
             LookupResult::Retry | LookupResult::Miss => {}
         }
         let mut retry = false;
         for idx in 0..self.tiers.len() {
-            let slot = &mut self.tiers[idx];
-            if !ctx.load_filter().allows_tier(&slot.info) {
-                continue;
-            }
+            let slot = &self.tiers[idx];
             // An absent tier is the one serving this very lookup (skipped by construction) or a
             // quarantined one.
-            let Some(tier) = slot.tier.as_mut() else {
+            if slot.tier.is_none() || !ctx.load_filter().allows_tier(&slot.info) {
                 continue;
-            };
+            }
             // A promotion of this key from this tier failed recently, or every promotion from
             // it does: do not start the same promotion again (`super::backoff`).
             if !self.backoff.is_idle() && self.backoff.skips(idx, key) {
                 continue;
             }
-            match tier.lookup(key, ctx) {
+            let Some(answer) = self.tier_call(idx, Op::Lookup, |t| t.lookup(key, ctx))? else {
+                continue;
+            };
+            match answer {
                 LookupResult::Hit => {
                     self.cost.answered(idx, key, true);
-                    return (self.initiate_promotion(idx, key, ctx), Some(idx + 1));
+                    return Ok((self.initiate_promotion(idx, key, ctx), Some(idx + 1)));
                 }
                 LookupResult::Retry => retry |= self.cost.retry_worth_waiting(idx, key, ctx),
                 LookupResult::HitPending => retry = true,
@@ -148,7 +159,7 @@ impl TieringState {
         } else {
             LookupResult::Miss
         };
-        (r, None)
+        Ok((r, None))
     }
 
     /// Reserves a primary slot for promoting `key` from tier `idx` and queues it for the
@@ -261,7 +272,7 @@ impl TieringState {
                     req: p.ctx,
                     rows: RowGrant::Write(rows),
                 };
-                if let Err(fault) = self.call_tier(idx, "submit_load", |t| t.submit_load(job)) {
+                if let Err(fault) = self.tier_call(idx, Op::SubmitLoad, |t| t.submit_load(job)) {
                     first_err.get_or_insert(fault);
                 }
             }

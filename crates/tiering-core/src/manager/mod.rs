@@ -11,8 +11,9 @@
 //! promotions), `backoff` (failed promotions remembered), `load_source` (where a request's hits came from), `store` (stores and
 //! cascades), `completions` (the engine's and the copy workers' store reports), `requests` (the
 //! request lifecycle), `jobs` (job results), `serve` (serving peers), `control` (the control
-//! thread and its sweep), `faults` (failure policy, bounded tier calls), `teardown` (reset and
-//! shutdown), [`step`] (the step guard).
+//! thread and its sweep), `faults` (failure policy, bounded tier calls), `tier_call` (the panic
+//! boundary every tier call goes through, and the record of the call in progress), `teardown`
+//! (reset and shutdown), [`step`] (the step guard).
 
 mod backoff;
 pub(crate) mod completions;
@@ -33,6 +34,7 @@ pub mod step;
 mod store;
 mod teardown;
 mod telemetry;
+mod tier_call;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -76,22 +78,26 @@ impl TieringManager {
     }
 
     /// As [`TieringManager::new`], with a waker the tiers were already built with.
+    ///
+    /// The control-plane thread (if enabled and a secondary tier opts in) starts here, so the
+    /// tiers that opted in are never serviced from the scheduler thread, not even in the first
+    /// step.
     #[must_use]
     pub fn with_waker(
         primary: Box<dyn PrimaryTier>,
-        mut secondaries: Vec<Box<dyn SecondaryTier>>,
+        secondaries: Vec<Box<dyn SecondaryTier>>,
         config: ManagerConfig,
         waker: ControlWaker,
     ) -> Self {
-        for tier in &mut secondaries {
-            tier.set_waker(waker.clone());
-        }
         let arena = Arc::clone(primary.arena());
-        let state = TieringState::new(primary, secondaries, &config);
-        Self {
-            shared: Arc::new(Shared::new(state, waker, config)),
-            arena,
+        let state = TieringState::with_waker(primary, secondaries, &config, Some(&waker));
+        let shared = Arc::new(Shared::new(state, waker, config));
+        {
+            let mut guard = shared.state.lock();
+            shared.start_control_thread(&mut guard);
+            MutexGuard::unlock_fair(guard);
         }
+        Self { shared, arena }
     }
 
     /// Starts a scheduler step: takes the manager's lock until the returned [`Step`] is dropped.
@@ -216,14 +222,25 @@ impl TieringManager {
         r
     }
 
-    fn observe<R>(&self, f: impl FnOnce(&mut TieringState) -> R) -> Result<R, ManagerError> {
+    fn observe<R>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&mut TieringState) -> R,
+    ) -> Result<R, ManagerError> {
         if self.shared.shut_down.load(Ordering::Acquire) {
             return Err(ManagerError::ShutDown);
         }
-        let mut guard = self.shared.state.lock();
-        let r = f(&mut guard);
+        let calls = Arc::clone(&self.shared.calls);
+        let Some(mut guard) =
+            tier_call::lock_unless_hung(&calls, self.shared.config.tier_timeout, None, |t| {
+                self.shared.state.try_lock_for(t)
+            })?
+        else {
+            return Err(ManagerError::LockTimedOut(what, self.shared.config.tier_timeout));
+        };
+        let r = guard.engine_call(what, |s| Ok(f(s)));
         MutexGuard::unlock_fair(guard);
-        Ok(r)
+        r
     }
 
     /// Whether the engine should keep stepping even with no requests.
@@ -231,7 +248,7 @@ impl TieringManager {
     /// # Errors
     /// The manager was shut down.
     pub fn has_pending_work(&self) -> Result<bool, ManagerError> {
-        self.observe(|s| s.has_pending_work_unlocked())
+        self.observe("has_pending_work", TieringState::has_pending_work_unlocked)
     }
 
     /// Events since the last call: the primary's, then each secondary's in chain order.
@@ -239,7 +256,7 @@ impl TieringManager {
     /// # Errors
     /// The manager was shut down.
     pub fn take_events(&self) -> Result<Vec<OffloadingEvent>, ManagerError> {
-        self.observe(TieringState::take_events_unlocked)
+        self.observe("take_events", TieringState::take_events_unlocked)
     }
 
     /// A snapshot of the counters.
@@ -247,7 +264,7 @@ impl TieringManager {
     /// # Errors
     /// The manager was shut down.
     pub fn stats(&self) -> Result<ManagerStats, ManagerError> {
-        self.observe(|s| s.stats_unlocked())
+        self.observe("stats", TieringState::stats_unlocked)
     }
 
     /// Drains every tier (each bounded by `tier_timeout`), then forgets everything in the
@@ -277,7 +294,7 @@ impl TieringManager {
     /// # Errors
     /// The manager was shut down.
     pub fn release_reset_fence(&self) -> Result<usize, ManagerError> {
-        self.observe(|s| s.primary.release_reset_fence())
+        self.observe("release_reset_fence", |s| s.primary.release_reset_fence())
     }
 
     fn reset_with(&mut self, what: &'static str, fence_writes: bool) -> Result<usize, ManagerError> {
@@ -285,10 +302,10 @@ impl TieringManager {
             return Err(ManagerError::ShutDown);
         }
         let timeout = self.shared.config.shutdown_lock_timeout;
-        let Some(mut guard) = self.shared.state.try_lock_for(timeout) else {
+        let Some(mut guard) = self.lock_for_teardown(timeout)? else {
             return Err(ManagerError::LockTimedOut(what, timeout));
         };
-        let result = guard.reset_cache_unlocked(fence_writes);
+        let result = guard.engine_call(what, |s| s.reset_cache_unlocked(fence_writes));
         MutexGuard::unlock_fair(guard);
         result
     }
@@ -308,7 +325,7 @@ impl TieringManager {
         // would turn a wedged tier into a hung engine, so give up with an error instead (the
         // tiers and the arena then stay alive, which is the safe side).
         let timeout = self.shared.config.shutdown_lock_timeout;
-        let Some(mut guard) = self.shared.state.try_lock_for(timeout) else {
+        let Some(mut guard) = self.lock_for_teardown(timeout)? else {
             return Err(ManagerError::ShutdownTimedOut(timeout));
         };
         if let Some(channel) = guard.channel.take() {
@@ -323,6 +340,21 @@ impl TieringManager {
 
     fn stop_control_thread(&mut self) {
         self.shared.stop_control_thread();
+    }
+
+    /// Takes the lock for a reset or a shutdown: waits at most `timeout`, and gives up sooner
+    /// (an error naming the tier and the call) once the holder has been stuck inside one tier
+    /// call for `tier_timeout`.
+    fn lock_for_teardown(
+        &self,
+        timeout: std::time::Duration,
+    ) -> Result<Option<MutexGuard<'_, TieringState>>, ManagerError> {
+        tier_call::lock_unless_hung(
+            &self.shared.calls,
+            self.shared.config.tier_timeout,
+            Some(timeout),
+            |t| self.shared.state.try_lock_for(t),
+        )
     }
 }
 

@@ -2,36 +2,42 @@
 
 use crate::event::OffloadingEvent;
 use crate::stats::{ManagerStats, TierStats};
+use crate::tier::PrimaryTier as _;
 
 use super::state::TieringState;
+use super::tier_call::Op;
 
 impl TieringState {
-    pub(crate) fn has_pending_work_unlocked(&self) -> bool {
-        !self.jobs.is_empty()
-            || self.has_parked_cascades()
-            || self.has_unsubmitted_promotions()
-            || self
-                .tiers
-                .iter()
-                .any(|s| s.tier.as_ref().is_some_and(|t| t.has_pending_work()))
+    pub(crate) fn has_pending_work_unlocked(&mut self) -> bool {
+        if !self.jobs.is_empty() || self.has_parked_cascades() || self.has_unsubmitted_promotions() {
+            return true;
+        }
+        (0..self.tiers.len()).any(|idx| {
+            self.tier_call_or_defer(idx, Op::HasPendingWork, |t| t.has_pending_work()) == Some(true)
+        })
     }
 
     pub(crate) fn take_events_unlocked(&mut self) -> Vec<OffloadingEvent> {
         let mut events = self.primary.take_events();
-        for slot in &mut self.tiers {
-            if let Some(tier) = slot.tier.as_mut() {
-                events.extend(tier.take_events().into_iter().map(|mut e| {
-                    if e.ownership.is_none() {
-                        e.ownership = Some(slot.info.name.clone());
-                    }
-                    e
-                }));
-            }
+        for idx in 0..self.tiers.len() {
+            let Some(taken) = self.tier_call_or_defer(idx, Op::TakeEvents, |t| t.take_events()) else {
+                continue;
+            };
+            let name = &self.tiers[idx].info.name;
+            events.extend(taken.into_iter().map(|mut e| {
+                if e.ownership.is_none() {
+                    e.ownership = Some(name.clone());
+                }
+                e
+            }));
         }
         events
     }
 
-    pub(crate) fn stats_unlocked(&self) -> ManagerStats {
+    pub(crate) fn stats_unlocked(&mut self) -> ManagerStats {
+        let tier_stats: Vec<Option<TierStats>> = (0..self.tiers.len())
+            .map(|idx| self.tier_call_or_defer(idx, Op::Stats, |t| t.stats()))
+            .collect();
         ManagerStats {
             manager: {
                 let mut counters = self.counters.clone();
@@ -42,12 +48,10 @@ impl TieringState {
             secondaries: self
                 .tiers
                 .iter()
+                .zip(tier_stats)
                 .enumerate()
-                .map(|(idx, s)| {
-                    let mut stats = s
-                        .tier
-                        .as_ref()
-                        .map_or_else(|| TierStats::named(&s.info.name), |t| t.stats());
+                .map(|(idx, (s, stats))| {
+                    let mut stats = stats.unwrap_or_else(|| TierStats::named(&s.info.name));
                     if s.quarantined.is_some() {
                         stats.extra.insert("quarantined".to_owned(), 1.0);
                     }

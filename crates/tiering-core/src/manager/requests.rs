@@ -5,8 +5,10 @@ use crate::error::ManagerError;
 use crate::key::KeyMap;
 use crate::outcome::OffloadPolicy;
 use crate::request::{ReqContext, RequestId};
+use crate::tier::PrimaryTier as _;
 
 use super::state::{RequestState, TieringState};
+use super::tier_call::Op;
 
 impl TieringState {
     /// Announces a request to every present tier (the serving origin is absent, and is
@@ -17,12 +19,12 @@ impl TieringState {
         exclude: Option<usize>,
     ) -> OffloadPolicy {
         let mut request_level = Vec::new();
-        for (idx, slot) in self.tiers.iter_mut().enumerate() {
+        for idx in 0..self.tiers.len() {
             if Some(idx) == exclude {
                 continue;
             }
-            if let Some(tier) = slot.tier.as_mut()
-                && tier.on_new_request(ctx) == OffloadPolicy::RequestLevel
+            if self.tier_call_or_defer(idx, Op::OnNewRequest, |t| t.on_new_request(ctx))
+                == Some(OffloadPolicy::RequestLevel)
             {
                 request_level.push(idx);
             }
@@ -77,13 +79,13 @@ impl TieringState {
     }
 
     pub(crate) fn notify_finished(&mut self, state: &RequestState) {
-        for (idx, slot) in self.tiers.iter_mut().enumerate() {
+        for idx in 0..self.tiers.len() {
             if Some(idx) == state.exclude {
                 continue;
             }
-            if let Some(tier) = slot.tier.as_mut() {
-                tier.on_request_finished(&state.ctx);
-            }
+            self.tier_call_or_defer(idx, Op::OnRequestFinished, |t| {
+                t.on_request_finished(&state.ctx);
+            });
         }
     }
 }

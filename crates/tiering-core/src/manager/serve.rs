@@ -1,9 +1,7 @@
 //! Serving peers: the serving tier is taken out of the state for the duration of its
 //! `serve_external_requests`, and calls back through a [`TierFacingParent`] that borrows the rest.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-
-use crate::error::{ManagerError, TierError, panic_message};
+use crate::error::ManagerError;
 use crate::job::TransferJob;
 use crate::key::OffloadKey;
 use crate::outcome::{LookupResult, OffloadPolicy};
@@ -13,6 +11,7 @@ use crate::tier::ParentManager;
 use super::faults::TierFault;
 use super::jobs::Servicer;
 use super::state::TieringState;
+use super::tier_call::{Op, catch};
 
 /// The `ParentManager` handed to tier `origin` while it serves. It calls the `_unlocked`
 /// bodies directly: its caller already holds the lock, and `&mut TieringState` makes taking it
@@ -47,31 +46,34 @@ impl ParentManager for TierFacingParent<'_> {
 }
 
 impl TieringState {
-    /// Lets tier `idx` serve its inbound peer requests. A panic inside the tier is caught and
-    /// returned as an error; the tier is put back either way.
+    /// Lets tier `idx` serve its inbound peer requests. The tier is put back either way; an
+    /// error it returns is returned, a panic goes through the failure policy
+    /// (`super::tier_call`).
     pub(crate) fn serve_tier(&mut self, idx: usize) -> Result<(), ManagerError> {
         let Some(mut tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.take()) else {
             return Ok(());
         };
-        let outcome = catch_unwind(AssertUnwindSafe(|| {
+        let mark = self.calls.enter(idx, Op::Serve);
+        let outcome = catch(|| {
             let mut parent = TierFacingParent {
                 state: &mut *self,
                 origin: idx,
             };
             tier.serve_external_requests(&mut parent)
-        }));
+        });
+        self.calls.leave(mark);
         self.tiers[idx].tier = Some(tier);
-        let name = &self.tiers[idx].info.name;
+        if self.tiers[idx].quarantined.is_some() {
+            // Quarantined while it was out of its slot: it leaves now.
+            self.retire(idx);
+        }
         match outcome {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ManagerError::tier(name, e)),
-            Err(payload) => Err(ManagerError::tier(
-                name,
-                TierError::Other(format!(
-                    "panicked while serving peers: {}",
-                    panic_message(&*payload)
-                )),
-            )),
+            // A panic the tier caught itself and reports (as a library tier may): a panic all
+            // the same.
+            Ok(Err(e @ crate::error::TierError::Panicked { .. })) => self.apply_panic_policy(idx, e),
+            Ok(Err(e)) => Err(ManagerError::tier(&self.tiers[idx].info.name, e)),
+            Err(message) => self.tier_panicked(idx, Op::Serve, message),
         }
     }
 

@@ -17,9 +17,11 @@ use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
 use crate::request::{ReqContext, RequestId, TierInfo};
 use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
+use crate::waker::ControlWaker;
 
 use super::completions::{CompletionQueue, StoreLedger};
 use super::config::{ManagerConfig, OnTierFailure};
+use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
 
 /// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
 /// up several times per engine call, and SipHash over the id string showed in profiles.
@@ -70,7 +72,8 @@ pub(crate) struct RequestState {
 
 /// All mutable orchestrator state (see the module docs).
 pub struct TieringState {
-    pub(crate) primary: Box<dyn PrimaryTier>,
+    /// The primary behind the panic boundary (`super::tier_call`).
+    pub(crate) primary: GuardedPrimary,
     pub(crate) arena: Arc<ChunkArena>,
     pub(crate) tiers: Vec<TierSlot>,
     pub(crate) jobs: HashMap<JobId, JobMeta>,
@@ -101,6 +104,11 @@ pub struct TieringState {
     /// the call itself (a cascade submitted from `complete_store`); the step's next call
     /// returns it.
     pub(crate) deferred_failure: Option<crate::error::ManagerError>,
+    /// Set for good once the primary tier or the manager's own code panicked: every engine
+    /// call returns it (`super::tier_call`).
+    pub(crate) failed: Option<crate::error::ManagerError>,
+    /// The secondary tier call in progress, for threads waiting for the lock.
+    pub(crate) calls: Arc<TierCalls>,
     pub(crate) tier_timeout: std::time::Duration,
     pub(crate) telemetry: super::telemetry::Telemetry,
     /// Admission and backpressure in front of each secondary tier.
@@ -112,20 +120,92 @@ pub struct TieringState {
 }
 
 impl TieringState {
+    /// The state without a waker (the loom models build one).
+    #[cfg(loom)]
     pub(crate) fn new(
         primary: Box<dyn PrimaryTier>,
         secondaries: Vec<Box<dyn SecondaryTier>>,
         config: &ManagerConfig,
     ) -> Self {
+        Self::with_waker(primary, secondaries, config, None)
+    }
+
+    /// The state over `primary` and `secondaries`; each secondary is handed `waker` first, if
+    /// given. A secondary that panics while it is described (`set_waker`, `info`,
+    /// `needs_control_plane`, `stats`) starts quarantined.
+    pub(crate) fn with_waker(
+        primary: Box<dyn PrimaryTier>,
+        secondaries: Vec<Box<dyn SecondaryTier>>,
+        config: &ManagerConfig,
+        waker: Option<&ControlWaker>,
+    ) -> Self {
+        let primary = GuardedPrimary::new(primary);
         let arena = Arc::clone(primary.arena());
         let n = secondaries.len();
-        let names: Vec<String> = secondaries.iter().map(|t| t.info().name).collect();
+        let mut slots = Vec::with_capacity(n);
+        let mut capacities = Vec::with_capacity(n);
+        let mut quarantined = 0;
+        for (idx, mut tier) in secondaries.into_iter().enumerate() {
+            // The call in progress, read after a panic.
+            let op = std::cell::Cell::new(Op::SetWaker);
+            let described = catch(|| {
+                if let Some(w) = waker {
+                    tier.set_waker(w.clone());
+                }
+                op.set(Op::Info);
+                let info = tier.info();
+                op.set(Op::NeedsControlPlane);
+                let on_control_plane = tier.needs_control_plane();
+                op.set(Op::Stats);
+                (info, on_control_plane, tier.stats().capacity_chunks)
+            });
+            match described {
+                Ok((info, on_control_plane, capacity)) => {
+                    capacities.push(capacity);
+                    slots.push(TierSlot {
+                        info,
+                        on_control_plane,
+                        tier: Some(tier),
+                        quarantined: None,
+                    });
+                }
+                Err(message) => {
+                    let name = format!("secondary #{idx}");
+                    let reason = crate::error::ManagerError::tier(
+                        &name,
+                        crate::error::TierError::Panicked {
+                            call: op.get().name(),
+                            message,
+                        },
+                    )
+                    .to_string();
+                    tracing::error!(%reason, "a tier panicked while it was described; it starts quarantined");
+                    // Dropping it may panic too; it is gone either way.
+                    let _ = catch(move || drop(tier));
+                    quarantined += 1;
+                    capacities.push(0);
+                    slots.push(TierSlot {
+                        info: TierInfo::new(&name, None, None),
+                        on_control_plane: false,
+                        tier: None,
+                        quarantined: Some(reason),
+                    });
+                }
+            }
+        }
+        let names: Vec<String> = slots.iter().map(|s| s.info.name.clone()).collect();
         let telemetry = super::telemetry::Telemetry::new(&primary.info().name, &names);
-        let described: Vec<(TierInfo, u64)> = secondaries
+        let described: Vec<(TierInfo, u64)> = slots
             .iter()
-            .map(|t| (t.info(), t.stats().capacity_chunks))
+            .zip(capacities)
+            .map(|(s, c)| (s.info.clone(), c))
             .collect();
         let gates = super::gates::Gates::new(&described, config);
+        let counters = ManagerCounters {
+            tiers_quarantined: quarantined,
+            tier_panics: quarantined,
+            ..ManagerCounters::default()
+        };
         Self {
             telemetry,
             gates,
@@ -137,15 +217,8 @@ impl TieringState {
             ),
             primary,
             arena,
-            tiers: secondaries
-                .into_iter()
-                .map(|t| TierSlot {
-                    info: t.info(),
-                    on_control_plane: t.needs_control_plane(),
-                    tier: Some(t),
-                    quarantined: None,
-                })
-                .collect(),
+            calls: Arc::new(TierCalls::new(names)),
+            tiers: slots,
             jobs: HashMap::new(),
             next_job: 0,
             pending_promotions: (0..n).map(|_| IndexMap::new()).collect(),
@@ -153,7 +226,7 @@ impl TieringState {
             polled_this_step: false,
             promotions_polled_this_step: false,
             control_thread_live: false,
-            counters: ManagerCounters::default(),
+            counters,
             results: Vec::new(),
             completion_queue: Arc::new(CompletionQueue::default()),
             channel: None,
@@ -162,6 +235,7 @@ impl TieringState {
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,
             deferred_failure: None,
+            failed: None,
             tier_timeout: config.tier_timeout,
         }
     }
@@ -255,17 +329,22 @@ impl TieringState {
     /// Publishes the tiers' and the manager's counters as metrics, at most once a second.
     pub(crate) fn publish_metrics(&mut self) {
         if self.telemetry.publish_due() {
-            super::telemetry::publish(&self.stats_unlocked());
+            let stats = self.stats_unlocked();
+            super::telemetry::publish(&stats);
         }
     }
 
-    /// The earliest deadline a present tier or the ledger asked to be woken at.
-    pub(crate) fn next_deadline(&self) -> Option<std::time::Instant> {
-        self.tiers
-            .iter()
-            .filter(|s| s.on_control_plane)
-            .filter_map(|s| s.tier.as_ref().and_then(|t| t.next_deadline()))
-            .chain(self.ledger.next_deadline())
-            .min()
+    /// The earliest deadline a present opted-in tier or the ledger asked to be woken at.
+    pub(crate) fn next_deadline(&mut self) -> Option<std::time::Instant> {
+        let mut earliest = self.ledger.next_deadline();
+        for idx in 0..self.tiers.len() {
+            if !self.tiers[idx].on_control_plane {
+                continue;
+            }
+            if let Some(Some(d)) = self.tier_call_or_defer(idx, Op::NextDeadline, |t| t.next_deadline()) {
+                earliest = Some(earliest.map_or(d, |e| e.min(d)));
+            }
+        }
+        earliest
     }
 }

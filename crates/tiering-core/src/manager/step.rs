@@ -1,7 +1,6 @@
 //! The step guard: the only way to hold the manager's lock.
 
 use std::marker::PhantomData;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -9,17 +8,19 @@ use std::time::Instant;
 use parking_lot::RawMutex;
 use parking_lot::lock_api::ArcMutexGuard;
 
-use crate::error::{ControlPlaneFailure, ManagerError, panic_message};
+use crate::error::{ControlPlaneFailure, ManagerError};
 use crate::key::OffloadKey;
 use crate::offloading::OffloadingManager;
 use crate::outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 use crate::request::ReqContext;
+use crate::tier::PrimaryTier as _;
 
 use super::control::Shared;
 use super::jobs::Servicer;
 use super::load_source::LoadSource;
 use super::state::TieringState;
 use super::telemetry::Holder;
+use super::tier_call::{Op, catch, lock_unless_hung};
 
 /// One scheduler step: holds the manager's lock from [`TieringManager::step`](super::TieringManager::step)
 /// until it is dropped, and carries the engine calls of the step (it implements
@@ -37,19 +38,35 @@ pub struct Step<'m> {
     acquired: Instant,
     guard: Option<ArcMutexGuard<RawMutex, TieringState>>,
     failure: Option<Arc<ControlPlaneFailure>>,
+    /// The lock could not be taken: its holder is stuck inside a tier call (named here).
+    hung: Option<ManagerError>,
     _handle: PhantomData<&'m mut ()>,
 }
 
 impl Step<'_> {
     pub(crate) fn begin(shared: &Arc<Shared>) -> Self {
         let asked = Instant::now();
+        let mut hung = None;
         let guard = if shared.shut_down.load(Ordering::Acquire) {
             None
         } else {
-            let mut guard = shared.state.lock_arc();
-            guard.polled_this_step = false;
-            guard.promotions_polled_this_step = false;
-            Some(guard)
+            // Waits as long as the holder needs, unless the holder is stuck inside one tier call
+            // for `tier_timeout`: then this step fails with an error naming the tier and call.
+            match lock_unless_hung(&shared.calls, shared.config.tier_timeout, None, |t| {
+                shared.state.try_lock_arc_for(t)
+            }) {
+                Ok(Some(mut guard)) => {
+                    guard.polled_this_step = false;
+                    guard.promotions_polled_this_step = false;
+                    Some(guard)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::error!(error = %e, "a step could not take the manager lock");
+                    hung = Some(e);
+                    None
+                }
+            }
         };
         // Taken after the lock: a sweep may have failed while this step waited for it.
         let failure = shared.take_failure();
@@ -59,8 +76,35 @@ impl Step<'_> {
             acquired: Instant::now(),
             guard,
             failure,
+            hung,
             _handle: PhantomData,
         }
+    }
+
+    /// The locked state (an error when the lock was not taken: shut down, or a hung tier).
+    fn locked(&mut self) -> Result<&mut TieringState, ManagerError> {
+        if let Some(e) = &self.hung {
+            return Err(e.clone());
+        }
+        self.guard.as_deref_mut().ok_or(ManagerError::ShutDown)
+    }
+
+    /// An engine call of the step, through the outer panic boundary (`super::tier_call`).
+    fn call<R>(
+        &mut self,
+        call: &'static str,
+        f: impl FnOnce(&mut TieringState) -> Result<R, ManagerError>,
+    ) -> Result<R, ManagerError> {
+        self.state()?.engine_call(call, f)
+    }
+
+    /// A read-mostly hook within the step: no pending failure is returned by it.
+    fn observe<R>(
+        &mut self,
+        call: &'static str,
+        f: impl FnOnce(&mut TieringState) -> R,
+    ) -> Result<R, ManagerError> {
+        self.locked()?.engine_call(call, |s| Ok(f(s)))
     }
 
     /// The state, after returning a pending control-plane failure once.
@@ -68,7 +112,7 @@ impl Step<'_> {
         if let Some(f) = self.failure.take() {
             return Err(ManagerError::ControlPlane(f));
         }
-        let state = self.guard.as_deref_mut().ok_or(ManagerError::ShutDown)?;
+        let state = self.locked()?;
         // Checked before taking: moving the (large) error type out on every call showed in
         // per-lookup profiles.
         if state.deferred_failure.is_some()
@@ -85,7 +129,7 @@ impl Step<'_> {
     /// # Errors
     /// The manager was shut down.
     pub fn take_events(&mut self) -> Result<Vec<crate::event::OffloadingEvent>, ManagerError> {
-        self.inspect(TieringState::take_events_unlocked)
+        self.observe("take_events", TieringState::take_events_unlocked)
     }
 
     /// A snapshot of the counters, from within the step.
@@ -93,7 +137,7 @@ impl Step<'_> {
     /// # Errors
     /// The manager was shut down.
     pub fn stats(&mut self) -> Result<crate::stats::ManagerStats, ManagerError> {
-        self.inspect(|s| s.stats_unlocked())
+        self.observe("stats", TieringState::stats_unlocked)
     }
 
     /// Whether the engine should keep stepping even with no requests, from within the step.
@@ -101,7 +145,7 @@ impl Step<'_> {
     /// # Errors
     /// The manager was shut down.
     pub fn has_pending_work(&mut self) -> Result<bool, ManagerError> {
-        self.inspect(|s| s.has_pending_work_unlocked())
+        self.observe("has_pending_work", TieringState::has_pending_work_unlocked)
     }
 
     /// [`TieringManager::release_reset_fence`](super::TieringManager::release_reset_fence) from
@@ -111,7 +155,7 @@ impl Step<'_> {
     /// # Errors
     /// The manager was shut down.
     pub fn release_reset_fence(&mut self) -> Result<usize, ManagerError> {
-        self.inspect(|s| s.primary.release_reset_fence())
+        self.observe("release_reset_fence", |s| s.primary.release_reset_fence())
     }
 
     /// Where `key`'s chunk came from for this request, for an engine's cache-hit metrics (vLLM's
@@ -123,7 +167,7 @@ impl Step<'_> {
     /// # Errors
     /// The manager was shut down.
     pub fn load_source(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LoadSource, ManagerError> {
-        self.inspect(|s| s.load_source_unlocked(key, ctx))
+        self.observe("load_source", |s| s.load_source_unlocked(key, ctx))
     }
 
     /// Runs `f` on the locked state without any engine semantics. For diagnostics and tests.
@@ -131,26 +175,23 @@ impl Step<'_> {
         self.guard.as_deref_mut().map(f).ok_or(ManagerError::ShutDown)
     }
 
-    /// Flushes what the step queued after `on_schedule_end` and starts the control thread once
-    /// the first step ends.
+    /// Flushes what the step queued after `on_schedule_end` (a failure is recorded for the next
+    /// step; a failed manager flushes nothing).
     fn finish(shared: &Arc<Shared>, state: &mut TieringState) {
-        let flushed = catch_unwind(AssertUnwindSafe(|| {
+        if state.failure().is_some() {
+            return;
+        }
+        let flushed = state.engine_call("the end-of-step flush", |state| {
             state.flush_parked_cascades();
             if state.has_unsubmitted_promotions() {
                 state.flush_promotions()
             } else {
                 Ok(())
             }
-        }));
-        match flushed {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => shared.record_failure(e.to_string()),
-            Err(payload) => shared.record_failure(format!(
-                "the end-of-step flush panicked: {}",
-                panic_message(&*payload)
-            )),
+        });
+        if let Err(e) = flushed {
+            shared.record_failure(e.to_string());
         }
-        shared.start_control_thread(state);
     }
 }
 
@@ -162,7 +203,9 @@ impl Drop for Step<'_> {
         // While unwinding, only release the lock: running tier code now could panic again.
         if !std::thread::panicking() {
             Self::finish(&self.shared, &mut guard);
-            guard.publish_metrics();
+            if catch(|| guard.publish_metrics()).is_err() {
+                tracing::error!("publishing the metrics panicked");
+            }
             guard
                 .telemetry
                 .lock(Holder::Step, self.acquired - self.asked, self.acquired.elapsed());
@@ -185,35 +228,40 @@ impl std::fmt::Debug for Step<'_> {
 
 impl OffloadingManager for Step<'_> {
     fn lookup(&mut self, key: &OffloadKey, ctx: &ReqContext) -> Result<LookupResult, ManagerError> {
-        self.state()?.lookup_unlocked(key, ctx, true)
+        self.call("lookup", |s| s.lookup_unlocked(key, ctx, true))
     }
 
     fn prepare_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<Vec<ChunkId>, ManagerError> {
-        let state = self.state()?;
-        let chunks = state
-            .primary
-            .prepare_load(keys, ctx)
-            .map_err(ManagerError::primary)?;
-        state.note_reuse(keys, ctx);
-        Ok(chunks)
+        self.call("prepare_load", |state| {
+            let chunks = state
+                .primary
+                .prepare_load(keys, ctx)
+                .map_err(ManagerError::primary)?;
+            state.note_reuse(keys, ctx);
+            Ok(chunks)
+        })
     }
 
     fn touch(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), ManagerError> {
-        let state = self.state()?;
-        state.primary.touch(keys, ctx);
-        for slot in &mut state.tiers {
-            if let Some(tier) = slot.tier.as_mut() {
-                tier.touch(keys, ctx);
+        self.call("touch", |state| {
+            state.primary.touch(keys, ctx);
+            let mut first = Ok(());
+            for idx in 0..state.tiers.len() {
+                if let Err(e) = state.tier_call(idx, Op::Touch, |t| t.touch(keys, ctx)) {
+                    first = first.and(Err(e));
+                }
             }
-        }
-        Ok(())
+            first
+        })
     }
 
     fn complete_load(&mut self, keys: &[OffloadKey], ctx: &ReqContext) -> Result<(), ManagerError> {
-        self.state()?
-            .primary
-            .complete_load(keys, ctx)
-            .map_err(ManagerError::primary)
+        self.call("complete_load", |state| {
+            state
+                .primary
+                .complete_load(keys, ctx)
+                .map_err(ManagerError::primary)
+        })
     }
 
     fn prepare_store(
@@ -221,7 +269,7 @@ impl OffloadingManager for Step<'_> {
         keys: &[OffloadKey],
         ctx: &ReqContext,
     ) -> Result<Option<PrepareStoreOutput>, ManagerError> {
-        self.state()?.prepare_store_unlocked(keys, ctx)
+        self.call("prepare_store", |s| s.prepare_store_unlocked(keys, ctx))
     }
 
     fn complete_store(
@@ -230,26 +278,29 @@ impl OffloadingManager for Step<'_> {
         ctx: &ReqContext,
         success: bool,
     ) -> Result<(), ManagerError> {
-        self.state()?.complete_store_unlocked(keys, ctx, success)
+        self.call("complete_store", |s| {
+            s.complete_store_unlocked(keys, ctx, success)
+        })
     }
 
     fn on_new_request(&mut self, ctx: &ReqContext) -> Result<OffloadPolicy, ManagerError> {
-        Ok(self.state()?.on_new_request_unlocked(ctx, None))
+        self.call("on_new_request", |s| Ok(s.on_new_request_unlocked(ctx, None)))
     }
 
     fn on_request_finished(&mut self, ctx: &ReqContext) -> Result<(), ManagerError> {
-        self.state()?.on_request_finished_unlocked(ctx)
+        self.call("on_request_finished", |s| s.on_request_finished_unlocked(ctx))
     }
 
     fn on_schedule_end(&mut self, _ctx: &ScheduleEndContext) -> Result<(), ManagerError> {
-        let state = self.state()?;
-        // The scheduler's share of the control plane: the tiers the control thread does not
-        // own (all of them when it is not running) are polled and served here.
-        let mut faults = state.gated_poll();
-        faults.extend(state.serve_tiers(Servicer::Scheduler));
-        let serviced = state.handle_faults(faults);
-        let flushed = state.end_of_step_flush();
-        serviced.and(flushed)
+        self.call("on_schedule_end", |state| {
+            // The scheduler's share of the control plane: the tiers the control thread does not
+            // own (all of them when it is not running) are polled and served here.
+            let mut faults = state.gated_poll();
+            faults.extend(state.serve_tiers(Servicer::Scheduler));
+            let serviced = state.handle_faults(faults);
+            let flushed = state.end_of_step_flush();
+            serviced.and(flushed)
+        })
     }
 }
 
@@ -261,7 +312,7 @@ impl TieringState {
         self.flush_parked_cascades();
         let mut hooks = Ok(());
         for idx in 0..self.tiers.len() {
-            if let Err(e) = self.call_tier(idx, "on_schedule_end", |t| t.on_schedule_end()) {
+            if let Err(e) = self.tier_call(idx, Op::OnScheduleEnd, |t| t.on_schedule_end()) {
                 hooks = hooks.and(Err(e));
             }
         }

@@ -9,8 +9,10 @@ use crate::job::{JobKind, TransferJob};
 use crate::key::{KeySet, OffloadKey};
 use crate::outcome::{LookupResult, PrepareStoreOutput};
 use crate::request::{ReqContext, RequestId};
+use crate::tier::PrimaryTier as _;
 
 use super::state::{JobMeta, TieringState};
+use super::tier_call::Op;
 
 impl TieringState {
     /// Pins ready chunks and registers a store job under tier `idx`; the caller submits it (or,
@@ -111,7 +113,8 @@ impl TieringState {
     }
 
     /// Hands a registered cascade job to tier `idx`; a tier that panics while accepting it is
-    /// handled by the failure policy.
+    /// handled by the failure policy (quarantined: its jobs, this one included, are failed; under
+    /// `fail` the step's next call returns the error).
     fn submit_cascade_job(&mut self, idx: usize, job: TransferJob, gated: Gated) {
         self.counters.cascade_jobs += 1;
         // The tier will hold these because this manager stored them: a `Retry` question about
@@ -122,10 +125,14 @@ impl TieringState {
             let bytes = (job.keys.len() * self.arena.chunk_bytes()) as u64;
             self.gates.submitted(idx, id, &job.keys, bytes, probe, late);
         }
-        if let Err(e) = self.call_tier(idx, "submit_store", |t| t.submit_store(job)) {
-            self.gates.not_submitted(id);
-            tracing::error!(error = %e, "cascade submission failed");
-            self.deferred_failure.get_or_insert(e);
+        match self.tier_call(idx, Op::SubmitStore, |t| t.submit_store(job)) {
+            Ok(Some(())) => {}
+            Ok(None) => self.gates.not_submitted(id),
+            Err(e) => {
+                self.gates.not_submitted(id);
+                tracing::error!(error = %e, "cascade submission failed");
+                self.deferred_failure.get_or_insert(e);
+            }
         }
     }
 

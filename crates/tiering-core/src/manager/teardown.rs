@@ -3,10 +3,12 @@
 
 use crate::error::ManagerError;
 use crate::request::RequestId;
+use crate::tier::PrimaryTier as _;
 
 use super::faults::{Bounded, run_bounded};
 use super::jobs::Servicer;
 use super::state::TieringState;
+use super::tier_call::Op;
 
 impl TieringState {
     /// Drain → process → check no jobs → drop reservations → reset request counters (finalizing
@@ -69,25 +71,32 @@ impl TieringState {
                 continue;
             };
             let name = self.tiers[idx].info.name.clone();
-            match run_bounded(tier, self.tier_timeout, "tier-shutdown", |t| t.shutdown()) {
+            let calls = std::sync::Arc::clone(&self.calls);
+            match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::Shutdown, |t| {
+                t.shutdown()
+            }) {
                 Bounded::Done(tier, Ok(())) => self.tiers[idx].tier = Some(tier),
                 Bounded::Done(tier, Err(e)) => {
                     tracing::error!(tier = %name, error = %e, "tier shutdown failed");
                     self.tiers[idx].tier = Some(tier);
                     last_err = Some(ManagerError::tier(&name, e));
                 }
-                Bounded::Panicked(tier, msg) => {
-                    tracing::error!(tier = %name, panic = %msg, "tier panicked while shutting down");
+                Bounded::Panicked(tier, message) => {
+                    tracing::error!(tier = %name, panic = %message, "tier panicked while shutting down");
                     self.tiers[idx].tier = Some(tier);
+                    self.counters.tier_panics += 1;
                     last_err = Some(ManagerError::tier(
                         &name,
-                        crate::error::TierError::Other(format!("panicked in shutdown: {msg}")),
+                        crate::error::TierError::Panicked {
+                            call: Op::Shutdown.name(),
+                            message,
+                        },
                     ));
                 }
                 Bounded::TimedOut => {
                     let e = ManagerError::TierTimedOut {
                         tier: name,
-                        op: "shutdown",
+                        op: Op::Shutdown.name(),
                         timeout: self.tier_timeout,
                     };
                     tracing::error!(error = %e, "tier abandoned while shutting down");

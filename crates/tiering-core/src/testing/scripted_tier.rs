@@ -192,10 +192,15 @@ impl ScriptedTier {
             req: req.cloned(),
         });
         self.shared.1.notify_all();
-        if let Some(pos) = inner.panic_next.iter().position(|o| *o == op) {
-            inner.panic_next.swap_remove(pos);
-            panic!("scripted panic in {op}");
-        }
+        maybe_panic(inner, op);
+    }
+}
+
+/// Panics if the test asked `op` to panic next (read-only calls use this without recording).
+fn maybe_panic(inner: &mut Inner, op: &'static str) {
+    if let Some(pos) = inner.panic_next.iter().position(|o| *o == op) {
+        inner.panic_next.swap_remove(pos);
+        panic!("scripted panic in {op}");
     }
 }
 
@@ -316,7 +321,8 @@ impl SecondaryTier for ScriptedTier {
     }
 
     fn has_pending_work(&self) -> bool {
-        let inner = self.shared.0.lock();
+        let mut inner = self.shared.0.lock();
+        maybe_panic(&mut inner, "has_pending_work");
         !inner.held.is_empty() || !inner.finished.is_empty() || !inner.inbound.is_empty()
     }
 
@@ -387,8 +393,14 @@ impl SecondaryTier for ScriptedTier {
         }
     }
 
+    fn take_events(&mut self) -> Vec<crate::event::OffloadingEvent> {
+        maybe_panic(&mut self.shared.0.lock(), "take_events");
+        Vec::new()
+    }
+
     fn stats(&self) -> TierStats {
-        let inner = self.shared.0.lock();
+        let mut inner = self.shared.0.lock();
+        maybe_panic(&mut inner, "stats");
         let mut s = inner.stats.clone();
         s.name.clone_from(&inner.info.name);
         s.resident_chunks = inner.data.len() as u64;
@@ -472,7 +484,8 @@ impl ScriptedTierHandle {
     }
 
     /// Makes the next call of `op` (`"submit_store"`, `"drain"`, `"on_schedule_end"`, `"poll"`,
-    /// …, as recorded in [`Call::op`]) panic.
+    /// …, as recorded in [`Call::op`]; also `"has_pending_work"`, `"stats"` and `"take_events"`,
+    /// which are not recorded) panic.
     pub fn panic_next(&self, op: &'static str) {
         self.lock().panic_next.push(op);
     }

@@ -12,6 +12,7 @@ mod sender;
 use std::time::Instant;
 
 use crate::sync::Mutex;
+use crate::tier::PrimaryTier as _;
 
 use crate::error::ManagerError;
 use crate::key::OffloadKey;
