@@ -4,8 +4,10 @@ fs tier), on the same workloads, through the vLLM-in-the-loop harness of tests/v
 Scheduler and OffloadingConnector in both roles, a KV "model" derived from the token prefix,
 every held token checked before each step).
 
-Run it in the pinned vLLM environment (scripts/vllm-env.sh prints its path; the extension must be
-built into it, as scripts/vllm-tests.sh does):
+Run it in the pinned vLLM environment (scripts/vllm-env.sh prints its path). It builds kvtier's
+extension as a release wheel into its scratch directory and imports that one (the venv's editable
+install from scripts/vllm-tests.sh is a debug build, several times slower per call; a run with
+it measures the build, not the design); ``--debug-build`` uses the installed one instead:
 
     $VENV/bin/python bench/vllm_side_by_side.py [--runs 3] [--requests 320] [--seeds 3]
         [--gpu-blocks 64] [--cpu-chunks 128] [--max-num-seqs 8] [--max-steps N]
@@ -58,6 +60,31 @@ atexit.register(shutil.rmtree, SCRATCH, True)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 sys.path.insert(0, TESTS)
+
+
+def _import_release_build() -> None:
+    """Builds kvtier's extension as a release wheel into the scratch directory and puts it first
+    on sys.path (worker processes started with spawn inherit the path)."""
+    import glob
+    import subprocess
+    import zipfile
+
+    crate = os.path.join(HERE, "..")
+    wheels = os.path.join(SCRATCH, "wheels")
+    print("building kvtier (release) ...", file=sys.stderr, flush=True)
+    subprocess.run(
+        [sys.executable, "-m", "maturin", "build", "--release", "--quiet", "--out", wheels],
+        cwd=crate,
+        check=True,
+    )
+    site = os.path.join(SCRATCH, "kvtier-release")
+    with zipfile.ZipFile(glob.glob(os.path.join(wheels, "kvtier-*.whl"))[0]) as whl:
+        whl.extractall(site)
+    sys.path.insert(0, site)
+
+
+if "--debug-build" not in sys.argv:
+    _import_release_build()
 
 import harness  # noqa: E402
 import reference_tiering as rt  # noqa: E402
@@ -326,6 +353,7 @@ def table(kind: str, per_spec: dict, specs: list) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--debug-build", action="store_true", help="use the installed kvtier (no release build)")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--seeds", type=int, default=3, help="workload seeds per run (summed)")
     p.add_argument("--requests", type=int, default=320, help="requests per workload")

@@ -23,7 +23,8 @@ def test_side_by_side_bench_prints_table_and_verdicts():
 def run_and_check(scratch):
     env = dict(os.environ, TMPDIR=scratch)
     out = subprocess.run(
-        [sys.executable, BENCH, "--runs", "1", "--seeds", "1", "--requests", "16", "--gpu-blocks", "24",
+        # --debug-build: the smoke test checks the output, not the figures (no release build).
+        [sys.executable, BENCH, "--debug-build", "--runs", "1", "--seeds", "1", "--requests", "16", "--gpu-blocks", "24",
          "--cpu-chunks", "12", "--max-num-seqs", "4", "--max-num-batched-tokens", "128", "--max-steps", "800"],
         capture_output=True, text=True, timeout=600, env=env,
     )
