@@ -8,9 +8,6 @@ Skipped (loudly) when redis-server is not installed: scripts/test.sh installs it
 
 import os
 import shutil
-import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 import kvtier
 from kvtier import LookupResult
 from kvtier.vllm import hit_source_name
+from redis_server import RedisServer
 
 CHUNK = 4096
 PATIENCE_S = 60
@@ -26,44 +24,6 @@ pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None or shutil.which("redis-cli") is None,
     reason="redis-server / redis-cli are not installed (scripts/install-test-deps.sh installs them)",
 )
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server without persistence in a temporary directory; `stop()` kills it."""
-
-    def __init__(self):
-        self.port = free_port()
-        self.dir = tempfile.TemporaryDirectory(prefix="kvtier-redis-")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + PATIENCE_S
-        while not self._pings():
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, f"redis-server on port {self.port} never answered"
-            time.sleep(0.02)
-
-    def _pings(self):
-        out = subprocess.run(
-            ["redis-cli", "-h", "127.0.0.1", "-p", str(self.port), "PING"],
-            capture_output=True, text=True, check=False,
-        )
-        return "PONG" in out.stdout
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.dir.cleanup()
 
 
 @pytest.fixture

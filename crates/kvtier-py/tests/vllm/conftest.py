@@ -3,20 +3,17 @@
 directory is skipped."""
 
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
-import time
 
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/vllm-tests.sh runs this suite in its pinned environment)")
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import harness  # noqa: E402
+from redis_server import RedisServer, free_port, installed  # noqa: E402
 
 # A hang guard for background work, not a speed requirement.
 PATIENCE_S = 60
@@ -74,48 +71,10 @@ reconnect_backoff = "100ms"
 """
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class RedisServer:
-    """A redis-server without persistence on a free loopback port; ``stop()`` kills it."""
-
-    def __init__(self):
-        if shutil.which("redis-server") is None:
-            pytest.skip("redis-server is not installed (scripts/install-test-deps.sh installs it)")
-        self.port = free_port()
-        self.dir = tempfile.TemporaryDirectory(prefix="kvtier-redis-")
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir.name],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + PATIENCE_S
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            assert self.proc.poll() is None, "redis-server exited at start"
-            assert time.monotonic() < deadline, f"redis-server on port {self.port} never answered"
-            time.sleep(0.02)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        self.dir.cleanup()
-
-
 @pytest.fixture
 def redis_server():
+    if not installed():
+        pytest.skip("redis-server is not installed (scripts/install-test-deps.sh installs it)")
     s = RedisServer()
     yield s
     s.stop()
