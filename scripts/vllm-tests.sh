@@ -8,7 +8,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$("$root/scripts/vllm-env.sh")"
 (cd "$root/crates/kvtier-py" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" \
-    "$venv/bin/maturin" develop --quiet)
+    "$venv/bin/maturin" develop --quiet --features fault-injection)
 cd "$root/crates/kvtier-py"
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT

@@ -21,6 +21,8 @@ use tier_redis as _;
 mod arena;
 mod chain;
 mod errors;
+#[cfg(feature = "fault-injection")]
+mod faulty;
 mod keys;
 mod manager;
 mod reporter;
