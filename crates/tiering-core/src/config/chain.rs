@@ -105,7 +105,8 @@ pub struct ControlPlaneSpec {
     pub off_step: bool,
     /// Copy-worker ranks that report each store off-step (`reporters`, default 1).
     pub reporters: u32,
-    /// Bound on one tier's drain or shutdown (`tier_timeout`, default 10s).
+    /// The hung-tier bound (`tier_timeout`, default 10s): a tier's drain or shutdown, and how long a
+    /// lock waiter waits on a holder stuck inside one tier call before naming it.
     pub tier_timeout: Duration,
     /// How long the stores of a worker that vanished wait before failing (`worker_deadline`,
     /// default 5s).

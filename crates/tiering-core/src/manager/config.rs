@@ -33,7 +33,7 @@ pub enum OnTierFailure {
 /// [`ManagerConfig::reporters`] is the number of ranks that must all report a key.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ManagerConfig {
-    /// Run the control plane on a dedicated thread (started when the first step ends, if at
+    /// Run the control plane on a dedicated thread (started when the manager is built, if at
     /// least one secondary tier opts in). `false` keeps everything step-driven.
     pub control_plane_thread: bool,
     /// Longest idle wait of the control thread when no tier signals the waker and no tier
@@ -49,8 +49,10 @@ pub struct ManagerConfig {
     /// How long `shutdown` waits for the lock after that (a control thread stuck in a tier
     /// still holds it).
     pub shutdown_lock_timeout: Duration,
-    /// Bound on one tier's `drain_jobs` or `shutdown`: a tier that takes longer is reported
-    /// and abandoned (quarantined), never waited on forever.
+    /// The hung-tier bound: one tier's `drain_jobs` or `shutdown` that takes longer is reported
+    /// and abandoned (quarantined), never waited on forever; and a step, handle hook, reset or
+    /// shutdown waiting for the lock while its holder has been inside one tier call this long
+    /// gives up with `ManagerError::TierTimedOut` naming the tier and the call.
     pub tier_timeout: Duration,
     /// Off-step store completions (see the type's docs).
     pub off_step: bool,
