@@ -61,10 +61,11 @@ fn a_flooding_peer_is_disconnected_while_another_peers_fetch_completes() {
     wait_for("the flooder to be counted", || {
         P2pCounters::get(&a.p2p.counters().peers_flooded) == 1
     });
-    assert!(
-        flood_dropped(&a.p2p) >= 2000 - 16 - 64,
-        "{}",
-        flood_dropped(&a.p2p)
+    // Messages still queued in ZeroMQ when the flood was detected are read (and dropped: the
+    // peer is banned) afterwards, so the count reaches the total asynchronously.
+    wait_for(
+        "every message past the budget and the queue to be dropped",
+        || flood_dropped(&a.p2p) >= 2000 - 16 - 64,
     );
     // Its session is closed, with a goodbye that says why.
     let start = std::time::Instant::now();
