@@ -26,13 +26,10 @@ fn redis_installed() -> bool {
     ok
 }
 
-#[test]
-fn a_short_soak_injects_every_fault_and_serves_no_wrong_byte() {
-    if !redis_installed() {
-        return;
-    }
-    let base = SoakConfig {
-        duration: Duration::from_secs(14),
+/// A soak of `secs` seconds on the test binary, seed 3, 60 requests a round.
+fn short_soak(secs: u64, faults: bool, inject_wrong_bytes: bool) -> SoakConfig {
+    SoakConfig {
+        duration: Duration::from_secs(secs),
         seed: 3,
         requests: 60,
         fault_gap: None,
@@ -40,11 +37,18 @@ fn a_short_soak_injects_every_fault_and_serves_no_wrong_byte() {
             factor: 3.0,
             slack_ms: 25.0,
         },
-        faults: true,
-        inject_wrong_bytes: false,
+        faults,
+        inject_wrong_bytes,
         exe: PathBuf::from(env!("CARGO_BIN_EXE_kvtier")),
-    };
-    let r = run_soak(&base).expect("the soak runs");
+    }
+}
+
+#[test]
+fn a_short_soak_injects_every_fault_and_serves_no_wrong_byte() {
+    if !redis_installed() {
+        return;
+    }
+    let r = run_soak(&short_soak(14, true, false)).expect("the soak runs");
     println!("{r}");
     for row in &r.faults {
         let no_tmpfs = row.kind == FaultKind::DiskFill && row.note.contains("skipped");
@@ -72,20 +76,7 @@ fn the_checks_catch_wrong_bytes_served() {
     if !redis_installed() {
         return;
     }
-    let base = SoakConfig {
-        duration: Duration::from_secs(8),
-        seed: 3,
-        requests: 60,
-        fault_gap: None,
-        ttft: TtftBound {
-            factor: 3.0,
-            slack_ms: 25.0,
-        },
-        faults: false,
-        inject_wrong_bytes: true,
-        exe: PathBuf::from(env!("CARGO_BIN_EXE_kvtier")),
-    };
-    let r = run_soak(&base).expect("the soak runs");
+    let r = run_soak(&short_soak(8, false, true)).expect("the soak runs");
     println!("{r}");
     assert!(r.wrong_bytes[0] > 0, "{r}");
     assert!(
