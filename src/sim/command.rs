@@ -81,7 +81,7 @@ pub struct RunArgs {
     pub require_peers: bool,
     /// A model profile (`llama-3.1-8b`, `llama-3.1-70b`, on an H100): derives the model time
     /// per prefill token so that recompute time per KV byte matches the real model, and gives
-    /// the manager that recompute cost (see the README, "Cost model and model profiles").
+    /// the manager that recompute cost (see docs/benchmarks.md, "Model profiles in the simulator").
     #[arg(long, value_name = "PROFILE", conflicts_with = "prefill_ns_per_token")]
     pub model: Option<String>,
     /// Give the manager the engine's recompute cost (from `--prefill-ns-per-token`) without a

@@ -14,7 +14,7 @@
 //! and the simulator's model time per prompt token is `secs_per_kv_byte ×` its own KV bytes per
 //! token (`chunk_bytes / tokens_per_chunk`). Tensor parallelism does not change the ratio: it
 //! divides the throughput per GPU and the KV bytes per GPU alike. The figures and their sources
-//! are in the README ("Cost model and model profiles").
+//! are in docs/benchmarks.md ("Model profiles in the simulator").
 
 use std::time::Duration;
 
