@@ -24,6 +24,7 @@ pub mod arena;
 pub mod channel;
 pub mod error;
 pub mod event;
+pub mod fetch_trace;
 pub mod job;
 pub mod key;
 pub mod manager;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
+use crate::fetch_trace::{self, Point};
 use crate::sync::{Condvar, Mutex};
 
 #[derive(Default)]
@@ -87,8 +88,17 @@ impl ControlWaker {
         Self::default()
     }
 
+    /// This waker's id in the fetch trace ([`crate::fetch_trace`]): its wake-ups and the waits
+    /// of the thread sleeping on it are recorded under it, so a bench can tell two managers of
+    /// one process apart.
+    #[must_use]
+    pub fn trace_id(&self) -> u64 {
+        Arc::as_ptr(&self.0) as usize as u64
+    }
+
     /// Signals that there is work for the control plane.
     pub fn wake(&self) {
+        fetch_trace::record(self.trace_id(), Point::WakeSignalled);
         *self.0.pending.lock() = true;
         self.0.cond.notify_one();
         if self.0.fd_mode.load(Ordering::Acquire)
@@ -103,16 +113,21 @@ impl ControlWaker {
     /// returns whether a wake was pending or a descriptor became readable. Clears the pending
     /// flag.
     pub fn wait(&self, timeout: Duration) -> bool {
-        if self.0.fd_mode.load(Ordering::Acquire)
+        let woke = if self.0.fd_mode.load(Ordering::Acquire)
             && let Some((rx, _)) = self.0.pipe.get()
         {
-            return self.poll_wait(rx, timeout);
+            self.poll_wait(rx, timeout)
+        } else {
+            let mut pending = self.0.pending.lock();
+            if !*pending {
+                let _ = self.0.cond.wait_for(&mut pending, timeout);
+            }
+            std::mem::replace(&mut *pending, false)
+        };
+        if woke {
+            fetch_trace::record(self.trace_id(), Point::ControlWoke);
         }
-        let mut pending = self.0.pending.lock();
-        if !*pending {
-            let _ = self.0.cond.wait_for(&mut pending, timeout);
-        }
-        std::mem::replace(&mut *pending, false)
+        woke
     }
 
     /// Also ends [`ControlWaker::wait`] when `fd` is readable, while the returned watch is

@@ -372,6 +372,7 @@ impl<'a> ControlTurn for Sweeps<'a> {
     fn sweep(&mut self, mut guard: Self::Guard) -> Option<Duration> {
         let shared = self.shared;
         let acquired = Instant::now();
+        crate::fetch_trace::record(shared.waker.trace_id(), crate::fetch_trace::Point::ControlLocked);
         // The outer boundary of the thread's calls: tier panics are caught inside the sweep, so
         // one that reaches here came from the manager's own code; a panic of the primary tier
         // leaves the manager failed. Either way the thread stops and the next engine call hears.
@@ -400,6 +401,7 @@ impl<'a> ControlTurn for Sweeps<'a> {
             .telemetry
             .lock(Holder::Control, acquired - self.asked, acquired.elapsed());
         MutexGuard::unlock_fair(guard);
+        crate::fetch_trace::record(shared.waker.trace_id(), crate::fetch_trace::Point::ControlSwept);
         Some(wait)
     }
 }
