@@ -543,6 +543,11 @@ impl RouterReader {
         router.set_maxmsgsize(limits.max_message_bytes)?;
         // A restarted peer reuses its identity; hand the route over to the new connection.
         router.set_router_handover(true)?;
+        // No receive high-water mark: an engine whose inbound pipe fills stops its input, and
+        // libzmq 4.3.4 (vendored) then aborts on `!_io_error` (stream_engine_base.cpp:331)
+        // when its heartbeat timer or a queued POLLOUT calls `out_event` (libzmq #4364, #4841;
+        // open upstream). The reader's flood budget bounds what a peer can queue instead.
+        router.set_rcvhwm(0)?;
         router.bind(endpoint)?;
         let last = router.get_last_endpoint()?.map_err(|_| zmq::Error::EINVAL)?;
         let port = last
