@@ -30,6 +30,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use tiering_core::fetch_trace::{self, Point};
 use tiering_core::{ControlWaker, FdWatch};
 
 use crate::error::P2pError;
@@ -70,6 +71,9 @@ struct DirectReads {
     waiter_seen_us: AtomicU64,
     /// Pumps of the tier (drains of the ROUTER) so far.
     pumps: AtomicU64,
+    /// The trace id of the waker the tier was given (0: none), under which the I/O thread
+    /// records its wake-ups in the fetch trace.
+    waker_trace_id: AtomicU64,
 }
 
 impl DirectReads {
@@ -78,6 +82,7 @@ impl DirectReads {
             epoch: Instant::now(),
             waiter_seen_us: AtomicU64::new(0),
             pumps: AtomicU64::new(0),
+            waker_trace_id: AtomicU64::new(0),
         }
     }
 
@@ -323,6 +328,9 @@ impl ControlTransport {
         self.watch = None;
         self.direct.forget_waiter();
         self.router_drained = false;
+        self.direct
+            .waker_trace_id
+            .store(waker.trace_id(), Ordering::Relaxed);
         let fd = self.router.lock().socket.get_fd();
         match fd
             .map_err(|e| e.to_string())
@@ -452,6 +460,7 @@ impl ControlTransport {
             if let Some((peer, msg)) = router.recv_one(&self.counters) {
                 self.direct_reads += 1;
                 self.router_drained = false;
+                trace_fetch(&msg, Point::FetchRead);
                 return Some(IoEvent::Message { peer, msg });
             }
             self.router_drained = true;
@@ -500,6 +509,16 @@ impl ControlTransport {
 impl Drop for ControlTransport {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// Records a fetch message's arrival in the fetch trace (when it is on).
+#[inline]
+fn trace_fetch(msg: &Message, point: Point) {
+    if fetch_trace::enabled()
+        && let Message::Fetch { kv_request_id, .. } = msg
+    {
+        fetch_trace::record_request(kv_request_id, point);
     }
 }
 
@@ -717,7 +736,9 @@ impl IoThread {
                 if watched {
                     timeout = timeout.min(millis_ceil(self.next_check.saturating_duration_since(now)));
                 }
-                if let Err(e) = zmq::poll(&mut items, timeout) {
+                let polled = zmq::poll(&mut items, timeout);
+                fetch_trace::record(self.direct.waker_trace_id.load(Ordering::Relaxed), Point::IoWoke);
+                if let Err(e) = polled {
                     if e != zmq::Error::EINTR {
                         tracing::error!(error = %e, "zmq poll failed; the control I/O thread stops");
                         return;
@@ -820,6 +841,7 @@ impl IoThread {
             let _ = events.send(IoEvent::Flooded { peer });
             return None;
         }
+        trace_fetch(&msg, Point::FetchRelayed);
         // Sent, or the tier is gone (nothing to deliver to): either way, go on reading.
         match messages.try_send((peer, msg)) {
             Ok(()) => {

@@ -168,6 +168,7 @@ fn serve_connection(
             req: begin.kv_request_id.clone(),
             round: begin.round,
         };
+        tiering_core::fetch_trace::record_request(&dk.req, tiering_core::fetch_trace::Point::TransferBegun);
         let statuses = match dest.authenticate(&dk, hello.instance, &begin, &tag) {
             BeginVerdict::Unknown => reject_transfer(&mut reader, &dk, &begin, counters)?,
             BeginVerdict::Refused(why) => return Err(refuse(counters, &dk, why)),
@@ -282,6 +283,7 @@ fn receive_chunk(
     };
     dest.checkin(dk, grant, ok);
     if ok {
+        tiering_core::fetch_trace::record_request(&dk.req, tiering_core::fetch_trace::Point::ChunkLanded);
         counters.chunks_received.fetch_add(1, Ordering::Relaxed);
         counters
             .bytes_received

@@ -258,6 +258,7 @@ fn send_loop(
                 (job, Some(r))
             }
         };
+        tiering_core::fetch_trace::record_request(&job.req, tiering_core::fetch_trace::Point::TransferAcked);
         // The socket is idle again: the next transfer may be started by its submitter.
         unacked.fetch_sub(1, Ordering::AcqRel);
         let n = job.items.len();
@@ -298,6 +299,7 @@ fn finish(
     mut out: Outgoing,
     reg: &Registration,
 ) -> io::Result<Vec<ChunkStatus>> {
+    tiering_core::fetch_trace::record_request(&job.req, tiering_core::fetch_trace::Point::SenderPicked);
     // The socket blocks here: `false` means its write timeout passed.
     if !out.write_on(w, |i| &job.items[i].src, &mut || {
         count_sent(&reg.counters, job);
@@ -342,6 +344,7 @@ fn push(
     reg: &Registration,
     stop: &AtomicBool,
 ) -> io::Result<Vec<ChunkStatus>> {
+    tiering_core::fetch_trace::record_request(&job.req, tiering_core::fetch_trace::Point::SenderPicked);
     let begin = job.begin()?;
     frame::write_begin(w, &reg.key, &begin)?;
     let macs = TransferMac::new(&reg.key, &begin);

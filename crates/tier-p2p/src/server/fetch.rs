@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
+use tiering_core::fetch_trace::{self, Point};
 use tiering_core::{JobId, KeyMap, OffloadKey};
 
 use super::{FetchViolation, ServerReq, ServerRole, Supply, release};
@@ -101,6 +102,7 @@ fn start_transfer(
     if ready.is_empty() {
         return;
     }
+    fetch_trace::record_request(kv, Point::TransferSubmitted);
     let transfer_id = core.transfer_id();
     let mut record = Vec::with_capacity(ready.len());
     let mut items = Vec::with_capacity(ready.len());
@@ -159,6 +161,7 @@ impl ServerRole {
                 f.rows.len()
             )));
         }
+        fetch_trace::record_request(f.kv, Point::FetchBound);
         let Self { reqs, transfers } = self;
         let req = reqs.entry(f.kv.to_owned()).or_default();
         if f.keys.is_empty() {
@@ -264,6 +267,9 @@ impl ServerRole {
                 }
             }
             rest = keep;
+            if !ready.is_empty() {
+                fetch_trace::record_request(kv, Point::StoreOffered);
+            }
             P2pCounters::add(&core.counters.keys_handed_off, ready.len() as u64);
             start_transfer(core, transfers, sender, (kv, *round), demand, ready);
             if let Some(answer) = demand.answer(kv, *round) {
