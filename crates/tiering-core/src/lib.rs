@@ -12,12 +12,22 @@
 //! plane — polling tiers for finished jobs and letting them serve inbound peer requests — runs on
 //! a dedicated thread between scheduler steps, so peers are answered while the model executes.
 //!
-//! Crate map:
+//! Crate map (every public module; `docs/ARCHITECTURE.md`, "Map", has the crates around it):
 //! - [`key`], [`request`], [`outcome`], [`job`], [`event`], [`stats`]: the value types;
-//! - [`arena`]: the chunk memory and its row grants;
-//! - [`tier`], [`offloading`]: the traits;
-//! - [`manager`]: the orchestrator and its control-plane thread;
-//! - `testing` (feature `test-utils`): an in-memory primary and a scriptable secondary.
+//! - [`error`]: the tiers' and the manager's errors;
+//! - [`arena`]: the chunk memory and its row grants, in process or shared with workers;
+//! - [`tier`], [`offloading`]: the traits (tier contracts, the engine-facing calls);
+//! - [`manager`]: the orchestrator, its [`Step`] and its control-plane thread;
+//! - [`waker`]: the waker tiers and copy workers signal the control-plane thread with;
+//! - [`channel`]: the completion channel copy-worker processes report finished stores on;
+//! - [`admission`]: the cascade gates (admission policies, backpressure) and their registry;
+//! - [`config`]: TOML tier chains, and the option helpers tier factories use;
+//! - [`registry`]: the static tier registry ([`register_tier!`]);
+//! - [`plugin`]: tiers loaded from shared libraries ([`export_tier!`], the C ABI);
+//! - [`ratelog`]: rate-limited warnings for tiers;
+//! - [`fetch_trace`]: an opt-in ring of timestamped points that explains slow peer fetches;
+//! - `testing` (feature `test-utils`): an in-memory primary, a scriptable secondary, an engine
+//!   driver.
 
 pub mod admission;
 pub mod arena;

@@ -4,16 +4,24 @@
 //! Locking (`docs/ARCHITECTURE.md`, "The manager's lock"): all mutable state is one
 //! [`TieringState`] behind one mutex, and the engine holds it explicitly, as a value: a
 //! [`Step`] from [`TieringManager::step`] carries the engine calls of one scheduler step and
-//! releases the lock when dropped (also on unwind). Read-mostly hooks on the handle
-//! (`has_pending_work`, `take_events`, `stats`) lock only for their own duration.
+//! releases the lock when dropped (also on unwind). The handle's other methods lock only for
+//! their own duration: the read-mostly hooks (`has_pending_work`, `take_events`, `stats`,
+//! `release_reset_fence`) and the teardown calls (`reset_cache`, `shutdown`), which give up
+//! when the holder is stuck in a tier call, and `store_completion_sender`,
+//! `open_completion_channel`, `set_recompute_cost`, `recompute_cost` and `inspect`, which lock
+//! directly; construction locks once to start the control thread, which locks for each sweep.
 //!
-//! Modules by what they own: [`state`] (the state and its diagnostics), `lookup` (lookups and
-//! promotions), `backoff` (failed promotions remembered), `load_source` (where a request's hits came from), `store` (stores and
-//! cascades), `completions` (the engine's and the copy workers' store reports), `requests` (the
-//! request lifecycle), `jobs` (job results), `serve` (serving peers), `control` (the control
-//! thread and its sweep), `faults` (failure policy, bounded tier calls), `tier_call` (the panic
+//! Modules by what they own (`docs/ARCHITECTURE.md`, "The manager's parts"): `config` (the
+//! construction options), [`state`] (the state and its diagnostics), [`step`] (the step guard),
+//! `lookup` (lookups and promotions), `store` (stores and cascades), `completions` (the
+//! engine's and the copy workers' store reports, the store ledger), `requests` (the request
+//! lifecycle), `jobs` (job results), `serve` (serving peers), `control` (the control thread and
+//! its sweep), `gates` (admission and backpressure on cascades), `cost` (load-versus-recompute
+//! decisions), `retry_wait` (whether a tier's `Retry` is worth waiting for), `backoff` (failed
+//! promotions remembered), `load_source` (where a request's hits came from), `observe` (the
+//! read-mostly hooks), `faults` (failure policy, bounded tier calls), `tier_call` (the panic
 //! boundary every tier call goes through, and the record of the call in progress), `teardown`
-//! (reset and shutdown), [`step`] (the step guard).
+//! (reset and shutdown), `telemetry` (metrics).
 
 mod backoff;
 pub(crate) mod completions;

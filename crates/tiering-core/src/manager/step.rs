@@ -1,4 +1,8 @@
-//! The step guard: the only way to hold the manager's lock.
+//! The step guard: the way an engine holds the manager's lock across the calls of a scheduler
+//! step. It is not the only thing that takes the lock: the handle's methods in `super` (the
+//! hooks, reset, shutdown, `store_completion_sender`, `open_completion_channel`,
+//! `set_recompute_cost`, `recompute_cost`, `inspect`) take it for their own duration, and the
+//! control thread for each sweep; none of them holds it across engine calls.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
