@@ -148,6 +148,28 @@ def parse_use_statements(text: str) -> list[tuple[bool, list[tuple[list[str], st
     return uses
 
 
+def drop_inline_test_modules(text: str) -> str:
+    """Blanks `#[cfg(test)] mod x { ... }` blocks (rustfmt closes them with `}` at column 0)."""
+    lines = text.splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        if re.match(r"#\[cfg\((?:test|all\(test|any\(test)", lines[i]):
+            j = i + 1
+            while j < len(lines) and lines[j].startswith("#["):
+                j += 1
+            if j < len(lines) and re.match(r"(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{", lines[j]):
+                k = j
+                while k < len(lines) and lines[k] != "}":
+                    k += 1
+                out.extend("" for _ in range(i, k + 1))
+                i = k + 1
+                continue
+        out.append(lines[i])
+        i += 1
+    return "\n".join(out)
+
+
 def test_only_mods(text: str) -> set[str]:
     """Names of `mod x;` declarations under `#[cfg(test)]` (or another test-only cfg)."""
     names = set()
@@ -174,7 +196,7 @@ class Crate:
 
     def load(self, path: tuple[str, ...], file: Path) -> None:
         raw = file.read_text()
-        text = strip_comments(raw)
+        text = drop_inline_test_modules(strip_comments(raw))
         module = Module(path, file)
         self.modules[path] = module
         skip = test_only_mods(text)
@@ -294,6 +316,7 @@ class Crate:
 
     def edges(self) -> dict[Path, set[Path]]:
         graph: dict[Path, set[Path]] = {m.file: set() for m in self.modules.values()}
+        self.why: dict[tuple[Path, Path], str] = {}
         for module in self.modules.values():
             for target, is_pub in module.refs:
                 if is_pub and target[: len(module.path)] == module.path and len(target) > len(module.path):
@@ -301,6 +324,7 @@ class Crate:
                 dest = self.defining_file(target)
                 if dest is not None and dest != module.file:
                     graph[module.file].add(dest)
+                    self.why.setdefault((module.file, dest), "::".join(target))
         return graph
 
     def subsystem(self, file: Path) -> str:
@@ -388,7 +412,7 @@ def main() -> int:
                 members = set(c)
                 for a in sorted(c):
                     for b in sorted(graph[a] & members):
-                        print(f"    {rel(a)} -> {rel(b)}")
+                        print(f"    {rel(a)} -> {rel(b)} (names crate::{crate.why[(a, b)]})")
         for c in upward:
             problems += 1
             print("  subsystem circle: " + " <-> ".join(sorted(c)))

@@ -164,7 +164,8 @@ impl AdmissionConfig {
     }
 
     fn builtin(name: &str) -> Self {
-        let factory = find(name).unwrap_or(always_factory);
+        // The built-in policies are registered by this crate, so they are always in the registry.
+        let factory = find(name).unwrap_or_else(|e| panic!("built-in admission policy: {e}"));
         Self {
             policy: name.to_owned(),
             options: toml::Table::new(),
@@ -203,15 +204,6 @@ impl AdmissionConfig {
     pub fn build(&self, ctx: &AdmissionContext) -> Result<Box<dyn AdmissionPolicy>, AdmissionError> {
         (self.factory)(&self.options, ctx)
     }
-}
-
-// The factory signature is fixed by `AdmissionFactory`.
-#[allow(clippy::unnecessary_wraps)]
-fn always_factory(
-    _options: &toml::Table,
-    _ctx: &AdmissionContext,
-) -> Result<Box<dyn AdmissionPolicy>, AdmissionError> {
-    Ok(Box::new(super::always::Always))
 }
 
 impl PartialEq for AdmissionConfig {

@@ -17,7 +17,14 @@ use std::mem::size_of;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::error::{ArenaError, HeaderProblem};
-use super::page_size;
+
+/// The system page size.
+#[must_use]
+pub fn page_size() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(v).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
 
 /// `b"KVTARENA"` read as a little-endian integer.
 pub(super) const MAGIC: u64 = u64::from_le_bytes(*b"KVTARENA");

@@ -58,6 +58,7 @@ use memmap2::MmapRaw;
 use crate::outcome::ChunkId;
 
 mod error;
+mod file_lock;
 mod grant;
 mod layout;
 mod owner;
@@ -69,7 +70,7 @@ mod view;
 
 pub use error::{ArenaError, HeaderProblem};
 pub use grant::{RowGrant, RowRead, RowWrite};
-pub use layout::MAX_VIEWS;
+pub use layout::{MAX_VIEWS, page_size};
 pub use pin::DmaRegistrar;
 pub use view::{ArenaView, ReclaimedViews};
 
@@ -159,14 +160,6 @@ pub struct ArenaRawParts {
     pub row_stride: usize,
     /// The `num_chunks` row-lock words.
     pub row_locks: *const AtomicU32,
-}
-
-/// The system page size.
-#[must_use]
-pub fn page_size() -> usize {
-    // SAFETY: sysconf has no memory-safety preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    usize::try_from(v).ok().filter(|&p| p > 0).unwrap_or(4096)
 }
 
 impl ChunkArena {

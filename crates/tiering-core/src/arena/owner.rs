@@ -3,13 +3,12 @@
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use memmap2::{MmapOptions, MmapRaw};
 
+use super::file_lock::{try_flock, try_lock_byte, unlock_byte};
 use super::layout::{MAX_VIEWS, slot_lock_offset};
-use super::view::{try_lock_byte, unlock_byte};
 use super::{ArenaError, ArenaOptions};
 
 /// The owner's side of a shared-memory arena.
@@ -122,31 +121,4 @@ pub(super) fn map_anonymous(bytes: usize, options: &ArenaOptions) -> Result<(Mma
         source,
     })?;
     Ok((MmapRaw::from(map), false))
-}
-
-/// `flock(file, op | LOCK_NB)`: `Ok(true)` when taken, `Ok(false)` when another open file holds
-/// a conflicting lock.
-pub(super) fn try_flock(file: &File, op: libc::c_int) -> io::Result<bool> {
-    // SAFETY: flock only reads the descriptor number, which `file` keeps open for the call.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), op | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(true);
-    }
-    let error = io::Error::last_os_error();
-    if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(error)
-    }
-}
-
-/// Releases a lock taken with [`try_flock`].
-pub(super) fn unflock(file: &File) -> io::Result<()> {
-    // SAFETY: as in `try_flock`.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
 }

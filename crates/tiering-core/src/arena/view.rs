@@ -1,19 +1,18 @@
 //! Another process's window on a shared arena ([`ArenaView`]), its view slot, and the owner's
 //! recovery of rows held by views whose process died ([`ChunkArena::reclaim_dead_views`]).
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io;
 use std::mem::size_of;
 use std::ops::Deref;
-use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use memmap2::MmapOptions;
 
+use super::file_lock::{try_flock, try_lock_byte, unflock, unlock_byte};
 use super::layout::{Geometry, Header, MAX_VIEWS, WRITER, slot_lock_offset};
-use super::owner::{try_flock, unflock};
 use super::{ArenaError, ChunkArena, HeaderProblem, Role};
 
 /// A shared arena opened by a process that does not own it (an engine's copy worker).
@@ -286,41 +285,4 @@ impl ChunkArena {
         }
         rows
     }
-}
-
-/// Takes an open-file-description write lock on one byte of `file` without waiting:
-/// `Ok(false)` when another open file description holds it. OFD locks belong to the open file,
-/// not the process, so they conflict between two opens in one process too, and the kernel drops
-/// them when the file's last descriptor closes (including on process death).
-pub(super) fn try_lock_byte(file: &File, offset: u64) -> io::Result<bool> {
-    let rc = ofd_setlk(file, offset, libc::F_WRLCK)?;
-    if rc == 0 {
-        return Ok(true);
-    }
-    let error = io::Error::last_os_error();
-    match error.raw_os_error() {
-        Some(libc::EAGAIN | libc::EACCES) => Ok(false),
-        _ => Err(error),
-    }
-}
-
-/// Releases a byte lock taken by [`try_lock_byte`].
-pub(super) fn unlock_byte(file: &File, offset: u64) -> io::Result<()> {
-    if ofd_setlk(file, offset, libc::F_UNLCK)? == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
-fn ofd_setlk(file: &File, offset: u64, kind: libc::c_int) -> io::Result<libc::c_int> {
-    // SAFETY: `flock` is a plain C struct for which all-zero bytes are a valid value.
-    let mut lock: libc::flock = unsafe { std::mem::zeroed() };
-    lock.l_type = libc::c_short::try_from(kind).map_err(io::Error::other)?;
-    lock.l_whence = libc::SEEK_SET as libc::c_short;
-    lock.l_start = libc::off_t::try_from(offset).map_err(io::Error::other)?;
-    lock.l_len = 1;
-    // SAFETY: `lock` is a valid, initialised `flock` that outlives the call (F_OFD_SETLK only
-    // reads it), and `file` keeps the descriptor open.
-    Ok(unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &raw const lock) })
 }

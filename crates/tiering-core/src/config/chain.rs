@@ -15,13 +15,13 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
 use toml::Spanned;
-use toml::de::{DeTable, DeValue, ValueDeserializer};
+use toml::de::{DeTable, DeValue};
 
 use super::error::{ChainError, ChainErrorKind};
 use super::gates;
 use super::quoted_words;
+use super::spanned::to_value;
 use super::units::HumanDuration;
 use crate::admission::{AdmissionConfig, BackpressureConfig};
 use crate::manager::{ManagerConfig, OnTierFailure};
@@ -228,15 +228,6 @@ fn nested_key_lines(lines: &Lines<'_>, value: &Spanned<DeValue<'_>>) -> BTreeMap
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// A TOML value out of the spanned parse tree (for the `[cost]` parser).
-pub(super) fn value_of(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
-    to_value(v)
-}
-
-fn to_value(v: &Spanned<DeValue<'_>>) -> Result<toml::Value, String> {
-    toml::Value::deserialize(ValueDeserializer::from(v.clone())).map_err(|e| e.message().to_owned())
 }
 
 impl ChainConfig {

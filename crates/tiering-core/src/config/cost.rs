@@ -44,7 +44,7 @@ pub(super) fn parse(
                 .in_tier("[cost]")
                 .with_key(&name)
         };
-        let v = super::chain::value_of(value).map_err(&err)?;
+        let v = super::spanned::to_value(value).map_err(&err)?;
         let number = |v: &toml::Value| -> Result<f64, ChainError> {
             match v {
                 toml::Value::Float(f) => Ok(*f),

@@ -38,6 +38,7 @@ mod chain;
 mod cost;
 mod error;
 mod gates;
+mod spanned;
 mod units;
 mod validate;
 
