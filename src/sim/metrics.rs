@@ -26,6 +26,10 @@ pub struct RunMetrics {
     /// Times a request stopped waiting for lookups or promotions because recomputing was
     /// cheaper than waiting longer (with `SimConfig::recompute_cost`).
     pub waits_given_up: u64,
+    /// Hits a request's own scan evicted before it pinned them: a later chunk's promotion took
+    /// the row of a leading primary hit (the primary's LRU victim), so those chunks were
+    /// recomputed instead of loaded.
+    pub hits_evicted_before_load: u64,
     /// Lookup verdicts.
     pub lookups: LookupCounts,
     /// Keys in the KV-cache events drained.

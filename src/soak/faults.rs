@@ -2,8 +2,9 @@
 //! a `redis-server` it starts itself, the peer node (a second `kvtier` process), a small
 //! tmpfs for the disk tiers, the disk tier's slab file, and the primary tier's arena.
 //!
-//! Every child process is started with `PR_SET_PDEATHSIG = SIGKILL`, so none outlives the soak
-//! however it ends; a reaper process (a shell waiting on a pipe from the soak) unmounts the
+//! Every child process is started with `PR_SET_PDEATHSIG = SIGKILL` by one thread that lives
+//! as long as the process, so none outlives the soak however it ends (and none dies with the
+//! thread that asked for it); a reaper process (a shell waiting on a pipe from the soak) unmounts the
 //! tmpfs and removes the soak's directory when that pipe closes, which is also when the soak
 //! dies without cleaning up.
 
@@ -14,7 +15,7 @@ use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -36,8 +37,15 @@ pub fn free_port() -> Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
-/// A command whose process is killed when the soak's process dies.
-fn dies_with_parent(cmd: &mut Command) -> &mut Command {
+/// Starts `cmd` so that its process is killed when the soak's process dies.
+///
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked the child exits, not the process:
+/// a peer node restarted by the fault injector's thread was SIGKILLed the moment that thread
+/// ended, before the soak asked it to finish. So every child is forked by one spawner thread
+/// that lives as long as the process.
+fn spawn_dying_with_process(mut cmd: Command) -> std::io::Result<Child> {
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
     // SAFETY: the closure runs in the child between fork and exec and only makes the
     // async-signal-safe `prctl` system call.
     unsafe {
@@ -46,8 +54,31 @@ fn dies_with_parent(cmd: &mut Command) -> &mut Command {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
-        })
+        });
     }
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        // The sender stays in the static, so the thread never ends.
+        let started = std::thread::Builder::new()
+            .name("kvtier-soak-spawner".into())
+            .spawn(move || {
+                for (mut cmd, reply) in rx {
+                    let _ = reply.send(cmd.spawn());
+                }
+            });
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start the soak's spawner thread");
+        }
+        Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    spawner
+        .lock()
+        .send((cmd, reply))
+        .map_err(|_| std::io::Error::other("the soak's spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the soak's spawner thread is gone"))?
 }
 
 /// Sends `signal` to `pid`; false when the process is gone.
@@ -110,7 +141,7 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = dies_with_parent(&mut cmd).spawn().context(
+        let child = spawn_dying_with_process(cmd).context(
             "starting redis-server (install it with scripts/install-test-deps.sh or your package manager)",
         )?;
         self.child = Some(child);
@@ -244,8 +275,7 @@ impl PeerNode {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
-        let mut child = dies_with_parent(&mut cmd)
-            .spawn()
+        let mut child = spawn_dying_with_process(cmd)
             .with_context(|| format!("starting the peer node {} soak-node", self.exe.display()))?;
         let stdout = child.stdout.take().context("the peer node's stdout")?;
         let stdin = child.stdin.take();

@@ -106,6 +106,37 @@ impl Engine<'_> {
             return Ok(Admit::NoRoom);
         };
         blocks.extend(fresh);
+        // Pinned after the device blocks, so a request that finds no room holds no pin.
+        let mut rows = Vec::new();
+        if hits > 0
+            && let Some(off) = &mut self.off
+        {
+            let req = &self.reqs[r];
+            loop {
+                let keys = &req.keys[d..d + hits];
+                match off.prepare_load(keys, &req.ctx) {
+                    Ok(ids) => {
+                        rows = ids;
+                        break;
+                    }
+                    // A promotion this scan started for a later chunk reserved its primary row
+                    // by evicting the LRU entry, which can be a leading hit of this very
+                    // request (a hit holds no pin until here). The chunks from the evicted one
+                    // on are recomputed: a miss, not a failed step.
+                    Err(e) => match evicted_hit(&e, keys) {
+                        Some(i) => {
+                            self.m.hits_evicted_before_load += (hits - i) as u64;
+                            hits = i;
+                            if hits == 0 {
+                                break;
+                            }
+                        }
+                        None => return Err(e),
+                    },
+                }
+            }
+        }
+        let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
         let req = &mut self.reqs[r];
         req.blocks = blocks;
         req.device_hits = d;
@@ -122,7 +153,6 @@ impl Engine<'_> {
             && let Some(off) = &mut self.off
         {
             let keys = req.keys[d..d + hits].to_vec();
-            let rows = off.prepare_load(&keys, &req.ctx)?;
             req.loaded = keys.iter().map(|k| off.take_source(k)).collect();
             let blocks = req.blocks[d..d + hits].to_vec();
             let job = self.submit(r, CopyKind::Load, keys, rows, blocks);
@@ -212,4 +242,15 @@ enum Admit {
     Admitted,
     Deferred,
     NoRoom,
+}
+
+/// The position in `keys` of the chunk a failed `prepare_load` found gone from the primary.
+fn evicted_hit(e: &SimError, keys: &[OffloadKey]) -> Option<usize> {
+    let SimError::Manager(tiering_core::ManagerError::Primary(cause)) = e else {
+        return None;
+    };
+    let tiering_core::TierError::NotFound(key) = &**cause else {
+        return None;
+    };
+    keys.iter().position(|k| k == key)
 }
