@@ -103,9 +103,6 @@ pub enum ManagerError {
     /// `reset_cache` found jobs still registered after every tier drained.
     #[error("reset_cache: {0} jobs still outstanding after draining every tier")]
     ResetLeftJobs(usize),
-    /// `reset_cache` or `shutdown` was called in the middle of a step.
-    #[error("{0} must not be called in the middle of a step (before on_schedule_end)")]
-    MidStep(&'static str),
     /// `shutdown` could not take the lock: the control thread is stuck inside a tier. Tiers and
     /// the arena are left alive.
     #[error("shutdown timed out after {0:?} waiting for the control thread to leave a tier call")]

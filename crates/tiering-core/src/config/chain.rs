@@ -92,7 +92,7 @@ impl TierSpec {
 pub struct ControlPlaneSpec {
     /// Run the control plane on its own thread (`thread`, default true).
     pub thread: bool,
-    /// Longest wait between sweeps without a wake (`idle_wait`, default 1ms).
+    /// Longest wait between sweeps without a wake (`idle_wait`, default 100ms).
     pub idle_wait: Duration,
     /// Lock wait before re-checking the stop flag (`lock_timeout`, default 1s).
     pub lock_timeout: Duration,
