@@ -37,7 +37,7 @@ mod reference;
 mod timeline;
 mod worker_process;
 
-pub use timeline::FetchTimeline;
+pub use timeline::{FetchTimeline, Segment, TailSummary};
 pub use worker_process::{CopyWorkerArgs, copy_worker};
 
 use std::fmt;
@@ -235,6 +235,8 @@ pub struct ModeResult {
     pub off_step_store_completions: u64,
     /// Hand-off flow with `explain_slowest`: the slowest fetches, split, slowest first.
     pub slowest: Vec<FetchTimeline>,
+    /// Hand-off flow: which segment of the round trip dominates the slowest fetches.
+    pub tail: Option<TailSummary>,
 }
 
 impl ModeResult {
@@ -407,6 +409,9 @@ impl fmt::Display for FetchRttReport {
                     "  {:<15} lookup rtt p50 {:.2} ms, p99 {:.2} ms",
                     "", l.p50, l.p99
                 )?;
+            }
+            if let Some(t) = &m.tail {
+                writeln!(f, "  {:<15} {t}", "")?;
             }
             for t in &m.slowest {
                 writeln!(f, "  {:<15} {t}", "")?;

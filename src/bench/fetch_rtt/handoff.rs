@@ -35,7 +35,7 @@ use tier_cpu::{Capacity, CpuTierOptions, PolicyKind};
 use tiering_core::{LookupResult, OffloadKey, OffloadingManager, ReqContext, RequestId, TieringManager};
 
 use super::copy::{CopyDone, CopyOrder, CopyWorkers};
-use super::timeline::{self, FetchSeen, TimelineMarks, nanos_since};
+use super::timeline::{self, FetchSeen, TailSummary, TimelineMarks, Trace, nanos_since};
 use super::worker_process::WorkerProcesses;
 use super::{ControlPlaneMode, FetchRttConfig, ModeResult, Node, end, mgr_err, ms, node_with, source_params};
 use crate::bench::BenchError;
@@ -110,7 +110,11 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     }
     let mut primary = CpuTierOptions::new(Capacity::Chunks(rows as u64)).with_eviction(PolicyKind::Lru);
     primary.shared_memory.clone_from(&arena_path);
+    // Traced from before the nodes exist: their threads' first wake-ups are in it too.
+    let _ = tiering_core::fetch_trace::take();
+    tiering_core::fetch_trace::enable(true);
     let producer = node_with(cfg, config, &primary)?;
+    let producer_waker = producer.mgr.waker().trace_id();
     let mut consumer = node_with(
         cfg,
         ControlPlaneMode::Thread.manager_config(),
@@ -204,6 +208,11 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     drop(mgr);
     drop(producer.arena);
     drop(scratch);
+    tiering_core::fetch_trace::enable(false);
+    let trace = Trace::new(&tiering_core::fetch_trace::take(), origin, producer_waker);
+    let mut split = timeline::timelines(&measured.seen, &progress.marks, &trace);
+    let tail = TailSummary::of(&split);
+    split.truncate(cfg.explain_slowest);
     Ok(ModeResult {
         mode,
         fetch_ms: Percentiles::of(&measured.fetches),
@@ -213,7 +222,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
         fetches_waited: measured.waited,
         fetches_held_back: measured.held_back,
         off_step_store_completions: stats.manager.off_step_store_completions,
-        slowest: timeline::slowest(&measured.seen, &progress.marks, cfg.explain_slowest),
+        slowest: split,
+        tail,
     })
 }
 
@@ -503,6 +513,7 @@ fn consume(
                 m.during.push(steps_now.saturating_sub(started_in));
                 m.seen.push(FetchSeen {
                     i: f.i,
+                    trace_id: tiering_core::fetch_trace::id_of(&kv_name(mode, f.i)),
                     sent_ns: nanos_since(origin, f.sent_at),
                     landed_ns: nanos_since(origin, landed_at),
                     sent_in_sched: f.sent_in_sched,

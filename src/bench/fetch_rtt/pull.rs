@@ -107,6 +107,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         fetches_held_back: 0,
         off_step_store_completions: stats.manager.off_step_store_completions,
         slowest: Vec::new(),
+        tail: None,
     })
 }
 

@@ -1,19 +1,31 @@
-//! Per-fetch timelines of the hand-off flow (`--explain-slowest N`): where the slowest fetches
-//! of a mode spent their time.
+//! Per-fetch timelines of the hand-off flow: where each fetch of a mode spent its time, a
+//! summary of what dominates the tail, and (`--explain-slowest N`) the slowest fetches point by
+//! point.
 //!
-//! A fetch's round trip is split at the moments the bench itself observes, so the split needs
-//! no hook inside the tiers: the consumer sent it; the producer's copy workers finished that
-//! request's copy (the latest rank); the consumer's step saw every chunk resident. What lies
-//! between "sent or copied, whichever is later" and "seen" is the control and data planes:
-//! the producer noticing the fetch and the store's completion, the transfer, the consumer
-//! receiving it, and the consumer's next poll. Whether the fetch reached the producer during
-//! its scheduling phase (its `Step` held) and how long the consumer's last poll gap was tell
-//! the two usual suspects apart: the lock, and a thread that did not get a core.
+//! The bench observes three moments itself: the consumer sent the fetch, the producer's copy
+//! workers finished that request's copy (the latest rank), the consumer's step saw every chunk
+//! resident. The rest comes from the fetch trace the tiers and the manager record while the
+//! run is traced (`tiering_core::fetch_trace`): the producer's handler read the fetch message
+//! (or its I/O thread relayed it), its control thread woke and took the manager lock, the
+//! session bound the fetch, a completed store offered the chunks it waited for, the transfer
+//! was submitted and taken up by the sender thread, the consumer's receiver began it and each
+//! chunk landed. A round trip is cut into five segments that add up to it:
+//!
+//! - **control**: sent → the producer's session bound the fetch (both ZeroMQ I/O threads, the
+//!   producer's control thread waking and taking the lock — held by a producer step in its
+//!   scheduling phase);
+//! - **copy**: bound → the copy's end, when the store was still being copied;
+//! - **completion**: → the transfer's submission (the copy workers' report waking the control
+//!   thread, which completes the store and offers its chunks to the waiting fetch);
+//! - **transfer**: → the last chunk landed in the consumer's row (sender and receiver threads);
+//! - **consumer**: → the consumer's step saw every chunk (its poll).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use tiering_core::fetch_trace::{self, Point, Record};
 
 /// Nanoseconds since `origin` (saturating), for atomics shared between the actors.
 pub(super) fn nanos_since(origin: Instant, at: Instant) -> u64 {
@@ -73,6 +85,8 @@ impl TimelineMarks {
 pub(super) struct FetchSeen {
     /// The request.
     pub i: usize,
+    /// The fetch's trace id (`fetch_trace::id_of` its request id).
+    pub trace_id: u64,
     /// Sent, ns since the origin.
     pub sent_ns: u64,
     /// Every chunk seen resident, ns since the origin.
@@ -83,7 +97,118 @@ pub(super) struct FetchSeen {
     pub poll_gap: Duration,
 }
 
-/// One fetch's round trip, split.
+/// The fetch trace of one mode's run, with times made relative to the bench's origin.
+#[derive(Default)]
+pub(super) struct Trace {
+    /// Per fetch: its points, in time order.
+    fetches: HashMap<u64, Vec<(Point, u64)>>,
+    /// The producer's control thread: when it woke, and when it took the lock.
+    producer_woke: Vec<u64>,
+    producer_locked: Vec<u64>,
+    /// When the producer's waker was signalled (a copy worker's report, a tier's thread).
+    producer_signalled: Vec<u64>,
+}
+
+impl Trace {
+    /// Sorts `records` by what they are about; `origin` is the bench's origin, `producer` the
+    /// trace id of the producer's waker.
+    pub(super) fn new(records: &[Record], origin: Instant, producer: u64) -> Self {
+        Self::with_base(records, fetch_trace::ns_of(origin), producer)
+    }
+
+    /// As [`Trace::new`], with the origin in trace time.
+    fn with_base(records: &[Record], base: u64, producer: u64) -> Self {
+        let mut t = Self::default();
+        for r in records {
+            let ns = r.ns.saturating_sub(base);
+            match r.point {
+                Point::ControlWoke if r.id == producer => t.producer_woke.push(ns),
+                Point::ControlLocked if r.id == producer => t.producer_locked.push(ns),
+                Point::WakeSignalled if r.id == producer => t.producer_signalled.push(ns),
+                Point::WakeSignalled
+                | Point::ControlWoke
+                | Point::ControlLocked
+                | Point::ControlSwept
+                | Point::IoWoke => {}
+                p => t.fetches.entry(r.id).or_default().push((p, ns)),
+            }
+        }
+        for v in t.fetches.values_mut() {
+            v.sort_by_key(|&(_, ns)| ns);
+        }
+        t.producer_woke.sort_unstable();
+        t.producer_locked.sort_unstable();
+        t.producer_signalled.sort_unstable();
+        t
+    }
+
+    fn first(&self, id: u64, p: Point, after: u64) -> Option<u64> {
+        self.fetches
+            .get(&id)?
+            .iter()
+            .find(|&&(q, ns)| q == p && ns >= after)
+            .map(|&(_, ns)| ns)
+    }
+
+    fn last(&self, id: u64, p: Point) -> Option<u64> {
+        self.fetches
+            .get(&id)?
+            .iter()
+            .rev()
+            .find(|&&(q, _)| q == p)
+            .map(|&(_, ns)| ns)
+    }
+}
+
+/// The latest of `times` in `[from, to]`.
+fn latest_in(times: &[u64], from: u64, to: u64) -> Option<u64> {
+    let end = times.partition_point(|&t| t <= to);
+    times[..end].last().copied().filter(|&t| t >= from)
+}
+
+/// The earliest of `times` at or after `from`.
+fn earliest_from(times: &[u64], from: u64) -> Option<u64> {
+    times.get(times.partition_point(|&t| t < from)).copied()
+}
+
+/// A part of a fetch's round trip (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Segment {
+    /// Sent → the producer's session bound the fetch.
+    Control,
+    /// Bound → the copy of its store ended.
+    Copy,
+    /// → the transfer submitted (the store completed and offered).
+    Completion,
+    /// → the last chunk landed on the consumer.
+    Transfer,
+    /// → the consumer's step saw it.
+    Consumer,
+}
+
+impl Segment {
+    /// In round-trip order.
+    pub const ALL: [Self; 5] = [
+        Self::Control,
+        Self::Copy,
+        Self::Completion,
+        Self::Transfer,
+        Self::Consumer,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Control => "control",
+            Self::Copy => "copy",
+            Self::Completion => "completion",
+            Self::Transfer => "transfer",
+            Self::Consumer => "consumer",
+        }
+    }
+}
+
+/// One fetch's round trip, split. Times are ms after the fetch left; `None`: not in the trace.
 #[derive(Clone, Debug, Serialize)]
 pub struct FetchTimeline {
     /// The request (0 is the unmeasured warm-up).
@@ -92,14 +217,37 @@ pub struct FetchTimeline {
     pub rtt_ms: f64,
     /// The producer held its step (scheduling phase) when the fetch left.
     pub sent_in_sched: bool,
-    /// The copy's end relative to the fetch's departure, ms (negative: copied before).
-    pub copy_done_after_sent_ms: Option<f64>,
-    /// From the later of departure and copy end to "seen resident", ms: the control and data
-    /// planes plus the consumer's poll.
-    pub planes_ms: f64,
+    /// The copy's end (negative: copied before the fetch left).
+    pub copy_done_ms: Option<f64>,
+    /// The producer's handler read the fetch off its control socket.
+    pub read_ms: Option<f64>,
+    /// The producer's I/O thread relayed it instead (the handler had not read it in time).
+    pub relayed_ms: Option<f64>,
+    /// The producer's control thread's last wake-up before the fetch was bound.
+    pub control_woke_ms: Option<f64>,
+    /// It took the manager lock for the sweep that bound the fetch.
+    pub control_locked_ms: Option<f64>,
+    /// The producer's session bound the fetch.
+    pub bound_ms: Option<f64>,
+    /// The producer's waker signalled after the copy ended (the copy workers' report).
+    pub report_signalled_ms: Option<f64>,
+    /// A completed store offered the chunks the fetch waited for.
+    pub offered_ms: Option<f64>,
+    /// The (last) transfer was submitted.
+    pub submitted_ms: Option<f64>,
+    /// The producer's sender thread took it up.
+    pub sender_picked_ms: Option<f64>,
+    /// The consumer's receiver began reading it.
+    pub receiver_began_ms: Option<f64>,
+    /// The last chunk landed.
+    pub landed_ms: Option<f64>,
     /// The consumer's poll gap before it saw the fetch land, ms (the bench polls every 50 µs;
     /// a longer gap is a consumer thread that waited for a core).
     pub poll_gap_ms: f64,
+    /// The five segments, ms, in [`Segment::ALL`] order (they add up to `rtt_ms`).
+    pub segments_ms: [f64; 5],
+    /// The longest segment.
+    pub dominant: Segment,
 }
 
 #[allow(clippy::cast_precision_loss)] // nanosecond spans of a bench run
@@ -107,47 +255,198 @@ fn ns_ms(ns: i128) -> f64 {
     ns as f64 / 1e6
 }
 
-/// The `n` slowest of `seen`, slowest first, split with the copy ends in `marks`.
-pub(super) fn slowest(seen: &[FetchSeen], marks: &TimelineMarks, n: usize) -> Vec<FetchTimeline> {
-    let mut order: Vec<&FetchSeen> = seen.iter().collect();
-    order.sort_by_key(|f| std::cmp::Reverse(f.landed_ns.saturating_sub(f.sent_ns)));
-    order
+/// Splits `f` with the copy ends in `marks` and the fetch trace.
+fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace) -> FetchTimeline {
+    let rel = |t: u64| ns_ms(i128::from(t) - i128::from(f.sent_ns));
+    let id = f.trace_id;
+    let copy = marks.copy_done_ns(f.i);
+    let read = trace.first(id, Point::FetchRead, f.sent_ns);
+    let relayed = trace.first(id, Point::FetchRelayed, f.sent_ns);
+    let bound = trace.first(id, Point::FetchBound, f.sent_ns);
+    let offered = trace.last(id, Point::StoreOffered);
+    let submitted = trace.last(id, Point::TransferSubmitted);
+    let picked = trace.last(id, Point::SenderPicked);
+    let began = trace.last(id, Point::TransferBegun);
+    let landed = trace.last(id, Point::ChunkLanded);
+    let woke = bound.and_then(|b| latest_in(&trace.producer_woke, f.sent_ns, b));
+    let locked = bound.and_then(|b| latest_in(&trace.producer_locked, f.sent_ns, b));
+    let signalled = copy.and_then(|c| earliest_from(&trace.producer_signalled, c));
+    // The cuts: a point the trace lacks takes the next known one (its segment folds into the
+    // next), then each is clamped between its neighbours so that the segments add up.
+    let seen = f.landed_ns;
+    let mut cuts = [Some(f.sent_ns), bound, copy, submitted, landed, Some(seen)];
+    for i in (0..cuts.len() - 1).rev() {
+        cuts[i] = cuts[i].or(cuts[i + 1]);
+    }
+    let mut cuts = cuts.map(|c| c.unwrap_or(seen));
+    for i in 1..cuts.len() {
+        cuts[i] = cuts[i].clamp(cuts[i - 1], seen);
+    }
+    let mut segments_ms = [0.0; 5];
+    for (s, w) in segments_ms.iter_mut().zip(cuts.windows(2)) {
+        *s = ns_ms(i128::from(w[1]) - i128::from(w[0]));
+    }
+    let dominant = Segment::ALL
         .into_iter()
-        .take(n)
-        .map(|f| {
-            let copy = marks.copy_done_ns(f.i);
-            let from = copy.map_or(f.sent_ns, |c| c.max(f.sent_ns));
-            FetchTimeline {
-                request: f.i,
-                rtt_ms: ns_ms(i128::from(f.landed_ns) - i128::from(f.sent_ns)),
-                sent_in_sched: f.sent_in_sched,
-                copy_done_after_sent_ms: copy.map(|c| ns_ms(i128::from(c) - i128::from(f.sent_ns))),
-                planes_ms: ns_ms(i128::from(f.landed_ns) - i128::from(from)),
-                poll_gap_ms: f.poll_gap.as_secs_f64() * 1e3,
-            }
+        .zip(segments_ms)
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .map_or(Segment::Control, |(s, _)| s);
+    FetchTimeline {
+        request: f.i,
+        rtt_ms: rel(seen),
+        sent_in_sched: f.sent_in_sched,
+        copy_done_ms: copy.map(rel),
+        read_ms: read.map(rel),
+        relayed_ms: relayed.map(rel),
+        control_woke_ms: woke.map(rel),
+        control_locked_ms: locked.map(rel),
+        bound_ms: bound.map(rel),
+        report_signalled_ms: signalled.map(rel),
+        offered_ms: offered.map(rel),
+        submitted_ms: submitted.map(rel),
+        sender_picked_ms: picked.map(rel),
+        receiver_began_ms: began.map(rel),
+        landed_ms: landed.map(rel),
+        poll_gap_ms: f.poll_gap.as_secs_f64() * 1e3,
+        segments_ms,
+        dominant,
+    }
+}
+
+/// Every fetch of `seen` split, slowest first.
+pub(super) fn timelines(seen: &[FetchSeen], marks: &TimelineMarks, trace: &Trace) -> Vec<FetchTimeline> {
+    let mut all: Vec<FetchTimeline> = seen.iter().map(|f| split(f, marks, trace)).collect();
+    all.sort_by(|a, b| b.rtt_ms.total_cmp(&a.rtt_ms));
+    all
+}
+
+/// What dominates a mode's tail: its slowest fetches (5 %, at least one), and per segment how
+/// many of them it dominates and its median there and over every fetch.
+#[derive(Clone, Debug, Serialize)]
+pub struct TailSummary {
+    /// Fetches in the tail (the slowest 5 %, at least one).
+    pub tail: usize,
+    /// Fetches in all.
+    pub of: usize,
+    /// The tail's fastest round trip, ms.
+    pub from_ms: f64,
+    /// Per segment, in [`Segment::ALL`] order: the tail fetches it dominates.
+    pub dominates: [usize; 5],
+    /// Per segment: its median over the tail, ms.
+    pub tail_median_ms: [f64; 5],
+    /// Per segment: its median over every fetch, ms.
+    pub all_median_ms: [f64; 5],
+    /// Tail fetches whose message the producer's I/O thread relayed (its control thread had not
+    /// read it within the backstop grace).
+    pub tail_relayed: usize,
+    /// Tail fetches sent while the producer held its step.
+    pub tail_sent_in_sched: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl TailSummary {
+    /// The summary of `timelines` (slowest first).
+    pub(super) fn of(timelines: &[FetchTimeline]) -> Option<Self> {
+        if timelines.is_empty() {
+            return None;
+        }
+        let tail = timelines.len().div_ceil(20).max(1);
+        let (slow, _) = timelines.split_at(tail);
+        let mut dominates = [0; 5];
+        for t in slow {
+            dominates[Segment::ALL.iter().position(|&s| s == t.dominant).unwrap_or(0)] += 1;
+        }
+        let med = |set: &[FetchTimeline], i: usize| median(set.iter().map(|t| t.segments_ms[i]).collect());
+        Some(Self {
+            tail,
+            of: timelines.len(),
+            from_ms: slow.last().map_or(0.0, |t| t.rtt_ms),
+            dominates,
+            tail_median_ms: std::array::from_fn(|i| med(slow, i)),
+            all_median_ms: std::array::from_fn(|i| med(timelines, i)),
+            tail_relayed: slow.iter().filter(|t| t.relayed_ms.is_some()).count(),
+            tail_sent_in_sched: slow.iter().filter(|t| t.sent_in_sched).count(),
         })
-        .collect()
+    }
+
+    /// The segment that dominates most tail fetches.
+    #[must_use]
+    pub fn dominant(&self) -> Segment {
+        Segment::ALL
+            .into_iter()
+            .zip(self.dominates)
+            .max_by_key(|&(_, n)| n)
+            .map_or(Segment::Control, |(s, _)| s)
+    }
+}
+
+impl std::fmt::Display for TailSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "tail (slowest {} of {}, ≥ {:.2} ms): {} dominates",
+            self.tail,
+            self.of,
+            self.from_ms,
+            self.dominant().name()
+        )?;
+        for (i, s) in Segment::ALL.into_iter().enumerate() {
+            write!(
+                f,
+                "{} {} {}× median {:.2} (all {:.2})",
+                if i == 0 { ";" } else { "," },
+                s.name(),
+                self.dominates[i],
+                self.tail_median_ms[i],
+                self.all_median_ms[i]
+            )?;
+        }
+        write!(
+            f,
+            " ms; relayed by the I/O thread {}, sent while the producer held its step {}",
+            self.tail_relayed, self.tail_sent_in_sched
+        )
+    }
 }
 
 impl std::fmt::Display for FetchTimeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let copy = self.copy_done_after_sent_ms.map_or_else(
-            || "copy end unknown".to_owned(),
-            |c| format!("copy done {c:+.2} ms"),
-        );
-        write!(
-            f,
-            "fetch {:>4}: {:>7.2} ms = sent{} → {copy} → planes + poll {:.2} ms (last poll gap {:.2} ms)",
-            self.request,
-            self.rtt_ms,
-            if self.sent_in_sched {
-                " (producer in its scheduling phase)"
-            } else {
-                ""
-            },
-            self.planes_ms,
-            self.poll_gap_ms
-        )
+        write!(f, "fetch {:>4}: {:>7.2} ms [", self.request, self.rtt_ms)?;
+        for (i, s) in Segment::ALL.into_iter().enumerate() {
+            let sep = if i == 0 { "" } else { " | " };
+            write!(f, "{sep}{} {:.2}", s.name(), self.segments_ms[i])?;
+        }
+        write!(f, "] {} dominates;", self.dominant.name())?;
+        if self.sent_in_sched {
+            f.write_str(" sent while the producer held its step;")?;
+        }
+        let points = [
+            ("copy done", self.copy_done_ms),
+            ("fetch read", self.read_ms),
+            ("relayed by the I/O thread", self.relayed_ms),
+            ("control thread woke", self.control_woke_ms),
+            ("locked", self.control_locked_ms),
+            ("bound", self.bound_ms),
+            ("report signalled", self.report_signalled_ms),
+            ("store offered", self.offered_ms),
+            ("transfer submitted", self.submitted_ms),
+            ("sender picked", self.sender_picked_ms),
+            ("receiver began", self.receiver_began_ms),
+            ("last chunk landed", self.landed_ms),
+        ];
+        for (name, at) in points {
+            if let Some(at) = at {
+                write!(f, " {name} {at:+.2}")?;
+            }
+        }
+        write!(f, " (ms after sent); last poll gap {:.2} ms", self.poll_gap_ms)
     }
 }
 
@@ -155,9 +454,12 @@ impl std::fmt::Display for FetchTimeline {
 mod tests {
     use super::*;
 
+    const MS: u64 = 1_000_000;
+
     fn seen(i: usize, sent_ns: u64, landed_ns: u64) -> FetchSeen {
         FetchSeen {
             i,
+            trace_id: i as u64 + 100,
             sent_ns,
             landed_ns,
             sent_in_sched: false,
@@ -165,45 +467,84 @@ mod tests {
         }
     }
 
+    fn rec(id: u64, point: Point, ms_x10: u64) -> Record {
+        Record {
+            id,
+            point,
+            ns: 1000 * MS + ms_x10 * MS / 10,
+        }
+    }
+
     #[test]
-    fn the_slowest_fetches_are_split_at_the_later_of_departure_and_copy_end() {
+    fn a_round_trip_is_cut_into_segments_that_add_up_and_the_tail_names_the_longest() {
         let origin = Instant::now();
         let marks = TimelineMarks::new(4);
-        // Request 1 copied 2 ms after it was sent (rank 1 last), request 2 long before, request 3
-        // never reported.
+        // Request 1: sent at 10 ms, bound at 10.5, copied until 12 (two ranks), submitted at
+        // 12.3, landed at 12.8, seen at 13.
         marks.copy_finished(1, origin, origin + Duration::from_millis(11));
         marks.copy_finished(1, origin, origin + Duration::from_millis(12));
+        // Request 2: copied long before; sent at 20 ms, the producer's control thread woke
+        // only at 26.5 and bound it at 26.6; transfer 26.7 → 26.9; seen at 27.
         marks.copy_finished(2, origin, origin + Duration::from_millis(1));
-        let all = [
-            seen(1, 10_000_000, 13_000_000),
-            seen(2, 20_000_000, 27_000_000),
-            seen(3, 30_000_000, 30_500_000),
+        let producer = 7;
+        let records = [
+            rec(101, Point::FetchRead, 104),
+            rec(101, Point::FetchBound, 105),
+            rec(producer, Point::WakeSignalled, 121),
+            rec(101, Point::StoreOffered, 122),
+            rec(101, Point::TransferSubmitted, 123),
+            rec(101, Point::ChunkLanded, 126),
+            rec(101, Point::ChunkLanded, 128),
+            rec(producer, Point::ControlWoke, 265),
+            rec(producer, Point::ControlLocked, 2655),
+            rec(102, Point::FetchRead, 2655),
+            rec(102, Point::FetchBound, 266),
+            rec(102, Point::TransferSubmitted, 267),
+            rec(102, Point::ChunkLanded, 269),
+            // Another manager's wake-ups are not the producer's.
+            rec(8, Point::ControlWoke, 201),
         ];
-        let top = slowest(&all, &marks, 2);
-        assert_eq!(top.iter().map(|t| t.request).collect::<Vec<_>>(), [2, 1]);
-        let [slow, next] = &top[..] else {
-            panic!("two fetches")
-        };
-        assert!((slow.rtt_ms - 7.0).abs() < 1e-9);
-        assert!((slow.copy_done_after_sent_ms.unwrap() + 19.0).abs() < 1e-9);
+        let trace = Trace::with_base(&records, 1000 * MS, producer);
+        let all = [
+            seen(1, 10 * MS, 13 * MS),
+            seen(2, 20 * MS, 27 * MS),
+            seen(3, 30 * MS, 30 * MS + MS / 2),
+        ];
+        let split = timelines(&all, &marks, &trace);
+        assert_eq!(split.iter().map(|t| t.request).collect::<Vec<_>>(), [2, 1, 3]);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
+        for t in &split {
+            assert!(close(t.segments_ms.iter().sum(), t.rtt_ms), "{t:?}");
+        }
+        let slow = &split[0];
+        assert!(close(slow.rtt_ms, 7.0));
+        assert_eq!(slow.dominant, Segment::Control);
+        assert!(close(slow.segments_ms[0], 6.6), "{slow:?}");
+        assert!(close(slow.segments_ms[1], 0.0) && close(slow.segments_ms[2], 0.1));
         assert!(
-            (slow.planes_ms - 7.0).abs() < 1e-9,
-            "copied before it left: all of it is the planes"
+            close(slow.control_woke_ms.unwrap(), 6.5),
+            "not the other manager's wake-up"
         );
-        assert!(
-            (next.copy_done_after_sent_ms.unwrap() - 2.0).abs() < 1e-9,
-            "the last rank's end"
-        );
-        assert!((next.planes_ms - 1.0).abs() < 1e-9);
+        let next = &split[1];
+        assert!(close(next.segments_ms[0], 0.5) && close(next.segments_ms[1], 1.5));
+        assert!(close(next.segments_ms[2], 0.3) && close(next.segments_ms[3], 0.5));
+        assert!(close(next.segments_ms[4], 0.2));
+        assert_eq!(next.dominant, Segment::Copy);
+        assert!(close(next.report_signalled_ms.unwrap(), 2.1));
+        assert!(close(next.landed_ms.unwrap(), 2.8), "the last chunk");
         let line = next.to_string();
         assert!(
-            line.contains("copy done +2.00 ms") && line.contains("planes + poll 1.00 ms"),
+            line.contains("copy 1.50") && line.contains("copy dominates"),
             "{line}"
         );
-        let unknown = slowest(&all[2..], &marks, 5);
-        assert_eq!(unknown.len(), 1);
-        assert!(unknown[0].copy_done_after_sent_ms.is_none());
-        assert!(unknown[0].to_string().contains("copy end unknown"));
+        // Untraced: the whole round trip is control, nothing is made up.
+        let bare = &split[2];
+        assert!(bare.bound_ms.is_none() && close(bare.segments_ms[0], 0.5));
+        let tail = TailSummary::of(&split).unwrap();
+        assert_eq!((tail.tail, tail.of), (1, 3));
+        assert_eq!(tail.dominant(), Segment::Control);
+        assert_eq!(tail.dominates, [1, 0, 0, 0, 0]);
+        assert!(tail.to_string().contains("control dominates"), "{tail}");
     }
 
     #[test]
