@@ -26,6 +26,7 @@ mod faulty;
 mod keys;
 mod manager;
 mod reporter;
+mod shared;
 mod step;
 mod values;
 

@@ -12,55 +12,17 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::thread::ThreadId;
 
 use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tiering_core::config::ChainConfig;
-use tiering_core::{ChunkArena, Registry, TierInfo, TieringManager};
+use tiering_core::{Registry, TierInfo, TieringManager};
 
-use crate::errors::{StepError, config_err, kvtier_err};
+use crate::errors::{config_err, kvtier_err};
+use crate::shared::Shared;
 use crate::step::PyStep;
-use crate::values::{OffloadingEvent, locality_name, medium_name, row_bytes};
-
-/// The manager and the thread that holds its step, shared with the steps.
-pub(crate) struct Shared {
-    pub(crate) manager: RwLock<Option<TieringManager>>,
-    /// The manager's arena until shutdown, outside `manager`'s lock (see the module docs).
-    arena: Mutex<Option<Arc<ChunkArena>>>,
-    /// The thread holding a step of this manager, if any.
-    pub(crate) step_thread: Mutex<Option<ThreadId>>,
-    /// The chain file's `type` of each tier: the primary's, then the secondaries' in order.
-    pub(crate) tier_types: Vec<String>,
-    /// Name, medium and locality of each tier, as built: the primary's, then the secondaries'.
-    tier_infos: Vec<TierInfo>,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // A manager collected without `shutdown` shuts down here: joining the control thread
-        // and draining the tiers can take seconds, so other Python threads keep running. (When
-        // the interpreter is finalizing it cannot be attached to; then it is dropped as is.)
-        if let Some(manager) = self.manager.get_mut().take() {
-            let arena = self.arena.get_mut().take();
-            // Not attachable: the closure is dropped unrun, which drops the two just the same.
-            let _ = Python::try_attach(|py| py.detach(move || drop((manager, arena))));
-        }
-    }
-}
-
-impl Shared {
-    fn refuse_if_this_thread_holds_a_step(&self, what: &str) -> PyResult<()> {
-        if *self.step_thread.lock() == Some(std::thread::current().id()) {
-            return Err(StepError::new_err(format!(
-                "{what}: this thread holds a step of this manager; call it on the step, or exit \
-                 the step first (waiting here would deadlock)"
-            )));
-        }
-        Ok(())
-    }
-}
+use crate::values::{events_list, locality_name, medium_name, row_bytes, stats_to_py};
 
 /// A tiering manager over a chain of tiers (CPU primary, then disk, peers, ...), built from a
 /// chain file. Make the engine calls of each scheduler step on `with manager.step() as s:`.
@@ -403,32 +365,4 @@ impl PyTieringManager {
             Err(_) => "TieringManager(shut down)".to_owned(),
         }
     }
-}
-
-/// Events as a Python list.
-pub(crate) fn events_list(
-    py: Python<'_>,
-    events: Vec<tiering_core::OffloadingEvent>,
-) -> PyResult<Bound<'_, PyList>> {
-    let items = events
-        .into_iter()
-        .map(|e| Bound::new(py, OffloadingEvent::from_core(e)))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
-}
-
-/// Stats as plain Python dicts and lists.
-pub(crate) fn stats_to_py<'py>(
-    py: Python<'py>,
-    stats: &tiering_core::ManagerStats,
-) -> PyResult<Bound<'py, PyAny>> {
-    let value = serde_json::json!({
-        "manager": stats.manager,
-        "primary": stats.primary,
-        "secondaries": stats.secondaries,
-        "jobs_in_flight": stats.jobs_in_flight,
-        "gates": stats.gates,
-        "decisions": stats.decisions,
-    });
-    py.import("json")?.call_method1("loads", (value.to_string(),))
 }

@@ -13,9 +13,10 @@ use tiering_core::{OffloadingManager, Step};
 
 use crate::errors::{StepError, kvtier_err};
 use crate::keys::{key_from_py, keys_from_py};
-use crate::manager::{Shared, events_list, stats_to_py};
+use crate::shared::Shared;
 use crate::values::{
     LoadSource, LookupResult, OffloadPolicy, PrepareStoreOutput, PyReqContext, ScheduleEndContext,
+    events_list, stats_to_py,
 };
 
 /// One scheduler step of a `TieringManager` (from `manager.step()`): holds the manager's lock

@@ -483,3 +483,31 @@ fn filter_from_py(ob: &Bound<'_, PyAny>) -> PyResult<TierFilter> {
 pub(crate) fn row_bytes<'py>(py: Python<'py>, row: &[u8]) -> Bound<'py, PyBytes> {
     PyBytes::new(py, row)
 }
+
+/// Events as a Python list.
+pub(crate) fn events_list(
+    py: Python<'_>,
+    events: Vec<tiering_core::OffloadingEvent>,
+) -> PyResult<Bound<'_, PyList>> {
+    let items = events
+        .into_iter()
+        .map(|e| Bound::new(py, OffloadingEvent::from_core(e)))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// Stats as plain Python dicts and lists.
+pub(crate) fn stats_to_py<'py>(
+    py: Python<'py>,
+    stats: &tiering_core::ManagerStats,
+) -> PyResult<Bound<'py, PyAny>> {
+    let value = serde_json::json!({
+        "manager": stats.manager,
+        "primary": stats.primary,
+        "secondaries": stats.secondaries,
+        "jobs_in_flight": stats.jobs_in_flight,
+        "gates": stats.gates,
+        "decisions": stats.decisions,
+    });
+    py.import("json")?.call_method1("loads", (value.to_string(),))
+}

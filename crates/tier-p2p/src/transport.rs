@@ -263,7 +263,7 @@ impl ControlTransport {
         let counters = Arc::new(TransportCounters::default());
         let thread_counters = Arc::clone(&counters);
         let ctx = zmq::Context::new();
-        let (reader, bound_port) = RouterReader::bind(&ctx, &endpoint, heartbeat, inbound)
+        let (reader, bound_port) = RouterReader::bind(&ctx, &endpoint, inbound)
             .map_err(|e| P2pError::Zmq(format!("cannot bind the control socket on {bind}: {e}")))?;
         let router_fd = reader
             .socket
@@ -553,20 +553,20 @@ impl RouterReader {
     fn bind(
         ctx: &zmq::Context,
         endpoint: &str,
-        hb: &Heartbeat,
         limits: &Inbound,
     ) -> zmq::Result<(Self, u16)> {
         let router = ctx.socket(zmq::ROUTER)?;
-        set_heartbeat(&router, hb)?;
+        // No ZMTP heartbeat of its own (peers' DEALERs heartbeat, and a PING is answered
+        // regardless): under ROUTER_HANDOVER a reconnecting peer's old pipe is terminated while
+        // its engine lives on with no pipe, stops its input on the next message, and vendored
+        // libzmq 4.3.4 then aborts on `!_io_error` (stream_engine_base.cpp:331) when this
+        // socket's heartbeat timer calls `out_event` (libzmq #4364, open upstream). The peers'
+        // heartbeat TTL still ends such an engine.
+        router.set_linger(0)?;
         // Refused by libzmq's decoder from the size prefix, before any allocation.
         router.set_maxmsgsize(limits.max_message_bytes)?;
         // A restarted peer reuses its identity; hand the route over to the new connection.
         router.set_router_handover(true)?;
-        // No receive high-water mark: an engine whose inbound pipe fills stops its input, and
-        // libzmq 4.3.4 (vendored) then aborts on `!_io_error` (stream_engine_base.cpp:331)
-        // when its heartbeat timer or a queued POLLOUT calls `out_event` (libzmq #4364, #4841;
-        // open upstream). The reader's flood budget bounds what a peer can queue instead.
-        router.set_rcvhwm(0)?;
         router.bind(endpoint)?;
         let last = router.get_last_endpoint()?.map_err(|_| zmq::Error::EINVAL)?;
         let port = last
