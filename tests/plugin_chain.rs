@@ -274,7 +274,8 @@ fn loaded_tier_answers_peers_from_the_control_thread() {
     let inbox = dir.path().join("ex-a.sock");
     let lib = common::example_library();
     let mut m = build(&chain_text(Some(&lib), &inbox, true));
-    // The first step end starts the control thread; after that the engine makes no call.
+    // The control thread runs from the manager's construction; one step, then the engine makes
+    // no call.
     step(&mut m);
     assert!(m.control_thread_running());
     let client = PeerClient::bind(&dir.path().join("peer.sock")).unwrap();

@@ -92,11 +92,14 @@ impl LoadedLibrary {
 
 /// A secondary tier living in a loaded library.
 ///
-/// Calls that cannot return an error (`lookup`, `touch`, `on_new_request`, …) answer
-/// conservatively when the library fails or panics (`Miss`, chunk level, nothing) and keep the
-/// failure; the next `serve_external_requests` returns it, so the manager reports it (the
-/// control thread stops with it, or the step's `on_schedule_end` returns it). The process never
-/// aborts because of a panic in the library.
+/// A panic in the library is caught there, at the C boundary, and re-raised here once the call
+/// has returned (no unwind crosses the boundary), so the manager's tier-call guard sees it as
+/// it sees a panic of a linked-in tier: `TierError::Panicked` naming the call, and the tier
+/// quarantined at once under the default policy. `shutdown` and `destroy` (Drop) report it as
+/// an error instead. Calls that cannot return an error (`lookup`, `touch`, `on_new_request`,
+/// …) answer conservatively when the library *fails* (`Miss`, chunk level, nothing) and keep
+/// the failure; the next `serve_external_requests` returns it, so the manager reports it. The
+/// process never aborts because of a panic in the library.
 pub struct PluginTier {
     library: &'static LoadedLibrary,
     state: TierState,
@@ -188,9 +191,9 @@ impl PluginTier {
         let out = sink(&mut receive);
         // SAFETY: `state` is live; `out` borrows `receive` for the call.
         tier.call("info", |v, s, e| unsafe { (v.info)(s, out, e) })
-            .map_err(|message| PluginError::Create {
+            .map_err(|f| PluginError::Create {
                 path: library.path().to_path_buf(),
-                message,
+                message: f.describe("info"),
             })?;
         if let Some((info, control_plane)) = info {
             tier.info = info;
@@ -205,36 +208,48 @@ impl PluginTier {
         self.library
     }
 
-    /// Makes one vtable call; a failure comes back as a message naming the tier and library.
+    /// Makes one vtable call; a failure comes back with a message naming the tier and library.
     fn call(
         &self,
         what: &str,
         f: impl FnOnce(&TierVTable, TierState, ErrSink) -> FfiStatus,
-    ) -> Result<(), String> {
+    ) -> Result<(), CallFailure> {
         let mut err = ErrorText::default();
         let code = err.with(|e| f(&self.library.vtable, self.state, e));
         if code == status::OK {
             return Ok(());
         }
-        let verb = if code == status::PANIC {
-            "panicked"
+        let library = self.library.path().display();
+        let text = err.or("no message");
+        Err(if code == status::PANIC {
+            CallFailure::Panicked(format!(
+                "{text} (tier `{}`, caught in its library {library})",
+                self.info.name
+            ))
         } else {
-            "failed"
-        };
-        Err(format!(
-            "tier `{}` from {} {verb} in {what}: {}",
-            self.info.name,
-            self.library.path().display(),
-            err.or("no message")
-        ))
+            CallFailure::Failed(format!(
+                "tier `{}` from {library} failed in {what}: {text}",
+                self.info.name
+            ))
+        })
+    }
+
+    /// For the calls the manager's tier-call guard wraps: a panic the library caught is raised
+    /// again here, after the FFI call returned, so the guard quarantines the tier exactly as
+    /// for a linked-in tier's panic; a failure is kept for the next `serve_external_requests`
+    /// (the call has no error channel).
+    fn keep(&self, r: Result<(), CallFailure>) {
+        match r {
+            Ok(()) => {}
+            Err(CallFailure::Panicked(message)) => std::panic::resume_unwind(Box::new(message)),
+            Err(CallFailure::Failed(message)) => self.keep_failure(message),
+        }
     }
 
     /// Keeps the first failure of a call that has no error channel.
-    fn keep(&self, r: Result<(), String>) {
-        if let Err(message) = r {
-            tracing::error!(tier = %self.info.name, %message, "tier library call failed");
-            self.failure.lock().get_or_insert(message);
-        }
+    fn keep_failure(&self, message: String) {
+        tracing::error!(tier = %self.info.name, %message, "tier library call failed");
+        self.failure.lock().get_or_insert(message);
     }
 
     fn submit(&mut self, job: TransferJob, kind: JobKind) {
@@ -252,7 +267,7 @@ impl PluginTier {
             (_, rows) => {
                 // A grant of the wrong mode cannot be handed over; release it here and fail the job.
                 drop(rows);
-                self.keep(Err(format!("{id} was submitted with grants of the wrong mode")));
+                self.keep_failure(format!("{id} was submitted with grants of the wrong mode"));
                 self.host_results
                     .push(JobResult::failed(id, std::time::Duration::ZERO));
                 return;
@@ -271,11 +286,11 @@ impl PluginTier {
             req: enc.ffi(),
         };
         if chunk_ids.len() != ffi_keys.len() {
-            self.keep(Err(format!(
+            self.keep_failure(format!(
                 "{id} has {} keys but {} rows",
                 ffi_keys.len(),
                 chunk_ids.len()
-            )));
+            ));
         }
         let what = if code == job_kind::STORE {
             "submit_store"
@@ -430,18 +445,21 @@ impl SecondaryTier for PluginTier {
         let code = err.with(|e| unsafe {
             (self.library.vtable.serve_external_requests)(self.state, &raw const fparent, e)
         });
+        let library = self.library.path().display();
         if code == status::OK {
             Ok(())
+        } else if code == status::PANIC {
+            // Raised after the FFI call returned: the manager's guard treats it as any tier's
+            // panic in `serve_external_requests`.
+            std::panic::resume_unwind(Box::new(format!(
+                "{} (tier `{}`, caught in its library {library})",
+                err.or("no message"),
+                self.info.name
+            )))
         } else {
-            let verb = if code == status::PANIC {
-                "panicked"
-            } else {
-                "failed"
-            };
             Err(TierError::Other(format!(
-                "tier `{}` from {} {verb} in serve_external_requests: {}",
+                "tier `{}` from {library} failed in serve_external_requests: {}",
                 self.info.name,
-                self.library.path().display(),
                 err.or("no message")
             )))
         }
@@ -487,11 +505,12 @@ impl SecondaryTier for PluginTier {
 
     fn shutdown(&mut self) -> Result<(), TierError> {
         // SAFETY: plain call on a live state.
+        // Never re-raised: a shutdown that panicked is an unclean shutdown, reported.
         let r = self.call("shutdown", |v, s, e| unsafe { (v.shutdown)(s, e) });
         if r.is_err() {
             self.unclean = true;
         }
-        r.map_err(TierError::Other)
+        r.map_err(|f| TierError::Other(f.describe("shutdown")))
     }
 }
 
@@ -499,7 +518,8 @@ impl Drop for PluginTier {
     fn drop(&mut self) {
         // SAFETY: `state` came from `create` and is destroyed exactly once, here.
         let r = self.call("destroy", |v, s, e| unsafe { (v.destroy)(s, e) });
-        if let Err(message) = r {
+        if let Err(failure) = r {
+            let message = failure.describe("destroy");
             tracing::error!(tier = %self.info.name, %message, "destroying a tier library's tier failed");
             self.unclean = true;
         }
@@ -511,6 +531,24 @@ impl Drop for PluginTier {
                 Box::new(HostWaker(Mutex::new(ControlWaker::new()))),
             );
             std::mem::forget(waker);
+        }
+    }
+}
+
+/// How a vtable call went wrong.
+enum CallFailure {
+    /// The library caught a panic (the message, naming the tier and library).
+    Panicked(String),
+    /// The library reported an error (the message, naming the tier, library and call).
+    Failed(String),
+}
+
+impl CallFailure {
+    /// One line for a call whose failure is reported, not raised (`shutdown`, `destroy`).
+    fn describe(self, call: &str) -> String {
+        match self {
+            Self::Panicked(m) => format!("panicked in {call}: {m}"),
+            Self::Failed(m) => m,
         }
     }
 }
