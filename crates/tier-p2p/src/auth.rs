@@ -15,9 +15,10 @@
 //!
 //! The keyed hash is BLAKE3 in keyed mode (a PRF, so a MAC), and key derivation uses BLAKE3's
 //! `derive_key` mode; tags are compared in constant time. A chunk payload's MAC is a keyed
-//! BLAKE3 over the chunk's fields and the GMACs (AES-256-GCM, associated data only) of its
-//! pieces, under a GMAC key derived per transfer from the data key: GHASH is several times
-//! faster than BLAKE3 over bulk bytes (see `dataplane::frame::TransferMac`).
+//! BLAKE3 over the chunk's fields and the POLYVAL hashes of its pieces, under a POLYVAL key
+//! derived per transfer from the data key: POLYVAL with VPCLMULQDQ is several times faster
+//! than BLAKE3 over bulk bytes, and the BLAKE3 fold keeps every hash secret (see
+//! `dataplane::frame::TransferMac`).
 
 use std::fmt;
 use std::io::Read;

@@ -2,6 +2,7 @@
 //! rows into the consumer's reserved rows.
 //!
 //! - [`frame`]: the framing and the per-frame MACs;
+//! - [`polyval`]: the universal hash under the payload MAC;
 //! - `dest`: the consumer's whitelist of reserved rows (and the quiescence rule);
 //! - `receiver`: the consumer's listener and connection threads;
 //! - `sender`: registration and the producer's per-consumer sender threads;
@@ -11,6 +12,7 @@
 pub(crate) mod dest;
 pub mod frame;
 pub(crate) mod outgoing;
+pub mod polyval;
 pub(crate) mod receiver;
 pub(crate) mod sender;
 
