@@ -1,0 +1,3 @@
+//! # tier-kit
+//!
+//! The plumbing every secondary tier with a worker pool needs (work in progress).
