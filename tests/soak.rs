@@ -1,7 +1,6 @@
 //! `kvtier soak` on a few seconds: the fault injector injects every kind of fault against two
 //! nodes (this process and a `kvtier soak-node` child), the checks run and nothing is left
-//! behind; and (ignored until its injection point is deterministic) a wrong byte served on
-//! purpose is reported as a violation.
+//! behind; and a wrong byte served on purpose is reported as a violation.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -67,17 +66,16 @@ fn a_short_soak_injects_every_fault_and_serves_no_wrong_byte() {
 }
 
 /// The checks catch a wrong byte served: a byte flipped in every idle arena row (resident chunks
-/// no tier checksum covers). Ignored: whether a flipped row is loaded before it is evicted or
-/// overwritten depends on the run's timing (a clean-clone CI run loaded none of 512), so it
-/// needs a deterministic injection point first (issue 30, still open).
+/// no tier checksum covers) between two rounds, the second running the first's workload again,
+/// so it loads chunks from those rows.
 #[test]
-#[ignore = "timing-dependent: the flipped rows are not always loaded (issue 30)"]
 fn the_checks_catch_wrong_bytes_served() {
     if !redis_installed() {
         return;
     }
-    let r = run_soak(&short_soak(8, false, true)).expect("the soak runs");
+    let r = run_soak(&short_soak(6, false, true)).expect("the soak runs");
     println!("{r}");
+    assert!(r.arena_rows_corrupted > 0, "{r}");
     assert!(r.wrong_bytes[0] > 0, "{r}");
     assert!(
         r.violations.iter().any(|v| v.contains("wrong bytes")),

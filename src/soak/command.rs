@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use parking_lot::Mutex;
 use tiering_core::config::ChainConfig;
-use tiering_core::{ChunkArena, KeySet, TierStats};
+use tiering_core::{KeySet, TierStats};
 
 use super::checks::{DiskLedger, Growth, ProcSample, SlabAudit, TtftBound, is_mounted, leftovers};
 use super::faults::{self, PeerLine, PeerNode, RedisServer, Scratch};
@@ -76,8 +76,9 @@ pub struct SoakArgs {
     /// Inject no fault (the checks still run).
     #[arg(long)]
     pub no_faults: bool,
-    /// Deliberately serve wrong bytes (flip a byte in every idle arena row once faults start),
-    /// to see the checks fail.
+    /// Deliberately serve wrong bytes (flip a byte in every idle arena row after the first
+    /// round that ends past 30 % of the run, then run that round's workload again), to see the
+    /// checks fail.
     #[arg(long, hide = true)]
     pub inject_wrong_bytes: bool,
 }
@@ -242,7 +243,12 @@ fn sim_config(remote: Option<String>) -> SimConfig {
 /// prefixes in turn), its requests named after the round so ids never repeat.
 #[must_use]
 pub fn round_workload(seed: u64, round: u64, requests: usize) -> Workload {
-    let variant = round % VARIANTS;
+    workload_of(seed, round, round, requests)
+}
+
+/// The workload of round `of`, its requests named after round `round`.
+fn workload_of(seed: u64, of: u64, round: u64, requests: usize) -> Workload {
+    let variant = of % VARIANTS;
     let kind = if variant % 2 == 0 {
         WorkloadKind::Chat
     } else {
@@ -351,7 +357,6 @@ struct InjectorLog {
     skipped: Vec<(FaultKind, String)>,
     corrupted_keys: KeySet,
     fill_bytes: u64,
-    arena_rows_corrupted: u64,
     violations: Vec<String>,
 }
 
@@ -362,9 +367,6 @@ struct Targets {
     disk_root: PathBuf,
     disk_a: PathBuf,
     mounted: Option<String>,
-    arena: Arc<ChunkArena>,
-    /// When to flip a byte in every idle arena row (`--inject-wrong-bytes`).
-    wrong_bytes_at: Option<Duration>,
 }
 
 /// Sleeps until `deadline` or until `stop` is set.
@@ -478,9 +480,6 @@ fn injector(schedule: &Schedule, t0: Instant, t: &Targets, stop: &AtomicBool) ->
                 log.violations
                     .push(format!("the peer node did not start again: {e:#}"));
             }
-        }
-        if log.arena_rows_corrupted == 0 && t.wrong_bytes_at.is_some_and(|at| t0.elapsed() >= at) {
-            log.arena_rows_corrupted = faults::corrupt_arena(&t.arena);
         }
         if let Some(f) = schedule.faults.get(next)
             && t0.elapsed() >= f.at
@@ -609,8 +608,6 @@ pub fn run_soak(cfg: &SoakConfig) -> Result<SoakReport> {
             .no_mount
             .clone()
             .map(|why| format!("skipped: the disk tiers are not on a tmpfs of their own ({why})")),
-        arena: Arc::clone(session.arena()),
-        wrong_bytes_at: cfg.inject_wrong_bytes.then(|| cfg.duration.mul_f64(0.3)),
     };
     let injector = {
         let stop = Arc::clone(&stop);
@@ -624,8 +621,15 @@ pub fn run_soak(cfg: &SoakConfig) -> Result<SoakReport> {
     let mut session_failed = false;
     let mut warm = None;
     let mut round = 0;
-    while t0.elapsed() < cfg.duration {
-        let w = round_workload(cfg.seed, round, cfg.requests);
+    let wrong_bytes_at = cfg.inject_wrong_bytes.then(|| cfg.duration.mul_f64(0.3));
+    let mut arena_rows_corrupted = 0;
+    // A round whose workload runs again next (after its rows were corrupted on purpose).
+    let mut replay = None;
+    while t0.elapsed() < cfg.duration || replay.is_some() {
+        let w = match replay.take() {
+            Some(of) => workload_of(cfg.seed, of, round, cfg.requests),
+            None => round_workload(cfg.seed, round, cfg.requests),
+        };
         totals.submitted += w.requests.len() as u64;
         match session.run(&w) {
             Ok(m) => totals.add(&m, tier_names.len()),
@@ -643,6 +647,15 @@ pub fn run_soak(cfg: &SoakConfig) -> Result<SoakReport> {
         }
         if warm.is_none() && t0.elapsed() >= report.warm_up {
             warm = Some(ProcSample::now());
+        }
+        if arena_rows_corrupted == 0 && wrong_bytes_at.is_some_and(|at| t0.elapsed() >= at) {
+            // Between rounds, so the rows this round left resident are idle; the next round
+            // runs the same workload with an empty device cache, so it looks those chunks up
+            // again and loads them from the primary: the checks must see them (not a matter of
+            // whether some later workload happens to reuse a corrupted row before it is
+            // evicted).
+            arena_rows_corrupted = faults::corrupt_arena(session.arena());
+            replay = Some(round);
         }
         round += 1;
     }
@@ -850,13 +863,14 @@ pub fn run_soak(cfg: &SoakConfig) -> Result<SoakReport> {
             }
         }
     }
-    if log.arena_rows_corrupted > 0 {
+    report.arena_rows_corrupted = arena_rows_corrupted;
+    if arena_rows_corrupted > 0 {
         report.faults.push(FaultRow {
             kind: FaultKind::DiskCorrupt,
             injected: 1,
             note: format!(
-                "(deliberate: a byte flipped in {} idle arena rows, --inject-wrong-bytes)",
-                log.arena_rows_corrupted
+                "(deliberate: a byte flipped in {arena_rows_corrupted} idle arena rows, \
+                 --inject-wrong-bytes)"
             ),
         });
     }

@@ -42,6 +42,8 @@ pub struct SoakReport {
     pub verified_bytes: [u64; 2],
     /// Wrong bytes loaded, this node and the peer.
     pub wrong_bytes: [u64; 2],
+    /// Idle arena rows given a flipped byte on purpose (`--inject-wrong-bytes`; 0 otherwise).
+    pub arena_rows_corrupted: u64,
     /// Slab audits after the run: bytes verified, this node's slab and the peer's.
     pub audit_verified_bytes: [u64; 2],
     /// Slab audits: wrong bytes behind a valid checksum.
