@@ -142,11 +142,14 @@ impl Trace {
         t
     }
 
-    fn first(&self, id: u64, p: Point, after: u64) -> Option<u64> {
+    /// The first record of `p` for fetch `id`. Not filtered by the departure: the bench takes
+    /// the departure's time after its step released the lock, and the producer may have read
+    /// the message before a preempted consumer thread got to that.
+    fn first(&self, id: u64, p: Point) -> Option<u64> {
         self.fetches
             .get(&id)?
             .iter()
-            .find(|&&(q, ns)| q == p && ns >= after)
+            .find(|&&(q, _)| q == p)
             .map(|&(_, ns)| ns)
     }
 
@@ -260,16 +263,17 @@ fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace) -> FetchTimeline {
     let rel = |t: u64| ns_ms(i128::from(t) - i128::from(f.sent_ns));
     let id = f.trace_id;
     let copy = marks.copy_done_ns(f.i);
-    let read = trace.first(id, Point::FetchRead, f.sent_ns);
-    let relayed = trace.first(id, Point::FetchRelayed, f.sent_ns);
-    let bound = trace.first(id, Point::FetchBound, f.sent_ns);
+    let read = trace.first(id, Point::FetchRead);
+    let relayed = trace.first(id, Point::FetchRelayed);
+    let bound = trace.first(id, Point::FetchBound);
     let offered = trace.last(id, Point::StoreOffered);
     let submitted = trace.last(id, Point::TransferSubmitted);
     let picked = trace.last(id, Point::SenderPicked);
     let began = trace.last(id, Point::TransferBegun);
     let landed = trace.last(id, Point::ChunkLanded);
-    let woke = bound.and_then(|b| latest_in(&trace.producer_woke, f.sent_ns, b));
-    let locked = bound.and_then(|b| latest_in(&trace.producer_locked, f.sent_ns, b));
+    let from = f.sent_ns.min(bound.unwrap_or(u64::MAX));
+    let woke = bound.and_then(|b| latest_in(&trace.producer_woke, from.saturating_sub(1), b));
+    let locked = bound.and_then(|b| latest_in(&trace.producer_locked, from.saturating_sub(1), b));
     let signalled = copy.and_then(|c| earliest_from(&trace.producer_signalled, c));
     // The cuts: a point the trace lacks takes the next known one (its segment folds into the
     // next), then each is clamped between its neighbours so that the segments add up.
