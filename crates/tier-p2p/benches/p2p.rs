@@ -17,14 +17,17 @@
 //!   and otherwise in a slow one (~90 µs), so the raw figure flips between runs and the ratio
 //!   with it. Each ratio comes from 1500 ABBA-interleaved pairs in blocks of 300, reported as
 //!   the median per-pair ratio with p10/p90, min–max and the spread of the block medians.
-//! - `data_plane`: one fetch of 16 chunks of 2 MiB (fetch → push → acks → `transfer_done`)
-//!   versus a raw loopback TCP stream of the same volume with one ack: the raw sender writes
-//!   16 distinct 2 MiB buffers (as the producer writes 16 rows) into a 32 MiB destination.
-//!   Target: ≥ 90 % of raw. Both ends share the machine's cores, and on loopback the writing
-//!   thread also runs the receiving side's TCP path, so every byte's MAC (computed once by
-//!   each end) competes with the copies for the same cores: the ratio depends on the MAC's
-//!   speed against the kernel's copies (GHASH with VPCLMULQDQ here) and on what else runs on
-//!   the machine.
+//! - `data_plane`: one fetch of 16 chunks of 2 MiB, and one of 256 chunks of 64 KiB (fetch →
+//!   push → acks → `transfer_done`), each versus a raw loopback TCP stream of the same shape
+//!   with one ack: the raw sender writes as many distinct rows (as the producer writes rows)
+//!   into a destination of the same volume. Target: ≥ 90 % of raw. Both ends share the
+//!   machine's cores, and on loopback the writing thread also runs the receiving side's TCP
+//!   path, so every byte's MAC (computed once by each end) competes with the copies for the
+//!   same cores: the ratio depends on the MAC's speed against the kernel's copies (POLYVAL
+//!   with VPCLMULQDQ here; the `mac` section measures both) and on what else runs on the
+//!   machine. The 64 KiB shape adds per-chunk work (a header tag and a trailer each).
+//! - `mac_cost`: one end's payload MAC per byte against a copy of the byte, on thread CPU
+//!   time (what authentication costs, whatever else the machine runs).
 //!
 //! After criterion's figures, the bench prints both ratios as medians of ABBA-paired runs, and
 //! the CPU time both ends of a data-plane transfer spend (p2p against raw): unlike the
@@ -50,6 +53,8 @@ use tiering_core::{
 
 const BIG_CHUNK: usize = 2 << 20;
 const BIG_COUNT: usize = 16;
+const MID_CHUNK: usize = 64 << 10;
+const MID_COUNT: usize = 256;
 const SMALL_CHUNK: usize = 4096;
 
 fn opts() -> P2pTierOptions {
@@ -232,9 +237,11 @@ struct RawTcp {
     go: mpsc::Sender<()>,
     rx: TcpStream,
     buf: Vec<u8>,
+    chunk: usize,
 }
 
-fn raw_tcp() -> RawTcp {
+/// The raw reference for `count` rows of `chunk` bytes: one write per row, one ack.
+fn raw_tcp(chunk: usize, count: usize) -> RawTcp {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (go, go_rx) = mpsc::channel::<()>();
@@ -243,7 +250,7 @@ fn raw_tcp() -> RawTcp {
         s.set_nodelay(true).unwrap();
         // As many distinct rows as the producer sends: writing one 2 MiB buffer 16 times
         // would read it from cache where the producer reads 32 MiB of rows.
-        let rows: Vec<Vec<u8>> = (0..BIG_COUNT).map(|i| vec![i as u8 ^ 0x5a; BIG_CHUNK]).collect();
+        let rows: Vec<Vec<u8>> = (0..count).map(|i| vec![i as u8 ^ 0x5a; chunk]).collect();
         let mut ack = [0u8; 1];
         while go_rx.recv().is_ok() {
             for row in &rows {
@@ -257,14 +264,15 @@ fn raw_tcp() -> RawTcp {
     RawTcp {
         go,
         rx,
-        buf: vec![0u8; BIG_CHUNK * BIG_COUNT],
+        buf: vec![0u8; chunk * count],
+        chunk,
     }
 }
 
 fn raw_stream(r: &mut RawTcp) -> Duration {
     let t = Instant::now();
     r.go.send(()).unwrap();
-    for c in r.buf.chunks_mut(BIG_CHUNK) {
+    for c in r.buf.chunks_mut(r.chunk) {
         r.rx.read_exact(c).unwrap();
     }
     r.rx.write_all(&[1]).unwrap();
@@ -389,7 +397,8 @@ fn print_rtt(label: &str, p: RttPairs) {
     );
 }
 
-/// Which sections run: `KVTIER_P2P_BENCH=control` or `=data` picks one (both by default).
+/// Which sections run: `KVTIER_P2P_BENCH=control`, `=data` or `=mac` picks one (all by
+/// default).
 fn section(name: &str) -> bool {
     std::env::var("KVTIER_P2P_BENCH").map_or(true, |v| v.is_empty() || v == name)
 }
@@ -431,6 +440,9 @@ fn benches(c: &mut Criterion) {
     if section("data") {
         data(c);
     }
+    if section("mac") {
+        mac_cost();
+    }
 }
 
 fn control(c: &mut Criterion) {
@@ -469,19 +481,27 @@ fn control(c: &mut Criterion) {
 }
 
 fn data(c: &mut Criterion) {
-    let keys: Vec<OffloadKey> = (0..BIG_COUNT as u64).map(OffloadKey::from_u64).collect();
-    let p_big = producer(BIG_CHUNK, &keys);
-    let mut con_big = consumer(BIG_CHUNK, BIG_COUNT, &p_big.handle);
-    tier_fetch(&mut con_big, &keys);
-    let mut raw = raw_tcp();
+    data_shape(c, BIG_CHUNK, BIG_COUNT);
+    data_shape(c, MID_CHUNK, MID_COUNT);
+}
+
+/// One fetch of `count` chunks of `chunk` bytes against the raw reference of the same shape:
+/// criterion's figures, then the paired ratio and the CPU time of both ends.
+fn data_shape(c: &mut Criterion, chunk: usize, count: usize) {
+    let shape = format!("{count}x{}", human(chunk));
+    let keys: Vec<OffloadKey> = (0..count as u64).map(OffloadKey::from_u64).collect();
+    let p = producer(chunk, &keys);
+    let mut con = consumer(chunk, count, &p.handle);
+    tier_fetch(&mut con, &keys);
+    let mut raw = raw_tcp(chunk, count);
     raw_stream(&mut raw);
     let mut g = c.benchmark_group("data_plane");
-    g.throughput(Throughput::Bytes((BIG_CHUNK * BIG_COUNT) as u64));
+    g.throughput(Throughput::Bytes((chunk * count) as u64));
     g.sample_size(20);
-    g.bench_function("p2p_fetch_16x2MiB", |b| {
-        b.iter_custom(|iters| (0..iters).map(|_| tier_fetch(&mut con_big, &keys)).sum());
+    g.bench_function(format!("p2p_fetch_{shape}"), |b| {
+        b.iter_custom(|iters| (0..iters).map(|_| tier_fetch(&mut con, &keys)).sum());
     });
-    g.bench_function("raw_loopback_tcp_16x2MiB", |b| {
+    g.bench_function(format!("raw_loopback_tcp_{shape}"), |b| {
         b.iter_custom(|iters| (0..iters).map(|_| raw_stream(&mut raw)).sum());
     });
     g.finish();
@@ -493,11 +513,11 @@ fn data(c: &mut Criterion) {
     let (mut a_cpu, mut b_cpu) = (Vec::new(), Vec::new());
     for i in 0..DATA_PAIRS {
         let ((t, tc), (r, rc)) = if i % 2 == 0 {
-            let t = tier_fetch_cpu(&mut con_big, &keys);
+            let t = tier_fetch_cpu(&mut con, &keys);
             (t, with_cpu(|| raw_stream(&mut raw)))
         } else {
             let r = with_cpu(|| raw_stream(&mut raw));
-            (tier_fetch_cpu(&mut con_big, &keys), r)
+            (tier_fetch_cpu(&mut con, &keys), r)
         };
         data_ratios.push(r.as_secs_f64() / t.as_secs_f64());
         a.push(t);
@@ -512,21 +532,121 @@ fn data(c: &mut Criterion) {
         .map(|(t, r)| t.as_secs_f64() / r.as_secs_f64())
         .collect();
     let (tier_cpu, raw_cpu) = (median(a_cpu), median(b_cpu));
-    let gib = (BIG_CHUNK * BIG_COUNT) as f64 / f64::from(1u32 << 30);
-    let (dm, dlo, dhi) = spread(data_ratios);
+    let gib = (chunk * count) as f64 / f64::from(1u32 << 30);
+    let (dm, dlo, dhi) = spread(data_ratios.clone());
+    let met = data_ratios.iter().filter(|r| **r >= 0.9).count();
     println!(
-        "RESULT data_plane: {DATA_PAIRS} pairs; p2p {:.2} GiB/s, raw tcp {:.2} GiB/s (medians); paired ratio median {dm:.2}, min {dlo:.2}, max {dhi:.2} (target >= 0.90)",
+        "RESULT data_plane {shape}: {DATA_PAIRS} pairs; p2p {:.2} GiB/s, raw tcp {:.2} GiB/s (medians); paired ratio median {dm:.2}, min {dlo:.2}, max {dhi:.2}; {met} of {DATA_PAIRS} pairs >= 0.90 (target: median >= 0.90); load {}",
         gib / tier_d.as_secs_f64(),
         gib / raw_d.as_secs_f64(),
+        load_average(),
     );
     let (cm, clo, chi) = spread(cpu_ratios);
     println!(
-        "RESULT data_plane CPU time of both ends per {} MiB (medians, all threads of the process): p2p {:.1} ms, raw tcp {:.1} ms; paired p2p/raw median {cm:.2}, min {clo:.2}, max {chi:.2}",
-        (BIG_CHUNK * BIG_COUNT) >> 20,
+        "RESULT data_plane {shape} CPU time of both ends per {} MiB (medians, all threads of the process): p2p {:.1} ms, raw tcp {:.1} ms; paired p2p/raw median {cm:.2}, min {clo:.2}, max {chi:.2}",
+        (chunk * count) >> 20,
         tier_cpu.as_secs_f64() * 1e3,
         raw_cpu.as_secs_f64() * 1e3,
     );
-    drop((con_big, p_big));
+    drop((con, p));
+}
+
+/// `2MiB`, `64KiB`.
+fn human(bytes: usize) -> String {
+    if bytes >= 1 << 20 {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        format!("{}KiB", bytes >> 10)
+    }
+}
+
+/// The 1-minute load average, as `uptime` prints it.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// CPU time of the calling thread (unaffected by other processes taking the core).
+fn thread_cpu() -> Duration {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the clock id is a constant the kernel knows.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_THREAD_CPUTIME_ID)");
+    Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+}
+
+/// What one end's payload MAC costs per byte against copying the byte, on this thread's
+/// CPU time: over 32 MiB of distinct rows, each piece copied into a destination (as the
+/// kernel copies it out of or into a socket buffer) and then MACed while in cache, as the
+/// data plane does. The MAC's share of a copy is the floor of what authentication adds to
+/// an end's work; loopback TCP costs each end more than one copy (the ratio printed by
+/// `data` says how much), so the share of the whole transfer is smaller.
+fn mac_cost() {
+    use tier_p2p::auth::DataKey;
+    use tier_p2p::dataplane::frame::{Begin, ChunkHeader, PIECE, TransferMac};
+    use tier_p2p::dataplane::polyval::Polyval;
+
+    let rows: Vec<Vec<u8>> = (0..BIG_COUNT)
+        .map(|i| (0..BIG_CHUNK).map(|j| (j * 31 + i) as u8).collect())
+        .collect();
+    let mut dst = vec![0u8; BIG_CHUNK];
+    let begin = Begin {
+        transfer_id: 1,
+        kv_request_id: "bench".into(),
+        round: 0,
+        count: BIG_COUNT as u32,
+    };
+    let macs = TransferMac::new(&DataKey::from_bytes([7; 32]), &begin);
+    let polyval = Polyval::new([9; 16]);
+    let blake = blake3::Hasher::new_keyed(&[5; 32]);
+    let total = (BIG_CHUNK * BIG_COUNT) as f64;
+    let (mut copy, mut mac, mut pv, mut b3) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut sink = 0u8;
+    for _ in 0..9 {
+        let (mut c, mut m, mut p, mut b) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        for (i, row) in rows.iter().enumerate() {
+            let h = ChunkHeader {
+                index: i as u32,
+                dst_row: i as u32,
+                key: OffloadKey::from_u64(i as u64),
+                len: BIG_CHUNK as u32,
+            };
+            let mut payload = macs.payload(&h);
+            for (src, out) in row.chunks(PIECE).zip(dst.chunks_mut(PIECE)) {
+                let t = thread_cpu();
+                out.copy_from_slice(src);
+                let t1 = thread_cpu();
+                payload.piece(out);
+                let t2 = thread_cpu();
+                sink ^= polyval.hash(out)[0];
+                let t3 = thread_cpu();
+                sink ^= blake.clone().update(out).finalize().as_bytes()[0];
+                let t4 = thread_cpu();
+                c += t1 - t;
+                m += t2 - t1;
+                p += t3 - t2;
+                b += t4 - t3;
+            }
+            sink ^= payload.finalize().unwrap().as_bytes()[0];
+        }
+        let gbs = |d: Duration| total / d.as_secs_f64() / 1e9;
+        copy.push(gbs(c));
+        mac.push(gbs(m));
+        pv.push(gbs(p));
+        b3.push(gbs(b));
+    }
+    let share: Vec<f64> = copy.iter().zip(&mac).map(|(c, m)| c / m).collect();
+    let ((c, clo, chi), (m, mlo, mhi), (p, _, _), (b, _, _), (sh, shlo, shhi)) =
+        (spread(copy), spread(mac), spread(pv), spread(b3), spread(share));
+    println!(
+        "RESULT mac_cost per end, 9 runs of 32 MiB in 256 KiB pieces (thread CPU time; load {}): copy {c:.1} GB/s ({clo:.1}..{chi:.1}); payload MAC {m:.1} GB/s ({mlo:.1}..{mhi:.1}); of which POLYVAL alone {p:.1} GB/s; keyed BLAKE3 for comparison {b:.1} GB/s; MAC time / copy time median {sh:.2} ({shlo:.2}..{shhi:.2}) [{sink}]",
+        load_average(),
+    );
 }
 
 criterion_group! {
