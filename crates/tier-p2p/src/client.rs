@@ -152,7 +152,11 @@ impl ClientRole {
             req: kv.to_owned(),
             round,
         };
-        core.dest.register(dk, &job.keys, grants, auth);
+        if let Err(grants) = core.dest.register(dk, &job.keys, grants, auth) {
+            // The grants are released before the job is reported failed.
+            drop(grants);
+            return Err(JobResult::failed(job.id, Duration::ZERO));
+        }
         let msg = Message::Fetch {
             kv_request_id: kv.to_owned(),
             round_seq: round,
@@ -249,15 +253,14 @@ impl ClientRole {
                 let Some(fin) = fin else {
                     continue;
                 };
-                let ok: Vec<bool> = fin
-                    .verified
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| {
-                        v && load
-                            .producer_ok
-                            .as_ref()
-                            .is_none_or(|p| p.get(i).copied().unwrap_or(false))
+                // A key the table did not report (a fetch whose entry was gone) did not verify.
+                let ok: Vec<bool> = (0..load.keys.len())
+                    .map(|i| {
+                        fin.verified.get(i).copied().unwrap_or(false)
+                            && load
+                                .producer_ok
+                                .as_ref()
+                                .is_none_or(|p| p.get(i).copied().unwrap_or(false))
                     })
                     .collect();
                 let good = ok.iter().filter(|&&o| o).count() as u64;

@@ -131,6 +131,32 @@ impl Engine<'_> {
 
     // ----- the end of the run ----------------------------------------------------------------
 
+    /// The tiers' counters that say what pending work is left (the `pending_*` ones a tier
+    /// reports, and sessions with work), for a stall's message; empty when none is nonzero.
+    fn pending_summary(&mut self) -> String {
+        let Some(Ok(stats)) = self.off.as_mut().map(Offload::stats) else {
+            return String::new();
+        };
+        let mut parts = Vec::new();
+        for t in &stats.secondaries {
+            let mut keys: Vec<_> = t
+                .extra
+                .iter()
+                .filter(|(k, v)| (k.starts_with("pending_") || k.ends_with("_with_work")) && **v > 0.0)
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            keys.sort();
+            if !keys.is_empty() {
+                parts.push(format!("{}: {}", t.name, keys.join(", ")));
+            }
+        }
+        if parts.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", parts.join("; "))
+        }
+    }
+
     /// Waits for outstanding copies, then steps idly until the manager has no pending work.
     pub(super) fn drain(&mut self) -> Result<(), SimError> {
         let deadline = Instant::now() + self.cfg.drain_timeout;
@@ -144,9 +170,10 @@ impl Engine<'_> {
                 return Ok(());
             }
             if Instant::now() > deadline {
+                let what = self.pending_summary();
                 return Err(SimError::Stalled(format!(
                     "after the last request, {copies} device copies and the tiers' pending work \
-                     did not finish within {:?}",
+                     did not finish within {:?}{what}",
                     self.cfg.drain_timeout
                 )));
             }

@@ -97,8 +97,21 @@ impl DestTable {
     }
 
     /// Whitelists the rows of one fetch (`keys`, `grants` parallel) for the session whose
-    /// handshake fills `auth`.
-    pub(crate) fn register(&self, key: DestKey, keys: &[OffloadKey], grants: Vec<RowWrite>, auth: AuthSlot) {
+    /// handshake fills `auth`. A fetch already outstanding under the same name is refused (the
+    /// grants come back): replacing it would orphan the first load, whose finish would then
+    /// wait for an entry that is gone, and hand its rows' bytes to the second.
+    pub(crate) fn register(
+        &self,
+        key: DestKey,
+        keys: &[OffloadKey],
+        grants: Vec<RowWrite>,
+        auth: AuthSlot,
+    ) -> Result<(), Vec<RowWrite>> {
+        let mut loads = self.loads.lock();
+        if loads.contains_key(&key) {
+            tracing::error!(?key, "a fetch with this name is already outstanding; refused");
+            return Err(grants);
+        }
         let by_row = grants.iter().enumerate().map(|(i, g)| (g.chunk(), i)).collect();
         let rows = keys
             .iter()
@@ -109,7 +122,7 @@ impl DestTable {
                 verified: false,
             })
             .collect();
-        self.loads.lock().insert(
+        loads.insert(
             key,
             DestLoad {
                 rows,
@@ -121,6 +134,7 @@ impl DestTable {
                 auth,
             },
         );
+        Ok(())
     }
 
     /// Checks a transfer's `BEGIN` (from the data connection that greeted as incarnation
@@ -210,10 +224,15 @@ impl DestTable {
     }
 
     /// Closes the fetch and, once no grant is checked out, removes it, drops its grants and
-    /// returns what verified. `None` while a receiver still writes.
+    /// returns what verified. `None` while a receiver still writes. A fetch that is not here
+    /// (never registered, or already finished) has nothing left to wait for: it finishes with
+    /// nothing verified, rather than being waited for forever.
     pub(crate) fn try_finish(&self, dk: &DestKey) -> Option<Finished> {
         let mut loads = self.loads.lock();
-        let load = loads.get_mut(dk)?;
+        let Some(load) = loads.get_mut(dk) else {
+            drop(loads);
+            return Some(Self::gone(dk));
+        };
         load.closed = true;
         if load.checked_out > 0 {
             return None;
@@ -227,10 +246,15 @@ impl DestTable {
     }
 
     /// Removes the fetch and returns what verified if every row arrived and verified (nothing
-    /// more can be written into it); `None` otherwise, leaving it open.
+    /// more can be written into it); `None` otherwise, leaving it open. A fetch that is not
+    /// here finishes with nothing verified, as in [`DestTable::try_finish`].
     pub(crate) fn try_finish_delivered(&self, dk: &DestKey) -> Option<Finished> {
         let mut loads = self.loads.lock();
-        if !loads.get(dk)?.delivered() {
+        let Some(load) = loads.get(dk) else {
+            drop(loads);
+            return Some(Self::gone(dk));
+        };
+        if !load.delivered() {
             return None;
         }
         let load = loads.remove(dk)?;
@@ -239,6 +263,18 @@ impl DestTable {
             verified: vec![true; load.rows.len()],
             bytes: load.bytes,
         })
+    }
+
+    /// The outcome of a fetch with no entry: no row of it can be written any more.
+    fn gone(dk: &DestKey) -> Finished {
+        tracing::error!(
+            ?dk,
+            "finishing a fetch whose rows are not registered; nothing verified"
+        );
+        Finished {
+            verified: Vec::new(),
+            bytes: 0,
+        }
     }
 
     /// Waits until no grant of any fetch is checked out, up to `timeout`; returns how many are
@@ -253,5 +289,78 @@ impl DestTable {
             }
             let _ = self.returned.wait_until(&mut loads, deadline);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tiering_core::{ChunkArena, ControlWaker};
+
+    use super::*;
+
+    fn table() -> DestTable {
+        let notifier = Notifier::default();
+        notifier.set(ControlWaker::new());
+        DestTable::new(notifier)
+    }
+
+    fn name(round: u64) -> DestKey {
+        DestKey {
+            peer: "127.0.0.1:7000".into(),
+            req: "r1".into(),
+            round,
+        }
+    }
+
+    #[test]
+    fn a_second_fetch_under_the_same_name_is_refused_and_the_first_stands() {
+        let arena = ChunkArena::new(8, 64).unwrap();
+        let t = table();
+        let keys = [OffloadKey::from_u64(1), OffloadKey::from_u64(2)];
+        t.register(
+            name(0),
+            &keys,
+            arena.write_rows(&[0, 1]).unwrap(),
+            AuthSlot::default(),
+        )
+        .unwrap();
+        let back = t
+            .register(
+                name(0),
+                &keys,
+                arena.write_rows(&[2, 3]).unwrap(),
+                AuthSlot::default(),
+            )
+            .expect_err("the same fetch name twice");
+        assert_eq!(back.len(), 2, "the refused grants come back");
+        drop(back);
+        // The first fetch's rows are still the whitelisted ones.
+        let g = t
+            .checkout(&name(0), 0, &keys[0])
+            .ok()
+            .expect("row 0 stays whitelisted");
+        assert!(
+            t.checkout(&name(0), 2, &keys[0]).is_err(),
+            "row 2 was never whitelisted"
+        );
+        t.checkin(&name(0), g, true);
+        let fin = t.try_finish(&name(0)).expect("nothing checked out");
+        assert_eq!(fin.verified, vec![true, false]);
+        drop(fin);
+        assert_eq!(arena.granted_rows(), 0, "every grant was dropped");
+    }
+
+    #[test]
+    fn a_fetch_whose_entry_is_gone_finishes_with_nothing_verified() {
+        let t = table();
+        // Waiting for an entry that no longer exists would wait forever: the load's job would
+        // never be reported and the tier would keep pending work.
+        let fin = t.try_finish(&name(3)).expect("nothing can be written any more");
+        assert!(fin.verified.is_empty());
+        assert_eq!(fin.bytes, 0);
+        let fin = t
+            .try_finish_delivered(&name(3))
+            .expect("nothing can be written any more");
+        assert!(fin.verified.is_empty());
     }
 }

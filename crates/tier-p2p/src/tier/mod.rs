@@ -605,12 +605,37 @@ impl SecondaryTier for P2pTier {
     }
 
     fn stats(&self) -> TierStats {
-        crate::handle::tier_stats(
+        let mut s = crate::handle::tier_stats(
             &self.info.name,
             &self.handle(),
             self.sessions.len(),
             self.retiring.len(),
-        )
+        );
+        // What `has_pending_work` waits for, part by part: a run that cannot drain says which.
+        let loads: usize = self
+            .sessions
+            .values()
+            .chain(&self.retiring)
+            .map(|s| s.client.loads_in_flight())
+            .sum();
+        let transfers: usize = self
+            .sessions
+            .values()
+            .chain(&self.retiring)
+            .map(|s| s.server.transfers_in_flight())
+            .sum();
+        let busy = self.sessions.values().filter(|s| s.has_work()).count();
+        for (k, v) in [
+            ("pending_loads", loads),
+            ("pending_transfers", transfers),
+            ("pending_store_jobs", self.core.store_jobs.len()),
+            ("pending_parked", self.core.parked.len()),
+            ("pending_finish_ctxs", self.core.finish_ctxs.len()),
+            ("sessions_with_work", busy),
+        ] {
+            s.extra.insert(k.to_owned(), v as f64);
+        }
+        s
     }
 
     fn shutdown(&mut self) -> Result<(), TierError> {
