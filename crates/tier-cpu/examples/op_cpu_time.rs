@@ -1,9 +1,12 @@
 //! Thread CPU time per tier-cpu operation (the loops of `benches/cpu_tier.rs`), robust to a
 //! shared machine's preemption: `cargo run --release -p tier-cpu --example op_cpu_time -- 10000 arc`
 //! (a third argument runs one op only; 10M rows work too, over a sparse file arena). Also prints
-//! references on the same keys: one plain hash-map probe (`hashmap_probe_hit`, for
-//! `lookup_hit`), 16 of them (`probe16`, the floor of a 16-key batch op), and 16 of the tier's
-//! own lookups (`lookup16`, what a batch op costs before any policy or request-record work).
+//! references on the same keys, over a plain hash map of the same size as the tier (tiering-core's
+//! `KeyMap`, the tier's hasher): one probe (`hashmap_probe_hit`, for `lookup_hit`), 16 of them
+//! (`probe16`, the floor of `touch16` and `load16`), 16 inserts of new keys and 16 removals of the
+//! oldest ones (`ops32`, the floor of `store16_evict`: the map stays full, as the tier does), and
+//! 16 of the tier's own lookups (`lookup16`, what a batch op costs before any policy or
+//! request-record work).
 
 use std::hint::black_box;
 
@@ -83,8 +86,9 @@ fn main() {
         println!("{policy} {n} lookup_hit {ns:.1} ns");
     }
     // References: a plain hash map (tiering-core's KeyMap, the tier's hasher) over the same keys.
-    let map: Option<tiering_core::KeyMap<u32>> = (want("hashmap_probe_hit") || want("probe16"))
-        .then(|| keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect());
+    let mut map: Option<tiering_core::KeyMap<u32>> =
+        (want("hashmap_probe_hit") || want("probe16") || want("ops32"))
+            .then(|| keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect());
     if let Some(map) = map.as_ref().filter(|_| want("hashmap_probe_hit")) {
         // What a lookup hit is compared with: one probe of the same key sequence.
         let ns = best(200_000, |i| {
@@ -99,6 +103,24 @@ fn main() {
             black_box(sum);
         });
         println!("{policy} {n} probe16 {ns:.1} ns");
+    }
+    if let Some(map) = map.as_mut().filter(|_| want("ops32")) {
+        // The floor of a 16-key store into a full tier: 16 removals of the keys inserted longest
+        // ago and 16 inserts of new keys (made as the store's are), kept in a ring as the
+        // tier keeps its keys in its rows. The map stays at `n` keys.
+        let mut ring = keys.clone();
+        let mut next = 1u64 << 48;
+        let ns = best(20_000, |_| {
+            for _ in 0..16 {
+                let at = (next as usize) % n;
+                let key = OffloadKey::from_u64(next);
+                black_box(map.remove(&ring[at]));
+                map.insert(key, at as u32);
+                ring[at] = key;
+                next += 1;
+            }
+        });
+        println!("{policy} {n} ops32 {ns:.1} ns");
     }
     drop(map);
     if want("lookup16") {

@@ -353,6 +353,10 @@ impl RequestAccess {
     /// (into `keys`) of first observations to `new`.
     pub(crate) fn record_load(&mut self, keys: &[OffloadKey], rows: &[u32], new: &mut Vec<usize>) {
         self.fresh_store = None;
+        if self.entries.is_empty() && !self.finished && keys.len() <= SMALL_RECORD {
+            self.record_first_load(keys, rows, new);
+            return;
+        }
         self.entries.reserve(keys.len());
         for (j, k) in keys.iter().enumerate() {
             let i = self.slot(k);
@@ -362,6 +366,39 @@ impl RequestAccess {
             }
             if self.entries[i].flags & INSERTED == 0 {
                 self.entries[i].flags |= REUSED;
+            }
+        }
+    }
+
+    /// [`RequestAccess::record_load`] into an empty, unfinished record of a batch that stays
+    /// small enough to scan (a request's first load, the common case): every key is a first
+    /// sighting and a reuse unless it repeats an earlier key of the batch, which only takes the
+    /// later row. The same outcome as the general path without its per-key search setup.
+    fn record_first_load(&mut self, keys: &[OffloadKey], rows: &[u32], new: &mut Vec<usize>) {
+        self.entries.reserve_exact(keys.len());
+        for (j, key) in keys.iter().enumerate() {
+            let row = rows.get(j).copied().unwrap_or(NO_ROW);
+            let w = word_of(key);
+            let bit = filter_bit(w);
+            let len = self.entries.len();
+            // The filter settles most first sightings; a set bit means a scan of the words.
+            let repeat = if self.filter & bit == 0 {
+                None
+            } else {
+                (0..len).find(|&i| self.words[i] == w && self.entries[i].key == *key)
+            };
+            match repeat {
+                Some(i) => self.entries[i].row = row,
+                None => {
+                    self.words[len] = w;
+                    self.filter |= bit;
+                    self.entries.push(Flagged {
+                        key: *key,
+                        flags: SEEN | REUSED,
+                        row,
+                    });
+                    new.push(j);
+                }
             }
         }
     }
@@ -466,6 +503,39 @@ mod tests {
         assert_eq!(done.len(), 100);
         assert!(done[..50].iter().all(|o| o.insertion_only && !o.reused));
         assert!(done[50..].iter().all(|o| !o.insertion_only && o.reused));
+    }
+
+    /// The state of a record an observer can see: its entries' keys, flags and rows, in order.
+    fn entries_of(rec: &RequestAccess) -> Vec<(OffloadKey, u8, u32)> {
+        rec.entries.iter().map(|e| (e.key, e.flags, e.row)).collect()
+    }
+
+    #[test]
+    fn a_first_load_records_what_the_general_path_records() {
+        // Repeats (also of a key whose filter bit another key shares) take the later row and
+        // are reported new once. The general path runs on a record that is not empty.
+        let batch: Vec<OffloadKey> = [1, 2, 1, 3, 2, 4, 5, 1].into_iter().map(|n| k(n, 0)).collect();
+        let rows: Vec<u32> = (10..18).collect();
+        let mut first = RequestAccess::fresh(1, 0);
+        let mut new_first = Vec::new();
+        first.record_load(&batch, &rows, &mut new_first);
+        let mut general = RequestAccess::fresh(1, 0);
+        general.entries.push(Flagged {
+            key: k(99, 0),
+            flags: 0,
+            row: NO_ROW,
+        });
+        general.words[0] = word_of(&k(99, 0));
+        general.filter = filter_bit(general.words[0]);
+        let mut new_general = Vec::new();
+        general.record_load(&batch, &rows, &mut new_general);
+        assert_eq!(new_first, vec![0, 1, 3, 5, 6]);
+        assert_eq!(new_first, new_general);
+        assert_eq!(entries_of(&first), entries_of(&general)[1..].to_vec());
+        assert_eq!(entries_of(&first)[0], (k(1, 0), SEEN | REUSED, 17));
+        let mut hints = Vec::new();
+        first.row_hints(&batch, &mut hints);
+        assert_eq!(hints, vec![17, 14, 17, 13, 14, 15, 16, 17]);
     }
 
     #[test]

@@ -67,10 +67,12 @@ pub(crate) fn same_key(a: &OffloadKey, b: &OffloadKey) -> bool {
 /// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
 const PREFETCH_WINDOW: usize = 32;
 
-/// Tables of at most this many rows skip prefetching: their metadata (rows, index, ghosts and
-/// policy links, about 150 bytes per row) fits in a core's L2 cache, where a prefetch finds
-/// its line already there and only costs its instructions.
-const PREFETCH_MIN_ROWS: u32 = 16_384;
+/// Tables that track at most this many keys (rows, plus the ghosts a policy may keep) skip
+/// prefetching: their metadata (rows, index, ghosts and policy links, about 150 bytes per key)
+/// fits in a core's L2 cache, where a prefetch finds its line already there and only costs its
+/// instructions. Ghosts count: ARC keeps up to two ghosts per row, so a 10k-row ARC tier's
+/// index, ghost records and logs outgrow the cache where an LRU tier's do not.
+const PREFETCH_MIN_KEYS: u64 = 16_384;
 
 /// Ref count of a row that holds no key.
 pub(crate) const FREE: i32 = i32::MIN;
@@ -100,7 +102,7 @@ pub(crate) struct ChunkTable {
     fenced: Vec<ChunkId>,
     num_allocated: u32,
     capacity: u32,
-    /// Whether batches request their lines ahead (see [`PREFETCH_MIN_ROWS`]).
+    /// Whether batches request their lines ahead (see [`PREFETCH_MIN_KEYS`]).
     prefetching: bool,
     /// Resident rows with ref count 0.
     pub(crate) num_evictable: usize,
@@ -109,8 +111,9 @@ pub(crate) struct ChunkTable {
 }
 
 impl ChunkTable {
-    /// A table of `capacity` rows (`capacity` ≤ [`MAX_ROWS`], checked by the tier).
-    pub(crate) fn new(capacity: u32) -> Self {
+    /// A table of `capacity` rows (`capacity` ≤ [`MAX_ROWS`], checked by the tier) whose ghost
+    /// lists will hold up to `max_ghosts` keys in all (0 for a policy that keeps none).
+    pub(crate) fn new(capacity: u32, max_ghosts: u64) -> Self {
         let n = capacity as usize;
         Self {
             index: KeyIndex::with_capacity(n),
@@ -126,7 +129,7 @@ impl ChunkTable {
             fenced: Vec::new(),
             num_allocated: 0,
             capacity,
-            prefetching: capacity > PREFETCH_MIN_ROWS,
+            prefetching: u64::from(capacity).saturating_add(max_ghosts) > PREFETCH_MIN_KEYS,
             num_evictable: 0,
             num_write_pending: 0,
         }
@@ -711,7 +714,7 @@ mod fence_tests {
 
     #[test]
     fn a_fencing_reset_keeps_rows_being_written_until_the_fence_is_released() {
-        let mut t = ChunkTable::new(6);
+        let mut t = ChunkTable::new(6, 0);
         let mut rows = Vec::new();
         assert!(t.allocate(4, &mut rows));
         for (i, &c) in rows.iter().enumerate() {
@@ -760,7 +763,7 @@ mod tests {
 
     /// A table of `n` rows holding keys `0..n`, written.
     fn full_table(n: u32) -> ChunkTable {
-        let mut t = ChunkTable::new(n);
+        let mut t = ChunkTable::new(n, 0);
         let mut rows = Vec::new();
         assert!(t.allocate(n as usize, &mut rows));
         for (i, &c) in rows.iter().enumerate() {
@@ -849,7 +852,7 @@ mod tests {
 
     #[test]
     fn fresh_rows_ascend_then_freed_rows_come_back_lifo() {
-        let mut t = ChunkTable::new(4);
+        let mut t = ChunkTable::new(4, 0);
         let mut out = Vec::new();
         assert!(t.allocate(3, &mut out));
         assert_eq!(out, vec![0, 1, 2]);

@@ -149,10 +149,14 @@ impl CpuTier {
         // The arena guarantees the row count fits in u32; the table takes at most MAX_ROWS.
         let capacity =
             u32::try_from(arena.num_chunks().min(crate::slots::MAX_ROWS as usize)).unwrap_or(u32::MAX);
+        // Each ghost list is trimmed to the policy's bound on its own.
+        let max_ghosts = policy.ghost_bound().map_or(0, |b| {
+            (b as u64).saturating_mul(crate::ghost_lists::GHOST_LISTS as u64)
+        });
         Self {
             id: NEXT_TIER_ID.fetch_add(1, Ordering::Relaxed),
             generation: 0,
-            table: ChunkTable::new(capacity),
+            table: ChunkTable::new(capacity, max_ghosts),
             protect: vec![0; (capacity as usize).div_ceil(64)],
             arena,
             policy,

@@ -3,7 +3,7 @@
 # Installs the released wheel (no dependencies: only its pure-Python CPU manager is used) into a
 # venv outside the repository on first use: VLLM_VENV, default /tmp/vllm033-venv.
 #
-#   crates/tier-cpu/tests/data/recorder/compare.sh [--rounds 3] [--sizes 10000,100000] \
+#   crates/tier-cpu/tests/data/recorder/compare.sh [--rounds 5] [--sizes 10000,100000] \
 #       [--policies lru,arc] [--seconds 1.0] [--clock wall|cpu]
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
