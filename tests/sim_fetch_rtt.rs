@@ -42,15 +42,22 @@ fn handoff_every_mode(workers_process: bool) {
         assert!(m.producer_step_ms.count > 0, "{m:?}");
         assert!(m.lookup_ms.is_none(), "no probing in the hand-off");
         // The two slowest fetches, split: slowest first, each a measured one whose store was
-        // copied (the copy workers' ends are known), the planes no longer than the round trip.
+        // copied (the copy workers' ends are known).
         assert_eq!(m.slowest.len(), 2, "{m:?}");
         assert!(m.slowest[0].rtt_ms >= m.slowest[1].rtt_ms, "{m:?}");
         assert!((m.fetch_ms.max - m.slowest[0].rtt_ms).abs() < 1e-3, "{m:?}");
         for t in &m.slowest {
             assert!((1..=4).contains(&t.request), "{t:?}");
-            assert!(t.copy_done_after_sent_ms.is_some(), "{t:?}");
-            assert!(t.planes_ms >= 0.0 && t.planes_ms <= t.rtt_ms + 1e-9, "{t:?}");
+            assert!(t.copy_done_ms.is_some(), "{t:?}");
+            // The fetch trace saw it bound on the producer and landed on the consumer, and the
+            // segments cut from it add up to the round trip.
+            assert!(t.bound_ms.is_some() && t.landed_ms.is_some(), "{t:?}");
+            let sum: f64 = t.segments_ms.iter().sum();
+            assert!(t.segments_ms.iter().all(|&s| s >= 0.0), "{t:?}");
+            assert!((sum - t.rtt_ms).abs() < 1e-6, "{t:?}");
         }
+        let tail = m.tail.as_ref().expect("every hand-off mode summarises its tail");
+        assert_eq!((tail.tail, tail.of), (1, 4), "{tail:?}");
         match m.mode {
             // The store completes only at a later producer step's `complete_store`: every
             // fetch landed after at least one producer step began past the one that started it.
