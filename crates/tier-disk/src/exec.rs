@@ -162,31 +162,47 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
                     .collect()
             }
         };
-        for (item, verdict) in items.into_iter().zip(verdicts) {
-            let RunItem { idx, slot, op, .. } = item;
-            drop(op);
-            let ok = match verdict {
-                Ok(()) => {
-                    shared.index.lock().unpin(slot, true);
-                    true
+        // The rows are filled; release them before the bookkeeping.
+        let mut items: Vec<(usize, u32, Result<(), LoadError>)> = items
+            .into_iter()
+            .zip(verdicts)
+            .map(|(i, v)| (i.idx, i.slot, v))
+            .collect();
+        // The run went in slot order; its keys become recent in the job's key order.
+        items.sort_unstable_by_key(|&(idx, _, _)| idx);
+        {
+            // One lock for the run's good slots (the usual case: all of them).
+            let mut index = shared.index.lock();
+            for (_, slot, verdict) in &items {
+                if verdict.is_ok() {
+                    index.unpin(*slot, true);
                 }
-                Err(e) => {
-                    match job.keys.get(idx) {
-                        Some(key) => drop_unreadable(shared, slot, key, &e),
-                        None => shared.index.lock().unpin(slot, false),
-                    }
-                    false
-                }
-            };
-            shared.settle(&job, idx, KeyOutcome::Done(ok));
+            }
         }
+        for (idx, slot, verdict) in &items {
+            let (idx, slot) = (*idx, *slot);
+            if let Err(e) = verdict {
+                match job.keys.get(idx) {
+                    Some(key) => drop_unreadable(shared, slot, key, e),
+                    None => shared.index.lock().unpin(slot, false),
+                }
+            }
+        }
+        shared.settle_all(
+            &job,
+            items
+                .iter()
+                .map(|(idx, _, v)| (*idx, KeyOutcome::Done(v.is_ok()))),
+        );
         sample
     } else {
         let written = catch_unwind(AssertUnwindSafe(|| write_run(shared, scratch, &job.keys, &items)))
             .unwrap_or_else(|_| Err(panicked()));
         let took = started.elapsed();
         // The primary rows are no longer needed; the manager's pins last until the result.
-        let slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
+        let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
+        // The run went in slot order; its keys enter the LRU order in the job's key order.
+        slots.sort_unstable_by_key(|&(idx, _)| idx);
         if let Err(e) = &written {
             Counters::add(&shared.counters.io_errors, 1);
             let first = slots.first().and_then(|&(idx, _)| job.keys.get(idx));
@@ -200,23 +216,30 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
                 ),
             );
         }
-        for (idx, slot) in slots {
-            let outcome = match &written {
-                Ok(()) if shared.sync == SyncPolicy::Batch => KeyOutcome::Unsynced(slot),
-                Ok(()) => {
-                    if shared.index.lock().commit(slot) {
+        let outcomes: Vec<(usize, KeyOutcome)> = if written.is_ok() && shared.sync == SyncPolicy::Batch {
+            slots
+                .iter()
+                .map(|&(idx, slot)| (idx, KeyOutcome::Unsynced(slot)))
+                .collect()
+        } else {
+            // One lock for the whole run.
+            let mut index = shared.index.lock();
+            slots
+                .iter()
+                .map(|&(idx, slot)| {
+                    let outcome = if written.is_err() {
+                        index.abort(slot);
+                        KeyOutcome::Done(false)
+                    } else if index.commit(slot) {
                         KeyOutcome::Written
                     } else {
                         KeyOutcome::Done(false)
-                    }
-                }
-                Err(_) => {
-                    shared.index.lock().abort(slot);
-                    KeyOutcome::Done(false)
-                }
-            };
-            shared.settle(&job, idx, outcome);
-        }
+                    };
+                    (idx, outcome)
+                })
+                .collect()
+        };
+        shared.settle_all(&job, outcomes);
         written.is_ok().then_some((bytes, took))
     }
 }
@@ -270,7 +293,5 @@ pub(crate) fn cancel(shared: &Shared, run: Run) {
         }
     }
     Counters::add(&shared.counters.cancelled, n);
-    for idx in idxs {
-        shared.settle(&job, idx, KeyOutcome::Done(false));
-    }
+    shared.settle_all(&job, idxs.into_iter().map(|idx| (idx, KeyOutcome::Done(false))));
 }

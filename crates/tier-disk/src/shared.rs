@@ -130,9 +130,8 @@ impl Run {
         matches!(self.items.first().map(|i| &i.op), Some(TaskOp::Load(_)))
     }
 
-    /// Splits a job's items into runs of at most `max_len` items whose slots follow each other
-    /// in the job's key order (so the keys of a job still land, and enter the LRU order, in
-    /// job order).
+    /// Splits a job's items, given in slot order, into runs of at most `max_len` items whose
+    /// slots follow each other.
     pub(crate) fn split(
         job: &std::sync::Arc<JobState>,
         items: Vec<RunItem>,
@@ -246,15 +245,19 @@ impl Shared {
         self.done.lock().outstanding += 1;
     }
 
-    /// Sets the outcome of key `idx` of `job`, finalizing the job when it was the last one.
-    pub(crate) fn settle(&self, job: &JobState, idx: usize, outcome: KeyOutcome) {
+    /// Sets the outcomes of keys of `job` (`(idx, outcome)`, each settling one pending key),
+    /// finalizing the job when they were its last ones.
+    pub(crate) fn settle_all(&self, job: &JobState, outcomes: impl IntoIterator<Item = (usize, KeyOutcome)>) {
         let last = {
             let mut p = job.progress.lock();
-            if let Some(o) = p.outcomes.get_mut(idx) {
-                *o = outcome;
+            let before = p.remaining;
+            for (idx, outcome) in outcomes {
+                if let Some(o) = p.outcomes.get_mut(idx) {
+                    *o = outcome;
+                }
+                p.remaining = p.remaining.saturating_sub(1);
             }
-            p.remaining = p.remaining.saturating_sub(1);
-            p.remaining == 0
+            before > 0 && p.remaining == 0
         };
         if last {
             self.finalize(job);

@@ -315,7 +315,7 @@ impl DiskTier {
         }
     }
 
-    fn launch(&self, state: JobState, tasks: Vec<(usize, u32, u64, TaskOp)>) {
+    fn launch(&self, state: JobState, mut tasks: Vec<(usize, u32, u64, TaskOp)>) {
         let job = Arc::new(state);
         self.shared.job_submitted();
         if tasks.is_empty() {
@@ -325,11 +325,19 @@ impl DiskTier {
         debug_assert!(!job.settled());
         // Consecutive slots go in one submission, but a job keeps every thread busy.
         let max_len = shape::slots_per_submission(self.shared.max_run, tasks.len(), self.io_threads);
+        // In slot order, whatever the key order: slots freed by eviction (or read last) come in
+        // the order earlier runs finished, so a job's slots are mostly runs of consecutive
+        // slots in shuffled order; cut in key order they become more, shorter calls.
+        tasks.sort_unstable_by_key(|&(_, slot, _, _)| slot);
         let items = tasks
             .into_iter()
             .map(|(idx, slot, seq, op)| RunItem { idx, slot, seq, op })
             .collect();
-        self.pool.push(Run::split(&job, items, max_len, Instant::now()));
+        let mut runs = Run::split(&job, items, max_len, Instant::now());
+        // Queued in the job's key order (by each run's first key), so with one thread the keys
+        // still land, and enter the LRU order, in job order.
+        runs.sort_by_key(|r| r.items.iter().map(|i| i.idx).min());
+        self.pool.push(runs);
     }
 
     fn cancel_queued(&self) {
