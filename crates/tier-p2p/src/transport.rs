@@ -550,11 +550,7 @@ struct RouterReader {
 }
 
 impl RouterReader {
-    fn bind(
-        ctx: &zmq::Context,
-        endpoint: &str,
-        limits: &Inbound,
-    ) -> zmq::Result<(Self, u16)> {
+    fn bind(ctx: &zmq::Context, endpoint: &str, limits: &Inbound) -> zmq::Result<(Self, u16)> {
         let router = ctx.socket(zmq::ROUTER)?;
         // No ZMTP heartbeat of its own (peers' DEALERs heartbeat, and a PING is answered
         // regardless): under ROUTER_HANDOVER a reconnecting peer's old pipe is terminated while
