@@ -165,6 +165,15 @@ fn resolve_lookup(
     round: &mut ServerRound,
     now: Instant,
 ) {
+    if round.demand.is_some() {
+        // The round was fetched before this lookup was served (a fetch is bound when read, a
+        // lookup waits for the next serve): nothing pinned now could be fetched, and a pin
+        // left in a fetched round was never released (its store job kept the tier pending).
+        for v in lu.answers.values_mut() {
+            v.get_or_insert(false);
+        }
+        return;
+    }
     let mut hits = Vec::new();
     let pending: Vec<OffloadKey> = lu
         .answers
