@@ -224,7 +224,7 @@ fn check_recovered(num_slots: u32, found: &[(u32, u64, u64)]) -> Result<(), Test
         .unwrap_or(0);
     let free = num_slots as usize - ix.live();
     for n in 0..free {
-        match ix.reserve(OffloadKey::from_u64(u64::MAX - n as u64)) {
+        match ix.reserve(OffloadKey::from_u64(u64::MAX - n as u64), None) {
             crate::index::Reservation::Slot { seq, evicted, .. } => {
                 prop_assert!(evicted.is_none());
                 prop_assert!(seq > max_seq.min(u64::MAX - 1) || max_seq == u64::MAX);

@@ -51,6 +51,9 @@ struct Lru {
     linked: Vec<bool>,
     head: u32,
     tail: u32,
+    /// When each slot was last made most recent, in uses of the list (`clock` at the time).
+    used_at: Vec<u64>,
+    clock: u64,
 }
 
 impl Lru {
@@ -61,7 +64,14 @@ impl Lru {
             linked: vec![false; n],
             head: NIL,
             tail: NIL,
+            used_at: vec![0; n],
+            clock: 0,
         }
+    }
+
+    /// Uses of the list since `s` was last made most recent.
+    fn age(&self, s: u32) -> u64 {
+        self.clock - self.used_at[s as usize]
     }
 
     fn push_mru(&mut self, s: u32) {
@@ -76,6 +86,8 @@ impl Lru {
         }
         self.tail = s;
         self.linked[i] = true;
+        self.clock += 1;
+        self.used_at[i] = self.clock;
     }
 
     fn unlink(&mut self, s: u32) {
@@ -231,14 +243,23 @@ impl Index {
 
     /// Reserves a slot for writing `key`: a free one, else the least recently used live slot
     /// nobody reads. The caller must have checked that the key is not [`held`](Self::holds).
-    pub(crate) fn reserve(&mut self, key: OffloadKey) -> Reservation {
+    ///
+    /// `after` is the slot reserved for the previous key of the same job: when no slot is free
+    /// and the one after it is old (unused for as many uses of the LRU list as half the live
+    /// chunks) and unread, it is evicted instead of the least recent one, so a job's slots
+    /// stay consecutive and move in few calls. Without it, the LRU order, shuffled by the
+    /// order in which concurrent runs finish, scatters every job over many short runs.
+    pub(crate) fn reserve(&mut self, key: OffloadKey, after: Option<u32>) -> Reservation {
         let (slot, evicted) = if let Some(slot) = self.free.pop() {
             (slot, None)
         } else {
-            let victim = self
-                .lru
-                .iter()
-                .find(|&s| matches!(self.states[s as usize], SlotState::Live { readers: 0, .. }));
+            let evictable = |s: u32| matches!(self.states[s as usize], SlotState::Live { readers: 0, .. });
+            let old_enough = (self.live as u64 / 2).max(1);
+            let next = after
+                .and_then(|a| a.checked_add(1))
+                .filter(|&n| (n as usize) < self.states.len())
+                .filter(|&n| evictable(n) && self.lru.age(n) >= old_enough);
+            let victim = next.or_else(|| self.lru.iter().find(|&s| evictable(s)));
             let Some(slot) = victim else {
                 return Reservation::Full;
             };
@@ -339,7 +360,7 @@ mod tests {
     }
 
     fn store(ix: &mut Index, n: u64) -> (u32, Option<OffloadKey>) {
-        match ix.reserve(k(n)) {
+        match ix.reserve(k(n), None) {
             Reservation::Slot { slot, evicted, .. } => {
                 assert!(ix.commit(slot));
                 (slot, evicted)
@@ -367,6 +388,38 @@ mod tests {
     }
 
     #[test]
+    fn a_job_continues_into_the_next_slot_when_it_is_old_and_unread() {
+        let mut ix = Index::new(8, 1);
+        for n in 0..8 {
+            store(&mut ix, n);
+        }
+        // Slots 4..8 were used again (in shuffled order): 0..4 are the old half.
+        for n in [6, 7, 5, 4] {
+            assert!(ix.touch(&k(n)));
+        }
+        assert!(ix.touch(&k(0)));
+        // Least recent is slot 1; a job that got slot 2 goes on with slot 3 (old), not 1.
+        let Reservation::Slot { slot, evicted, .. } = ix.reserve(k(10), Some(2)) else {
+            panic!("full");
+        };
+        assert_eq!((slot, evicted), (3, Some(k(3))));
+        assert!(ix.commit(slot));
+        // After slot 3 comes slot 4, used recently: the least recent slot (1) goes instead.
+        let Reservation::Slot { slot, evicted, .. } = ix.reserve(k(11), Some(3)) else {
+            panic!("full");
+        };
+        assert_eq!((slot, evicted), (1, Some(k(1))));
+        // A pinned next slot is never taken.
+        assert!(ix.commit(slot));
+        let (pinned, _) = ix.pin(&k(2)).unwrap();
+        assert_eq!(pinned, 2);
+        let Reservation::Slot { slot, .. } = ix.reserve(k(12), Some(1)) else {
+            panic!("full");
+        };
+        assert_ne!(slot, 2);
+    }
+
+    #[test]
     fn pinned_and_writing_slots_are_never_evicted() {
         let mut ix = Index::new(2, 1);
         store(&mut ix, 0);
@@ -375,15 +428,19 @@ mod tests {
             slot: writing,
             evicted: None,
             ..
-        } = ix.reserve(k(1))
+        } = ix.reserve(k(1), None)
         else {
             panic!("a free slot was expected");
         };
-        assert_eq!(ix.reserve(k(2)), Reservation::Full, "one slot read, one written");
+        assert_eq!(
+            ix.reserve(k(2), None),
+            Reservation::Full,
+            "one slot read, one written"
+        );
         assert!(!ix.is_live(&k(1)), "a slot being written is not readable");
         assert!(ix.holds(&k(1)));
         ix.unpin(slot0, false);
-        assert!(matches!(ix.reserve(k(2)), Reservation::Slot { evicted: Some(e), .. } if e == k(0)));
+        assert!(matches!(ix.reserve(k(2), None), Reservation::Slot { evicted: Some(e), .. } if e == k(0)));
         assert!(ix.abort(writing));
         assert!(!ix.holds(&k(1)));
     }
@@ -398,12 +455,16 @@ mod tests {
         assert_eq!(ix.retire(slot), None, "only the first failure drops the key");
         assert!(!ix.is_live(&k(7)));
         assert!(ix.pin(&k(7)).is_none());
-        assert_eq!(ix.reserve(k(8)), Reservation::Full, "still read by two loads");
+        assert_eq!(
+            ix.reserve(k(8), None),
+            Reservation::Full,
+            "still read by two loads"
+        );
         ix.unpin(slot, false);
-        assert_eq!(ix.reserve(k(8)), Reservation::Full);
+        assert_eq!(ix.reserve(k(8), None), Reservation::Full);
         ix.unpin(slot, false);
         assert!(matches!(
-            ix.reserve(k(8)),
+            ix.reserve(k(8), None),
             Reservation::Slot { evicted: None, .. }
         ));
     }
@@ -429,7 +490,7 @@ mod tests {
             "least recent = oldest write"
         );
         assert_eq!(ix.slot_of(&k(10)).map(|(s, _)| s), Some(1));
-        let Reservation::Slot { slot, seq, evicted } = ix.reserve(k(40)) else {
+        let Reservation::Slot { slot, seq, evicted } = ix.reserve(k(40), None) else {
             panic!("slot 0 is free");
         };
         assert_eq!(

@@ -394,6 +394,7 @@ impl SecondaryTier for DiskTier {
         let mut first: KeyMap<usize> = KeyMap::default();
         let mut deduplicated = 0u64;
         let mut refused = 0u64;
+        let mut last_slot = None;
         {
             let mut index = self.shared.index.lock();
             for (i, (key, row)) in keys.iter().zip(rows).enumerate() {
@@ -408,12 +409,13 @@ impl SecondaryTier for DiskTier {
                     deduplicated += 1;
                     continue;
                 }
-                match index.reserve(*key) {
+                match index.reserve(*key, last_slot) {
                     Reservation::Slot {
                         slot,
                         seq,
                         evicted: e,
                     } => {
+                        last_slot = Some(slot);
                         evicted.extend(e);
                         tasks.push((i, slot, seq, TaskOp::Store(row)));
                     }
