@@ -29,7 +29,10 @@ pub trait Worker<W>: Send + 'static {
 
     /// Called after [`Worker::run`] panicked (with the panic's message), before the thread
     /// takes its next piece of work: drop state the panic may have left inconsistent (a
-    /// connection in the middle of a reply) and log.
+    /// connection in the middle of a reply) and log. By then the unwind has dropped the work,
+    /// so its job may already be reported and drained: a tier that counts panicked jobs as
+    /// failures reads [`crate::Counts::abandoned`], counted before the result is visible, rather
+    /// than counting here.
     fn after_panic(&mut self, message: &str) {
         let _ = message;
     }

@@ -1,9 +1,9 @@
 //! # tier-example — the template for kvtier tier authors
 //!
-//! A complete secondary tier written only against `tiering-core`'s public API: a bounded
-//! in-memory store with least-recently-used eviction, cache events, stats, an I/O worker thread,
-//! and a small peer protocol that exercises `serve_external_requests`. Copy this crate to start
-//! your own tier.
+//! A complete secondary tier written only against the public APIs of `tiering-core` (the
+//! contracts) and `tier-kit` (the threaded-tier plumbing): a bounded in-memory store with
+//! least-recently-used eviction, cache events, stats, an I/O worker thread, and a small peer
+//! protocol that exercises `serve_external_requests`. Copy this crate to start your own tier.
 //!
 //! ## The pieces
 //! - [`tier::ExampleOptions`] — the tier's options, deserialised from its chain-file section with
@@ -13,7 +13,8 @@
 //! - [`tier::ExampleTier`] — the `SecondaryTier` implementation. Manager-facing methods return at
 //!   once; copies run on the tier's worker thread, which reports every job exactly once and wakes
 //!   the control plane through the `ControlWaker`.
-//! - [`store::LruStore`] — the storage and its eviction policy.
+//! - [`store::LruStore`] — the storage: `tiering-core`'s `LruMap`, bounded by a chunk count.
+//! - the plumbing (worker thread, exactly-once results, bounded shutdown) comes from `tier-kit`.
 //! - [`peer`] — how a peer asks this node for chunks; the tier answers through the
 //!   `ParentManager`, so a question is answered from the whole node (the primary tier and the
 //!   other secondaries), not only from this tier.

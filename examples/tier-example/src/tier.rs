@@ -2,27 +2,27 @@
 //!
 //! The shape every tier should have:
 //! - the manager-facing methods only touch in-memory state and return at once;
-//! - copies run on the tier's own thread (here one worker fed by a channel), which reports each
-//!   job exactly once into a `finished` list and wakes the control plane;
-//! - `drain_jobs` waits until nothing is in flight; `shutdown` stops the threads.
+//! - copies run on the tier's own thread, a `tier_kit::WorkerPool` of one; each job travels
+//!   with its `tier_kit::Ticket`, so it is reported exactly once (a panicking job as failed)
+//!   and the `tier_kit::JobLedger` wakes the control plane;
+//! - `drain_jobs` waits until nothing is in flight; `shutdown` stops the threads, bounded.
 
 use std::collections::VecDeque;
 use std::os::unix::net::UnixDatagram;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use serde::Deserialize;
+use tier_kit::{JobLedger, LaneSpec, Ticket, WorkQueue, Worker, WorkerPool};
 use tiering_core::config::{ByteSize, parse_options};
 use tiering_core::{
-    ControlWaker, JobKind, JobResult, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
-    ParentManager, ReqContext, RequestId, SecondaryContext, SecondaryTier, TierError, TierInfo, TierStats,
-    TransferJob,
+    ControlWaker, JobKind, JobOutcome, JobResult, Locality, LookupResult, Medium, OffloadKey,
+    OffloadingEvent, ParentManager, ReqContext, RequestId, SecondaryContext, SecondaryTier, TierError,
+    TierInfo, TierStats, TransferJob,
 };
 
 use crate::peer::{PeerAnswer, PeerQuery};
@@ -46,11 +46,12 @@ fn default_name() -> String {
     "example".to_owned()
 }
 
+/// How long `shutdown` waits for the worker to finish its job before leaving it behind.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 /// State shared by the tier, its worker and its inbox reader.
 struct State {
     store: LruStore,
-    finished: Vec<JobResult>,
-    in_flight: usize,
     events: Vec<OffloadingEvent>,
     stats: TierStats,
     inbound: VecDeque<(PeerQuery, PathBuf)>,
@@ -58,15 +59,36 @@ struct State {
 
 struct Shared {
     state: Mutex<State>,
-    idle: Condvar,
-    /// Replaced by `set_waker`; the threads read it each time they wake the control plane.
-    waker: Mutex<ControlWaker>,
+    /// The jobs' results; it also holds the control plane's waker.
+    ledger: JobLedger,
     name: String,
 }
 
-impl Shared {
-    fn wake(&self) {
-        self.waker.lock().wake();
+/// A job on its way to the worker, with the obligation to report it.
+struct Job {
+    transfer: TransferJob,
+    ticket: Ticket,
+}
+
+/// The worker thread's side: it runs jobs against the shared store.
+struct JobRunner {
+    shared: Arc<Shared>,
+}
+
+impl Worker<Job> for JobRunner {
+    fn run(&mut self, job: Job) {
+        run_job(&self.shared, job.transfer, job.ticket);
+    }
+
+    fn after_panic(&mut self, message: &str) {
+        // The job's ticket, dropped by the unwind, has reported it failed (the manager otherwise
+        // waits for it forever) and counted it abandoned, which `stats` adds to the failures.
+        // The state lock does not poison, so the tier stays usable.
+        tracing::error!(
+            tier = %self.shared.name,
+            panic = message,
+            "a job panicked on the worker thread; reported as failed"
+        );
     }
 }
 
@@ -81,8 +103,7 @@ struct Inbox {
 pub struct ExampleTier {
     info: TierInfo,
     shared: Arc<Shared>,
-    jobs: Option<mpsc::Sender<(TransferJob, Instant)>>,
-    worker: Option<JoinHandle<()>>,
+    worker: WorkerPool<Job>,
     inbox: Option<Inbox>,
 }
 
@@ -97,50 +118,24 @@ impl ExampleTier {
             .max(1);
         let mut stats = TierStats::named(&options.name);
         stats.capacity_chunks = chunks as u64;
+        let ledger = JobLedger::default();
+        ledger.set_waker(ctx.waker.clone());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 store: LruStore::new(chunks),
-                finished: Vec::new(),
-                in_flight: 0,
                 events: Vec::new(),
                 stats,
                 inbound: VecDeque::new(),
             }),
-            idle: Condvar::new(),
-            waker: Mutex::new(ctx.waker.clone()),
+            ledger,
             name: options.name.clone(),
         });
-        let (tx, rx) = mpsc::channel::<(TransferJob, Instant)>();
-        let worker_shared = Arc::clone(&shared);
-        let worker = std::thread::Builder::new()
-            .name(format!("{}-worker", options.name))
-            .spawn(move || {
-                for (job, start) in rx {
-                    let id = job.id;
-                    // A panic in a job must not take the worker with it: every job is reported
-                    // exactly once, a panicked one as failed (the manager otherwise waits for
-                    // it forever). The state lock does not poison, so the tier stays usable.
-                    let result = catch_unwind(AssertUnwindSafe(|| run_job(&worker_shared, job, start)))
-                        .unwrap_or_else(|panic| {
-                            tracing::error!(
-                                tier = %worker_shared.name,
-                                job = %id,
-                                panic = panic_text(&*panic),
-                                "a job panicked on the worker thread; reported as failed"
-                            );
-                            worker_shared.state.lock().stats.failures += 1;
-                            JobResult::failed(id, start.elapsed())
-                        });
-                    let mut st = worker_shared.state.lock();
-                    st.finished.push(result);
-                    st.in_flight -= 1;
-                    if st.in_flight == 0 {
-                        worker_shared.idle.notify_all();
-                    }
-                    drop(st);
-                    worker_shared.wake();
-                }
-            })?;
+        let queue = Arc::new(WorkQueue::builder().lane(LaneSpec::unbounded()).build());
+        let worker = WorkerPool::builder(format!("{}-worker", options.name)).start(queue, |_| {
+            Ok(JobRunner {
+                shared: Arc::clone(&shared),
+            })
+        })?;
         tracing::info!(tier = %options.name, capacity_chunks = chunks, "example tier ready");
         let inbox = match &options.inbox {
             Some(path) => Some(start_inbox(&shared, path)?),
@@ -149,26 +144,17 @@ impl ExampleTier {
         Ok(Self {
             info: TierInfo::new(&options.name, Some(Medium::Cpu), Some(Locality::Local)),
             shared,
-            jobs: Some(tx),
-            worker: Some(worker),
+            worker,
             inbox,
         })
     }
 
-    fn submit(&mut self, job: TransferJob) {
-        let start = Instant::now();
-        let id = job.id;
-        self.shared.state.lock().in_flight += 1;
-        let sent = match &self.jobs {
-            Some(tx) => tx.send((job, start)).is_ok(),
-            None => false,
-        };
-        if !sent {
-            // Shut down (or the worker died): the job still has to be reported, as a failure.
-            let mut st = self.shared.state.lock();
-            st.in_flight -= 1;
-            st.stats.failures += 1;
-            st.finished.push(JobResult::failed(id, start.elapsed()));
+    fn submit(&mut self, transfer: TransferJob) {
+        let ticket = self.shared.ledger.open(transfer.id);
+        if let Err(refused) = self.worker.queue().submit(0, Job { transfer, ticket }) {
+            // Shut down: the job still has to be reported, as a failure.
+            self.shared.state.lock().stats.failures += 1;
+            refused.work.ticket.fail();
         }
     }
 
@@ -196,8 +182,8 @@ impl ExampleTier {
                 .collect();
             if query.fetch && !ready.is_empty() {
                 // The job pins the chunks; this tier moves the bytes and reports the job itself.
-                let start = Instant::now();
                 let job = parent.create_store_job(&ready, &ctx)?;
+                let ticket = self.shared.ledger.open(job.id);
                 let mut bytes = 0u64;
                 for (i, key) in job.keys.iter().enumerate() {
                     if let Some(row) = job.rows.row(i) {
@@ -205,13 +191,8 @@ impl ExampleTier {
                         answer.fetched.push((*key, row.to_vec()));
                     }
                 }
-                let id = job.id;
                 drop(job);
-                self.shared
-                    .state
-                    .lock()
-                    .finished
-                    .push(JobResult::ok(id, bytes, start.elapsed()));
+                ticket.complete(JobOutcome::Ok, bytes);
             }
             Ok(())
         })();
@@ -226,17 +207,8 @@ impl ExampleTier {
     }
 
     fn stop(&mut self) -> Result<(), TierError> {
-        // Closing the channel ends the worker after the jobs already queued.
-        self.jobs = None;
-        let mut result = Ok(());
-        if let Some(w) = self.worker.take()
-            && w.join().is_err()
-        {
-            result = Err(TierError::Other(format!(
-                "tier {}: the worker thread panicked",
-                self.info.name
-            )));
-        }
+        // The worker finishes the jobs already queued, then ends.
+        let stopped = self.worker.stop_and_join(STOP_WAIT);
         if let Some(mut inbox) = self.inbox.take() {
             inbox.stop.store(true, Ordering::Release);
             if let Some(r) = inbox.reader.take() {
@@ -244,7 +216,10 @@ impl ExampleTier {
             }
             let _ = std::fs::remove_file(&inbox.path);
         }
-        result
+        match stopped.problem("worker") {
+            Some(problem) => Err(TierError::Other(format!("tier {}: {problem}", self.info.name))),
+            None => Ok(()),
+        }
     }
 }
 
@@ -270,7 +245,7 @@ fn start_inbox(shared: &Arc<Shared>, path: &std::path::Path) -> Result<Inbox, Ti
                 match PeerQuery::decode(&buf[..n]) {
                     Ok(q) => {
                         sh.state.lock().inbound.push_back((q, from));
-                        sh.wake();
+                        sh.ledger.wake();
                     }
                     Err(e) => tracing::warn!(error = %e, "malformed peer query ignored"),
                 }
@@ -284,21 +259,12 @@ fn start_inbox(shared: &Arc<Shared>, path: &std::path::Path) -> Result<Inbox, Ti
     })
 }
 
-/// Runs one job on the worker thread.
-/// The text of a panic payload (a `&str` or `String` message, or a placeholder).
-fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(not a string)")
-}
-
 /// Tests set this to make the worker's next job panic.
 #[cfg(test)]
 static PANIC_IN_NEXT_JOB: AtomicBool = AtomicBool::new(false);
 
-fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
+/// Runs one job on the worker thread and reports it.
+fn run_job(shared: &Shared, mut job: TransferJob, ticket: Ticket) {
     #[cfg(test)]
     assert!(
         !PANIC_IN_NEXT_JOB.swap(false, Ordering::SeqCst),
@@ -313,7 +279,6 @@ fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
                 .enumerate()
                 .filter_map(|(i, k)| job.rows.row(i).map(|r| (*k, Box::from(r))))
                 .collect();
-            let id = job.id;
             // Release the rows as soon as the bytes are copied.
             drop(job);
             let mut st = shared.state.lock();
@@ -321,7 +286,7 @@ fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
             let mut evicted = Vec::new();
             let mut bytes = 0u64;
             for (key, data) in copies {
-                let fresh = !st.store.contains(&key);
+                let fresh = !st.store.chunks().contains(&key);
                 bytes += data.len() as u64;
                 evicted.extend(st.store.insert(key, data));
                 if fresh {
@@ -339,7 +304,8 @@ fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
                 let e = OffloadingEvent::stored(stored, Some(Medium::Cpu), Some(Locality::Local));
                 st.events.push(e.owned_by(&shared.name));
             }
-            JobResult::ok(id, bytes, start.elapsed())
+            drop(st);
+            ticket.complete(JobOutcome::Ok, bytes);
         }
         JobKind::Promotion => {
             let mut st = shared.state.lock();
@@ -359,7 +325,8 @@ fn run_job(shared: &Shared, mut job: TransferJob, start: Instant) -> JobResult {
             st.stats.loads += loaded;
             st.stats.bytes_read += bytes;
             st.stats.failures += ok.len() as u64 - loaded;
-            JobResult::from_key_outcomes(job.id, &job.keys, &ok, bytes, start.elapsed())
+            drop(st);
+            ticket.complete_keys(&job.keys, &ok, bytes);
         }
     }
 }
@@ -375,12 +342,12 @@ impl SecondaryTier for ExampleTier {
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
-        *self.shared.waker.lock() = waker;
+        self.shared.ledger.set_waker(waker);
     }
 
     fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
         let mut st = self.shared.state.lock();
-        if st.store.contains(key) {
+        if st.store.chunks().contains(key) {
             st.stats.hits += 1;
             LookupResult::Hit
         } else {
@@ -398,12 +365,11 @@ impl SecondaryTier for ExampleTier {
     }
 
     fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
-        out.append(&mut self.shared.state.lock().finished);
+        self.shared.ledger.take_finished(out);
     }
 
     fn has_pending_work(&self) -> bool {
-        let st = self.shared.state.lock();
-        st.in_flight > 0 || !st.finished.is_empty() || !st.inbound.is_empty()
+        self.shared.ledger.has_pending() || !self.shared.state.lock().inbound.is_empty()
     }
 
     fn touch(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
@@ -435,10 +401,7 @@ impl SecondaryTier for ExampleTier {
     }
 
     fn drain_jobs(&mut self) {
-        let mut st = self.shared.state.lock();
-        while st.in_flight > 0 {
-            self.shared.idle.wait(&mut st);
-        }
+        self.shared.ledger.wait_idle(None);
     }
 
     fn take_events(&mut self) -> Vec<OffloadingEvent> {
@@ -448,7 +411,8 @@ impl SecondaryTier for ExampleTier {
     fn stats(&self) -> TierStats {
         let st = self.shared.state.lock();
         let mut s = st.stats.clone();
-        s.resident_chunks = st.store.len() as u64;
+        s.failures += self.shared.ledger.counters().snapshot().abandoned;
+        s.resident_chunks = st.store.chunks().len() as u64;
         s
     }
 
