@@ -335,10 +335,9 @@ mod tests {
         assert_eq!(back.len(), 2, "the refused grants come back");
         drop(back);
         // The first fetch's rows are still the whitelisted ones.
-        let g = t
-            .checkout(&name(0), 0, &keys[0])
-            .ok()
-            .expect("row 0 stays whitelisted");
+        let Ok(g) = t.checkout(&name(0), 0, &keys[0]) else {
+            panic!("row 0 stays whitelisted");
+        };
         assert!(
             t.checkout(&name(0), 2, &keys[0]).is_err(),
             "row 2 was never whitelisted"
