@@ -1,9 +1,9 @@
 //! [`RedisTier`]: the [`SecondaryTier`] over a Redis (or Valkey) server or cluster.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tier_kit::{JobFinisher, JobLedger, RefusalReason, SplitJob, WorkerPool};
 use tiering_core::{
     ControlWaker, JobId, JobKind, JobResult, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
     ReqContext, SecondaryTier, TierError, TierHealth, TierInfo, TierStats, TransferJob,
@@ -14,16 +14,19 @@ use crate::error::RedisTierError;
 use crate::format::{HEADER_LEN, KeyScheme, LayoutId};
 use crate::options::RedisTierOptions;
 use crate::presence::{Answer, Presence};
-use crate::shared::{Batch, Counters, JobState, Shared, Timing};
+use crate::shared::{
+    Batch, Counters, JobPart, PresenceCheck, RedisJob, Shared, Timing, Work, lane, work_queue,
+};
 use crate::split;
-use crate::worker::Workers;
+use crate::worker::Worker;
 
 /// The shared remote tier. See the crate documentation.
 pub struct RedisTier {
     shared: Arc<Shared>,
-    workers: Workers,
+    /// `shared` again, as what turns a job's per-key outcomes into its result.
+    finisher: Arc<dyn JobFinisher<RedisJob, bool>>,
+    workers: WorkerPool<Work>,
     info: TierInfo,
-    max_queued: usize,
     max_lookup_batch: usize,
     /// Value bytes per key (chunk and header).
     value_bytes: u64,
@@ -31,6 +34,8 @@ pub struct RedisTier {
     workers_n: usize,
     /// Most value bytes in one batch.
     pipeline_bytes: u64,
+    /// How long `shutdown` waits for a worker to finish its round trip before leaving it.
+    stop_wait: Duration,
     shut_down: bool,
 }
 
@@ -66,8 +71,25 @@ impl RedisTier {
             info_interval: opts.info_interval.get(),
         };
         let presence = Presence::new(opts.presence_ttl.get(), opts.lookup_timeout.get());
-        let shared = Arc::new(Shared::new(opts.name.clone(), scheme, endpoint, timing, presence));
-        let workers = Workers::start(&shared, opts.workers)?;
+        let ledger = JobLedger::default();
+        let queue = Arc::new(work_queue(
+            opts.max_queued_jobs,
+            opts.workers,
+            Arc::clone(ledger.counters()),
+        ));
+        let shared = Arc::new(Shared::new(
+            opts.name.clone(),
+            scheme,
+            endpoint,
+            timing,
+            presence,
+            Arc::clone(&queue),
+            ledger,
+        ));
+        let workers = WorkerPool::builder("kvtier-redis")
+            .threads(opts.workers)
+            .counters(Arc::clone(shared.ledger.counters()))
+            .start(queue, |_| Ok(Worker::new(Arc::clone(&shared))))?;
         shared.request_info_if_due();
         tracing::info!(
             tier = %opts.name,
@@ -78,15 +100,19 @@ impl RedisTier {
             workers = opts.workers,
             "redis tier connected"
         );
+        // A round trip in progress ends within its timeouts (an `INFO` refresh asks each
+        // master in turn); beyond a few of them a worker is stuck and is left behind.
+        let stop_wait = (opts.connect_timeout.get() + opts.io_timeout.get()) * 4;
         Ok(Self {
+            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<RedisJob, bool>>,
             shared,
             workers,
             info: TierInfo::new(opts.name.clone(), Some(Medium::Storage), Some(Locality::Remote)),
-            max_queued: opts.max_queued_jobs,
             max_lookup_batch: opts.max_lookup_batch,
             value_bytes: (chunk_bytes + HEADER_LEN) as u64,
             workers_n: opts.workers,
             pipeline_bytes: opts.pipeline_bytes,
+            stop_wait: stop_wait.max(Duration::from_secs(5)),
             shut_down: false,
         })
     }
@@ -114,35 +140,38 @@ impl RedisTier {
         if keys.is_empty() {
             return;
         }
-        let mut q = self.shared.queue.lock();
-        if q.lookups.len() >= self.max_queued {
-            drop(q);
-            // The workers are far behind: answer these as misses rather than queue more.
-            let now = Instant::now();
-            let mut p = self.shared.presence.lock();
-            for k in keys {
-                p.set(k, false, now);
-            }
-            return;
+        let check = PresenceCheck::new(keys, Arc::clone(&self.shared));
+        match self.shared.queue.submit(lane::LOOKUPS, Work::Lookup(check)) {
+            Ok(()) => Counters::add(&self.shared.counters.presence_batches, 1),
+            // The workers are far behind: the check, dropped unasked, answers these as misses
+            // rather than queue more.
+            Err(refused) => drop(refused.work),
         }
-        Counters::add(&self.shared.counters.presence_batches, 1);
-        self.shared.lookups_running.fetch_add(1, Ordering::AcqRel);
-        q.lookups.push_back(keys);
-        drop(q);
-        // Every idle worker: the first one scheduled answers (see `launch`).
-        self.shared.queue_cond.notify_all();
+    }
+
+    /// The job `id` of `kind` over `keys`, every key failed until a batch settles it.
+    fn open_job(&self, id: JobId, kind: JobKind, keys: Vec<OffloadKey>) -> SplitJob<RedisJob, bool> {
+        let n = keys.len();
+        SplitJob::new(
+            self.shared.ledger.open(id),
+            RedisJob { kind, keys },
+            vec![false; n],
+            Arc::clone(&self.finisher),
+        )
     }
 
     /// Reports a job as failed without running it.
     fn fail_now(&self, id: JobId, kind: JobKind, keys: Vec<OffloadKey>, why: &str) {
+        self.warn_refused(id, why);
+        drop(self.open_job(id, kind, keys));
+    }
+
+    fn warn_refused(&self, id: JobId, why: &str) {
         self.shared.log.warn(
             &self.info.name,
             "job",
             format_args!("redis tier: {id} refused: {why}"),
         );
-        let job = JobState::new(id, kind, keys, 0);
-        self.shared.job_submitted();
-        self.shared.finalize(&job);
     }
 
     /// Checks a submitted job; `None` when it was refused (and already reported).
@@ -161,89 +190,64 @@ impl RedisTier {
         }
     }
 
-    /// Queues a job's batches, or refuses the job when its queue is full.
+    /// Queues a job's batches, or refuses the job when its lane is full.
     fn launch<R>(
         &self,
         id: JobId,
         kind: JobKind,
         keys: Vec<OffloadKey>,
         rows: Vec<R>,
-        make: fn(Arc<JobState>, Vec<(usize, R)>) -> Batch,
+        make: fn(JobPart, Vec<(usize, R)>) -> Batch,
     ) {
-        if keys.is_empty() {
-            let job = JobState::new(id, kind, keys, 0);
-            self.shared.job_submitted();
-            self.shared.finalize(&job);
-            return;
-        }
         let per_batch =
             split::keys_per_batch(keys.len(), self.value_bytes, self.workers_n, self.pipeline_bytes);
-        let batches = keys.len().div_ceil(per_batch);
-        // The bound counts batches: a job takes one per worker it is spread over.
-        let capacity = self.max_queued.saturating_mul(self.workers_n.max(1));
-        let full = {
-            let q = self.shared.queue.lock();
-            let queue = if kind == JobKind::Store {
-                &q.stores
-            } else {
-                &q.loads
-            };
-            queue.len() + batches > capacity.max(batches)
-        };
-        if full {
-            Counters::add(&self.shared.counters.rejected_jobs, 1);
-            self.fail_now(
-                id,
-                kind,
-                keys,
-                "the queue is full (the server is slower than the engine)",
-            );
-            return;
-        }
-        let job = Arc::new(JobState::new(id, kind, keys, batches));
-        self.shared.job_submitted();
+        let job = self.open_job(id, kind, keys);
         let mut items: Vec<(usize, R)> = rows.into_iter().enumerate().collect();
-        let mut parts = Vec::with_capacity(batches);
+        let mut batches = Vec::new();
         while !items.is_empty() {
             let rest = items.split_off(items.len().min(per_batch));
-            parts.push(make(Arc::clone(&job), std::mem::replace(&mut items, rest)));
+            let batch = std::mem::replace(&mut items, rest);
+            let part = job.part(batch.iter().map(|(i, _)| *i).collect());
+            batches.push(Work::Transfer(make(part, batch)));
         }
-        let mut q = self.shared.queue.lock();
-        if kind == JobKind::Store {
-            q.stores.extend(parts);
+        // A job without keys is reported (done) here, once its handle goes.
+        drop(job);
+        let lane = if kind == JobKind::Store {
+            lane::STORES
         } else {
-            q.loads.extend(parts);
+            lane::LOADS
+        };
+        if let Err(refused) = self.shared.queue.submit_all(lane, batches) {
+            let why = match refused.reason {
+                RefusalReason::Full => "the queue is full (the server is slower than the engine)",
+                RefusalReason::Closed => "the tier is shut down",
+            };
+            self.warn_refused(id, why);
+            // The batches' parts, dropped unsettled, fail every key: the job is reported failed.
+            drop(refused.work);
         }
-        drop(q);
-        // Every idle worker, even for one batch: the first one the scheduler runs takes it. On
-        // a busy machine one woken thread can sit behind another task's whole slice (measured
-        // on 2 loaded cores: p90 of submit-to-start 3-6 ms waking one, 0.2-0.3 ms waking all).
-        self.shared.queue_cond.notify_all();
     }
 
-    /// Fails every queued batch and answers every queued presence check as a miss.
+    /// Fails every queued batch and answers every queued presence check as a miss (dropped
+    /// unrun, each does so itself).
     fn cancel_queued(&self) {
-        let (lookups, batches) = {
-            let mut q = self.shared.queue.lock();
-            let lookups: Vec<Vec<OffloadKey>> = q.lookups.drain(..).collect();
-            let mut batches: Vec<Batch> = q.loads.drain(..).collect();
-            batches.extend(q.stores.drain(..));
-            (lookups, batches)
-        };
-        let now = Instant::now();
-        {
-            let mut p = self.shared.presence.lock();
-            for k in lookups.iter().flatten() {
-                p.set(*k, false, now);
+        drop(self.shared.queue.drain_lane(lane::LOOKUPS));
+        for lane in [lane::LOADS, lane::STORES] {
+            for work in self.shared.queue.drain_lane(lane) {
+                if let Work::Transfer(batch) = work {
+                    Counters::add(
+                        &self.shared.counters.cancelled_keys,
+                        batch.part().indices().len() as u64,
+                    );
+                }
             }
         }
-        self.shared
-            .lookups_running
-            .fetch_sub(lookups.len() as u64, Ordering::AcqRel);
-        for b in batches {
-            Counters::add(&self.shared.counters.cancelled_keys, b.indices().len() as u64);
-            self.shared.fail_batch(b);
-        }
+    }
+
+    /// Batches refused because their lane was full, loads and stores.
+    fn rejected_jobs(&self) -> u64 {
+        let q = &self.shared.queue;
+        q.depth(lane::LOADS).rejected + q.depth(lane::STORES).rejected
     }
 }
 
@@ -253,7 +257,7 @@ impl SecondaryTier for RedisTier {
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
-        *self.shared.waker.lock() = Some(waker);
+        self.shared.ledger.set_waker(waker);
     }
 
     fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
@@ -324,17 +328,11 @@ impl SecondaryTier for RedisTier {
 
     fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
         self.flush_lookups();
-        out.append(&mut self.shared.done.lock().results);
+        self.shared.ledger.take_finished(out);
     }
 
     fn has_pending_work(&self) -> bool {
-        {
-            let done = self.shared.done.lock();
-            if done.outstanding > 0 || !done.results.is_empty() {
-                return true;
-            }
-        }
-        self.shared.presence.lock().has_pending()
+        self.shared.ledger.has_pending() || self.shared.presence.lock().has_pending()
     }
 
     fn on_schedule_end(&mut self) {
@@ -353,7 +351,7 @@ impl SecondaryTier for RedisTier {
     fn drain_jobs(&mut self) {
         // Queued work is cancelled; running batches end within the I/O timeouts.
         self.cancel_queued();
-        self.shared.wait_idle();
+        self.shared.ledger.wait_idle(None);
     }
 
     fn take_events(&mut self) -> Vec<OffloadingEvent> {
@@ -377,10 +375,10 @@ impl SecondaryTier for RedisTier {
         s.resident_chunks = server.keys;
         let value_bytes = (self.shared.scheme.chunk_bytes() + HEADER_LEN) as u64;
         s.capacity_chunks = server.maxmemory / value_bytes;
-        let queued = {
-            let q = self.shared.queue.lock();
-            q.loads.len() + q.stores.len() + q.lookups.len()
-        };
+        let queued: usize = [lane::LOOKUPS, lane::LOADS, lane::STORES]
+            .into_iter()
+            .map(|l| self.shared.queue.depth(l).entries)
+            .sum();
         let extra = [
             ("server_used_memory_bytes", server.used_memory),
             ("server_maxmemory_bytes", server.maxmemory),
@@ -396,7 +394,7 @@ impl SecondaryTier for RedisTier {
             ("presence_batches", Counters::get(&c.presence_batches)),
             ("missing_values", Counters::get(&c.missing_values)),
             ("bad_values", Counters::get(&c.bad_values)),
-            ("rejected_jobs", Counters::get(&c.rejected_jobs)),
+            ("rejected_jobs", self.rejected_jobs()),
             ("server_errors", Counters::get(&c.server_errors)),
             ("connection_failures", Counters::get(&c.connection_failures)),
             ("connects", Counters::get(&c.connects)),
@@ -415,13 +413,10 @@ impl SecondaryTier for RedisTier {
         }
         self.shut_down = true;
         self.drain_jobs();
-        let panicked = self.workers.stop_and_join(&self.shared);
-        if panicked > 0 {
-            return Err(TierError::Other(format!(
-                "{panicked} redis worker thread(s) panicked"
-            )));
+        match self.workers.stop_and_join(self.stop_wait).problem("redis worker") {
+            Some(problem) => Err(TierError::Other(problem)),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 

@@ -1,12 +1,9 @@
-//! The worker threads: each owns one connection, takes work from the shared queue by
-//! priority, and runs it as pipelined round trips. A connection error drops the connection;
+//! What a worker thread (of the tier's `tier_kit::WorkerPool`) does: each owns one connection,
+//! takes work from the shared queue by priority, and runs it as pipelined round trips. A connection error drops the connection;
 //! the next batch reconnects once the shared backoff allows it, and until then batches fail at
 //! once instead of waiting on a dead server.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::thread::JoinHandle;
 use std::time::Instant;
 
 use redis::{RedisError, RedisResult, Value};
@@ -16,54 +13,7 @@ use crate::conn::Conn;
 use crate::format::{KeyScheme, ValueArg, ValueDefect};
 use crate::info;
 use crate::packed::PackedPipeline;
-use crate::shared::{Batch, Counters, JobState, Shared, Work};
-
-/// The worker threads.
-pub(crate) struct Workers {
-    threads: Vec<JoinHandle<()>>,
-}
-
-impl Workers {
-    /// Starts `n` workers named `kvtier-redis-<i>`.
-    pub(crate) fn start(shared: &Arc<Shared>, n: usize) -> std::io::Result<Self> {
-        let mut workers = Self {
-            threads: Vec::with_capacity(n),
-        };
-        for i in 0..n {
-            let s = Arc::clone(shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("kvtier-redis-{i}"))
-                .spawn(move || {
-                    Worker {
-                        shared: s,
-                        conn: None,
-                        conn_epoch: 0,
-                        packed: PackedPipeline::default(),
-                    }
-                    .run();
-                });
-            match spawned {
-                Ok(h) => workers.threads.push(h),
-                Err(e) => {
-                    workers.stop_and_join(shared);
-                    return Err(e);
-                }
-            }
-        }
-        Ok(workers)
-    }
-
-    /// Stops the workers once the queue is empty and joins them; returns how many panicked.
-    pub(crate) fn stop_and_join(&mut self, shared: &Shared) -> usize {
-        shared.queue.lock().stop = true;
-        shared.queue_cond.notify_all();
-        self.threads
-            .drain(..)
-            .map(JoinHandle::join)
-            .filter(Result::is_err)
-            .count()
-    }
-}
+use crate::shared::{Batch, Counters, RedisJob, Shared, Work};
 
 /// Encoded `SET` bytes sent per write: small enough that the server starts on a batch's first
 /// values while the worker encodes the rest, large enough that a write's fixed cost is small.
@@ -93,7 +43,8 @@ fn breaks_connection(e: &RedisError) -> bool {
         || e.is_unrecoverable_error()
 }
 
-struct Worker {
+/// One worker thread's own state: its connection and its encoding buffer.
+pub(crate) struct Worker {
     shared: Arc<Shared>,
     conn: Option<Conn>,
     /// The tier's connection-failure count when `conn` was opened: a later failure on any
@@ -103,63 +54,48 @@ struct Worker {
     packed: PackedPipeline,
 }
 
-impl Worker {
-    fn run(mut self) {
-        loop {
-            let work = {
-                let mut q = self.shared.queue.lock();
-                loop {
-                    if let Some(w) = q.pop() {
-                        break w;
-                    }
-                    if q.stop {
-                        return;
-                    }
-                    self.shared.queue_cond.wait(&mut q);
-                }
-            };
-            match work {
-                Work::Lookup(keys) => {
-                    let replies = catch_unwind(AssertUnwindSafe(|| self.exists(&keys)))
-                        .unwrap_or_else(|_| self.panicked());
-                    self.answer(&keys, replies.as_deref());
-                }
-                Work::Transfer(batch) => {
-                    let job = Arc::clone(batch.job());
-                    let idx = batch.indices();
-                    // A panic in the client must not lose a job: its batch is settled failed.
-                    let outcomes = catch_unwind(AssertUnwindSafe(|| match batch {
-                        Batch::Store(_, items) => self.store(&job, items),
-                        Batch::Load(_, items) => self.load(&job, items),
-                    }))
-                    .unwrap_or_else(|_| {
-                        self.panicked::<()>();
-                        idx.into_iter().map(|i| (i, false)).collect()
-                    });
-                    self.shared.settle(&job, &outcomes);
-                }
-                Work::Info => {
-                    if catch_unwind(AssertUnwindSafe(|| self.refresh_info())).is_err() {
-                        self.panicked::<()>();
-                    }
-                }
-                Work::Probe => {
-                    if catch_unwind(AssertUnwindSafe(|| self.probe())).is_err() {
-                        self.panicked::<()>();
-                    }
-                }
+impl tier_kit::Worker<Work> for Worker {
+    fn run(&mut self, work: Work) {
+        match work {
+            Work::Lookup(check) => {
+                let replies = self.exists(check.keys());
+                check.answer(replies.as_deref());
             }
+            Work::Transfer(Batch::Store(part, items)) => {
+                let outcomes = self.store(part.job(), items);
+                part.settle(outcomes);
+            }
+            Work::Transfer(Batch::Load(part, items)) => {
+                let outcomes = self.load(part.job(), items);
+                part.settle(outcomes);
+            }
+            Work::Info => self.refresh_info(),
+            Work::Probe => self.probe(),
         }
     }
 
-    fn panicked<T>(&mut self) -> Option<T> {
+    /// A panic in the client must not lose work: the unwind dropped the batch, whose keys
+    /// failed, or the presence check, whose keys count as absent. The connection may be in
+    /// the middle of a reply, so it goes.
+    fn after_panic(&mut self, _message: &str) {
         self.conn = None;
         self.shared.log.warn(
             &self.shared.name,
             "panic",
             "redis tier: a worker recovered from a panic in the client",
         );
-        None
+    }
+}
+
+impl Worker {
+    /// A worker of `shared`, not connected yet (the first batch connects).
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            conn: None,
+            conn_epoch: 0,
+            packed: PackedPipeline::default(),
+        }
     }
 
     /// The connection, opened if needed; `None` while backing off or when connecting fails.
@@ -266,25 +202,11 @@ impl Worker {
         self.keyed("EXISTS", keys.iter())
     }
 
-    /// Records the answers (no reply: the keys count as absent until the answer goes stale).
-    fn answer(&self, keys: &[OffloadKey], replies: Option<&[Value]>) {
-        let now = Instant::now();
-        {
-            let mut p = self.shared.presence.lock();
-            for (i, k) in keys.iter().enumerate() {
-                let present = matches!(replies.and_then(|r| r.get(i)), Some(Value::Int(n)) if *n > 0);
-                p.set(*k, present, now);
-            }
-        }
-        self.shared.lookups_running.fetch_sub(1, Ordering::AcqRel);
-        self.shared.wake();
-    }
-
     /// One `SET` per row; the rows are released once their bytes are sent. On a standalone
     /// server the values are encoded into the worker's buffer and sent every [`SEND_BYTES`],
     /// so the server parses the first values while the worker encodes the next (one
     /// connection, one pipeline: the replies are read after the last value is sent).
-    fn set_all(&mut self, job: &JobState, items: Vec<(usize, RowRead)>) -> Option<Vec<Value>> {
+    fn set_all(&mut self, job: &RedisJob, items: Vec<(usize, RowRead)>) -> Option<Vec<Value>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
         if self.packs()? {
@@ -321,7 +243,7 @@ impl Worker {
         self.io("SET", false, |conn, _| conn.pipeline(cmds))
     }
 
-    fn store(&mut self, job: &JobState, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
+    fn store(&mut self, job: &RedisJob, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
         let indices: Vec<usize> = items.iter().map(|(i, _)| *i).collect();
         let replies = self.set_all(job, items);
         let now = Instant::now();
@@ -357,7 +279,7 @@ impl Worker {
     /// received, in order (fewer than the items when the round trip failed part way). On a
     /// standalone server each reply is checked and copied as it arrives, while the server
     /// still sends the next ones.
-    fn get_all(&mut self, job: &JobState, items: &mut [(usize, RowWrite)]) -> Vec<Result<(), ValueDefect>> {
+    fn get_all(&mut self, job: &RedisJob, items: &mut [(usize, RowWrite)]) -> Vec<Result<(), ValueDefect>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
         let mut checked = Vec::with_capacity(items.len());
@@ -391,7 +313,7 @@ impl Worker {
         checked
     }
 
-    fn load(&mut self, job: &JobState, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
+    fn load(&mut self, job: &RedisJob, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
         let checked = self.get_all(job, &mut items);
         let mut out = Vec::with_capacity(items.len());
         let mut bad = Vec::new();
