@@ -22,6 +22,9 @@ use super::{EvictionPolicy, FinishedKey, PolicyKind, PolicySnapshot, Protected, 
 const B1: usize = 0;
 const B2: usize = 1;
 
+/// Tiers of at most this many rows skip requesting a touch's links ahead (128 KiB of links).
+const LINKS_CACHED_ROWS: usize = 16_384;
+
 /// vLLM 0.33.0's ARC (see the module docs).
 pub struct ArcPolicy {
     capacity: usize,
@@ -193,7 +196,11 @@ impl EvictionPolicy for ArcPolicy {
         slots: SlotView<'_>,
         _ctx: &ReqContext,
     ) {
-        self.links.prefetch(chunks.iter().flatten().copied());
+        // Links of a tier this small (8 bytes a row) stay cached between touches: requesting
+        // them and their neighbours ahead would only cost its instructions.
+        if self.capacity > LINKS_CACHED_ROWS {
+            self.links.prefetch(chunks.iter().flatten().copied());
+        }
         // Keys that are not resident may be ghosts: the tier reports those hits through
         // `on_ghost_hit`.
         for &chunk in chunks.iter().rev().flatten() {
