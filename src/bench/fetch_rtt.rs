@@ -31,6 +31,7 @@
 //! (the floor of its data) and the memcpy rate the copies are timed by.
 
 mod copy;
+mod copy_workers;
 mod handoff;
 mod pull;
 mod reference;

@@ -34,7 +34,8 @@ use std::time::{Duration, Instant};
 use tier_cpu::{Capacity, CpuTierOptions, PolicyKind};
 use tiering_core::{LookupResult, OffloadKey, OffloadingManager, ReqContext, RequestId, TieringManager};
 
-use super::copy::{CopyDone, CopyOrder, CopyWorkers};
+use super::copy::{CopyDone, CopyOrder};
+use super::copy_workers::CopyWorkers;
 use super::timeline::{self, FetchSeen, TailSummary, TimelineMarks, Trace, nanos_since};
 use super::worker_process::WorkerProcesses;
 use super::{ControlPlaneMode, FetchRttConfig, ModeResult, Node, end, mgr_err, ms, node_with, source_params};
