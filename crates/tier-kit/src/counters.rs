@@ -94,3 +94,87 @@ impl KitCounters {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 }
+
+/// One cumulative count, updated without locks from any thread (relaxed: a count orders
+/// nothing).
+#[derive(Debug, Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Adds `n`.
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The count.
+    #[must_use]
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The counters every tier reports in `TierStats` (hits, misses, stores, loads, evictions,
+/// failures, bytes), kept by its handle and its workers.
+#[derive(Debug, Default)]
+pub struct TierCounters {
+    /// Lookups answered `Hit`.
+    pub hits: Counter,
+    /// Lookups answered `Miss`.
+    pub misses: Counter,
+    /// Chunks stored.
+    pub stores: Counter,
+    /// Chunks loaded into the primary.
+    pub loads: Counter,
+    /// Chunks the tier evicted.
+    pub evictions: Counter,
+    /// Keys of jobs that failed.
+    pub failures: Counter,
+    /// Payload bytes stored.
+    pub bytes_written: Counter,
+    /// Payload bytes loaded.
+    pub bytes_read: Counter,
+}
+
+impl TierCounters {
+    /// A tier's stats named `name` with these counters filled in and `extra` added to its
+    /// `extra` map (the gauges — resident and capacity chunks — are the tier's to set).
+    #[must_use]
+    pub fn stats<'a>(
+        &self,
+        name: impl Into<String>,
+        extra: impl IntoIterator<Item = (&'a str, u64)>,
+    ) -> tiering_core::TierStats {
+        let mut s = tiering_core::TierStats::named(name);
+        s.hits = self.hits.get();
+        s.misses = self.misses.get();
+        s.stores = self.stores.get();
+        s.loads = self.loads.get();
+        s.evictions = self.evictions.get();
+        s.failures = self.failures.get();
+        s.bytes_written = self.bytes_written.get();
+        s.bytes_read = self.bytes_read.get();
+        for (name, value) in extra {
+            // Gauges and counters alike travel as f64 in `TierStats::extra`.
+            s.extra.insert(name.to_owned(), value as f64);
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tier_counters_fill_the_stats_and_their_extras() {
+        let c = TierCounters::default();
+        c.hits.add(3);
+        c.bytes_read.add(4096);
+        let s = c.stats("t", [("queued", 2)]);
+        assert_eq!(
+            (s.name.as_str(), s.hits, s.misses, s.bytes_read),
+            ("t", 3, 0, 4096)
+        );
+        assert_eq!(s.extra.get("queued"), Some(&2.0));
+    }
+}

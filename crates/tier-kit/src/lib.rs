@@ -38,7 +38,13 @@
 //!   a timeout, naming the threads it had to leave behind ([`JoinReport`]).
 //! - [`KitCounters`] — jobs submitted, completed, failed and abandoned, worker panics and
 //!   rejected submissions, shared by the three (each builder takes it) and read with
-//!   [`KitCounters::snapshot`] for `stats`.
+//!   [`KitCounters::snapshot`] for `stats`. [`TierCounters`] are the counters every tier's
+//!   `TierStats` carries (hits, misses, stores, loads, evictions, failures, bytes), each a
+//!   lock-free [`Counter`]; [`TierCounters::stats`] fills a `TierStats` with them and the
+//!   tier's extras.
+//! - [`accept_store`] / [`accept_load`] — the checks of a submitted job (the tier's own
+//!   refusal, `TransferJob::defect`, grants of the right direction), giving the job's keys and
+//!   typed rows ([`Accepted`]) or what reporting it failed needs ([`Rejected`]).
 //!
 //! ## A tier on the kit
 //!
@@ -95,13 +101,15 @@
 //! call must not hang the process that is stopping (`docs/ARCHITECTURE.md`, "The control-plane
 //! thread").
 
+mod accept;
 mod counters;
 mod ledger;
 mod pool;
 mod queue;
 mod split;
 
-pub use counters::{Counts, KitCounters};
+pub use accept::{Accepted, Rejected, accept_load, accept_store};
+pub use counters::{Counter, Counts, KitCounters, TierCounters};
 pub use ledger::{JobLedger, Ticket};
 pub use pool::{JoinReport, PoolBuilder, Worker, WorkerPool, panic_message};
 pub use queue::{LaneDepth, LaneSpec, QueueBuilder, RefusalReason, Refused, WakePolicy, Weight, WorkQueue};

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use redis::Value;
-use tier_kit::{JobFinisher, JobLedger, KitCounters, LaneSpec, Part, Ticket, WakePolicy, WorkQueue};
+use tier_kit::{
+    Counter, JobFinisher, JobLedger, KitCounters, LaneSpec, Part, Ticket, TierCounters, WakePolicy, WorkQueue,
+};
 use tiering_core::{JobKind, Locality, Medium, OffloadKey, OffloadingEvent, RowRead, RowWrite};
 
 use crate::conn::Endpoint;
@@ -17,39 +19,23 @@ use crate::format::KeyScheme;
 use crate::presence::Presence;
 use tiering_core::ratelog::RateLimitedLog;
 
-/// Cumulative counters, updated without locks.
+/// Cumulative counters, updated without locks: the standard ones, then the tier's own.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) retries: AtomicU64,
-    pub(crate) lookup_timeouts: AtomicU64,
-    pub(crate) presence_batches: AtomicU64,
-    pub(crate) stores: AtomicU64,
-    pub(crate) loads: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) missing_values: AtomicU64,
-    pub(crate) bad_values: AtomicU64,
-    pub(crate) server_errors: AtomicU64,
-    pub(crate) connection_failures: AtomicU64,
-    pub(crate) connects: AtomicU64,
-    pub(crate) cancelled_keys: AtomicU64,
+    pub(crate) tier: TierCounters,
+    pub(crate) retries: Counter,
+    pub(crate) lookup_timeouts: Counter,
+    pub(crate) presence_batches: Counter,
+    pub(crate) missing_values: Counter,
+    pub(crate) bad_values: Counter,
+    pub(crate) server_errors: Counter,
+    pub(crate) connection_failures: Counter,
+    pub(crate) connects: Counter,
+    pub(crate) cancelled_keys: Counter,
     /// Lookups answered `Miss` because the server counted as unreachable.
-    pub(crate) unreachable_misses: AtomicU64,
+    pub(crate) unreachable_misses: Counter,
     /// Cached `Hit`s dropped because a load of their key failed.
-    pub(crate) invalidated_presence: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
+    pub(crate) invalidated_presence: Counter,
 }
 
 /// What the tier keeps about a submitted store or load while its batches run.
@@ -276,12 +262,12 @@ impl Shared {
 
     /// How many connection-level failures any worker has seen (only grows).
     pub(crate) fn connection_failures(&self) -> u64 {
-        Counters::get(&self.counters.connection_failures)
+        self.counters.connection_failures.get()
     }
 
     /// Records a connection-level failure: the next attempt waits out a doubling backoff.
     pub(crate) fn connection_failed(&self, what: &str, e: &redis::RedisError) {
-        Counters::add(&self.counters.connection_failures, 1);
+        self.counters.connection_failures.add(1);
         self.unreachable.store(true, Ordering::Release);
         let backoff = {
             let mut h = self.health.lock();
@@ -350,18 +336,18 @@ impl JobFinisher<RedisJob, bool> for Shared {
         let n = ok_keys.len() as u64;
         let bytes = n * self.scheme.chunk_bytes() as u64;
         let c = &self.counters;
-        Counters::add(&c.failures, job.keys.len() as u64 - n);
+        c.tier.failures.add(job.keys.len() as u64 - n);
         if job.kind == JobKind::Store {
-            Counters::add(&c.stores, n);
-            Counters::add(&c.bytes_written, bytes);
+            c.tier.stores.add(n);
+            c.tier.bytes_written.add(bytes);
             if !ok_keys.is_empty() {
                 let e = OffloadingEvent::stored(ok_keys, Some(Medium::Storage), Some(Locality::Remote))
                     .owned_by(self.name.clone());
                 self.events.lock().push(e);
             }
         } else {
-            Counters::add(&c.loads, n);
-            Counters::add(&c.bytes_read, bytes);
+            c.tier.loads.add(n);
+            c.tier.bytes_read.add(bytes);
             if n < job.keys.len() as u64 {
                 // A cached `Hit` that could not be loaded is not answered again from the cache:
                 // the next lookup asks the server.
@@ -371,7 +357,7 @@ impl JobFinisher<RedisJob, bool> for Shared {
                     dropped += u64::from(p.invalidate(k));
                 }
                 drop(p);
-                Counters::add(&c.invalidated_presence, dropped);
+                c.invalidated_presence.add(dropped);
             }
         }
         ticket.complete_keys(&job.keys, &succeeded, bytes);

@@ -3,7 +3,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tier_kit::{JobFinisher, JobLedger, RefusalReason, SplitJob, WorkerPool};
+use tier_kit::{
+    Accepted, JobFinisher, JobLedger, RefusalReason, Rejected, SplitJob, WorkerPool, accept_load,
+    accept_store,
+};
 use tiering_core::{
     ControlWaker, JobId, JobKind, JobResult, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
     ReqContext, SecondaryTier, TierError, TierHealth, TierInfo, TierStats, TransferJob,
@@ -14,9 +17,7 @@ use crate::error::RedisTierError;
 use crate::format::{HEADER_LEN, KeyScheme, LayoutId};
 use crate::options::RedisTierOptions;
 use crate::presence::{Answer, Presence};
-use crate::shared::{
-    Batch, Counters, JobPart, PresenceCheck, RedisJob, Shared, Timing, Work, lane, work_queue,
-};
+use crate::shared::{Batch, JobPart, PresenceCheck, RedisJob, Shared, Timing, Work, lane, work_queue};
 use crate::split;
 use crate::worker::Worker;
 
@@ -36,7 +37,6 @@ pub struct RedisTier {
     pipeline_bytes: u64,
     /// How long `shutdown` waits for a worker to finish its round trip before leaving it.
     stop_wait: Duration,
-    shut_down: bool,
 }
 
 impl std::fmt::Debug for RedisTier {
@@ -113,7 +113,6 @@ impl RedisTier {
             workers_n: opts.workers,
             pipeline_bytes: opts.pipeline_bytes,
             stop_wait: stop_wait.max(Duration::from_secs(5)),
-            shut_down: false,
         })
     }
 
@@ -142,7 +141,7 @@ impl RedisTier {
         }
         let check = PresenceCheck::new(keys, Arc::clone(&self.shared));
         match self.shared.queue.submit(lane::LOOKUPS, Work::Lookup(check)) {
-            Ok(()) => Counters::add(&self.shared.counters.presence_batches, 1),
+            Ok(()) => self.shared.counters.presence_batches.add(1),
             // The workers are far behind: the check, dropped unasked, answers these as misses
             // rather than queue more.
             Err(refused) => drop(refused.work),
@@ -161,9 +160,9 @@ impl RedisTier {
     }
 
     /// Reports a job as failed without running it.
-    fn fail_now(&self, id: JobId, kind: JobKind, keys: Vec<OffloadKey>, why: &str) {
-        self.warn_refused(id, why);
-        drop(self.open_job(id, kind, keys));
+    fn fail_now(&self, job: Rejected) {
+        self.warn_refused(job.id, job.why);
+        drop(self.open_job(job.id, job.kind, job.keys));
     }
 
     fn warn_refused(&self, id: JobId, why: &str) {
@@ -174,31 +173,14 @@ impl RedisTier {
         );
     }
 
-    /// Checks a submitted job; `None` when it was refused (and already reported).
-    fn admit(&self, job: TransferJob, kind: JobKind) -> Option<TransferJob> {
-        let refusal = if self.shut_down {
-            Some("the tier is shut down")
-        } else {
-            job.defect(kind, self.shared.scheme.chunk_bytes())
-        };
-        match refusal {
-            Some(why) => {
-                self.fail_now(job.id, job.kind, job.keys, why);
-                None
-            }
-            None => Some(job),
-        }
+    /// Why every job is refused now, if it is: the tier is shut down (its queue closed).
+    fn refusal(&self) -> Option<&'static str> {
+        self.shared.queue.is_closed().then_some("the tier is shut down")
     }
 
     /// Queues a job's batches, or refuses the job when its lane is full.
-    fn launch<R>(
-        &self,
-        id: JobId,
-        kind: JobKind,
-        keys: Vec<OffloadKey>,
-        rows: Vec<R>,
-        make: fn(JobPart, Vec<(usize, R)>) -> Batch,
-    ) {
+    fn launch<R>(&self, job: Accepted<R>, make: fn(JobPart, Vec<(usize, R)>) -> Batch) {
+        let Accepted { id, kind, keys, rows } = job;
         let per_batch =
             split::keys_per_batch(keys.len(), self.value_bytes, self.workers_n, self.pipeline_bytes);
         let job = self.open_job(id, kind, keys);
@@ -235,10 +217,8 @@ impl RedisTier {
         for lane in [lane::LOADS, lane::STORES] {
             for work in self.shared.queue.drain_lane(lane) {
                 if let Work::Transfer(batch) = work {
-                    Counters::add(
-                        &self.shared.counters.cancelled_keys,
-                        batch.part().indices().len() as u64,
-                    );
+                    let keys = batch.part().indices().len() as u64;
+                    self.shared.counters.cancelled_keys.add(keys);
                 }
             }
         }
@@ -265,8 +245,8 @@ impl SecondaryTier for RedisTier {
             // Whatever the cache says, nothing can be loaded from a server the tier cannot
             // reach: a `Hit` would only start a promotion that fails.
             let c = &self.shared.counters;
-            Counters::add(&c.misses, 1);
-            Counters::add(&c.unreachable_misses, 1);
+            c.tier.misses.add(1);
+            c.unreachable_misses.add(1);
             self.shared.request_probe_if_due();
             return LookupResult::Miss;
         }
@@ -278,20 +258,20 @@ impl SecondaryTier for RedisTier {
         let c = &self.shared.counters;
         match answer {
             Answer::Known(LookupResult::Hit) => {
-                Counters::add(&c.hits, 1);
+                c.tier.hits.add(1);
                 LookupResult::Hit
             }
             Answer::Known(_) => {
-                Counters::add(&c.misses, 1);
+                c.tier.misses.add(1);
                 LookupResult::Miss
             }
             Answer::TimedOut => {
-                Counters::add(&c.misses, 1);
-                Counters::add(&c.lookup_timeouts, 1);
+                c.tier.misses.add(1);
+                c.lookup_timeouts.add(1);
                 LookupResult::Miss
             }
             Answer::Pending | Answer::Queued => {
-                Counters::add(&c.retries, 1);
+                c.retries.add(1);
                 if queued >= self.max_lookup_batch {
                     self.flush_lookups();
                 }
@@ -301,28 +281,16 @@ impl SecondaryTier for RedisTier {
     }
 
     fn submit_store(&mut self, job: TransferJob) {
-        let Some(job) = self.admit(job, JobKind::Store) else {
-            return;
-        };
-        let TransferJob {
-            id, kind, keys, rows, ..
-        } = job;
-        match rows.into_reads() {
-            Ok(rows) => self.launch(id, kind, keys, rows, Batch::Store),
-            Err(_) => self.fail_now(id, kind, keys, "a store came with write grants"),
+        match accept_store(job, self.shared.scheme.chunk_bytes(), self.refusal()) {
+            Ok(job) => self.launch(job, Batch::Store),
+            Err(rejected) => self.fail_now(rejected),
         }
     }
 
     fn submit_load(&mut self, job: TransferJob) {
-        let Some(job) = self.admit(job, JobKind::Promotion) else {
-            return;
-        };
-        let TransferJob {
-            id, kind, keys, rows, ..
-        } = job;
-        match rows.into_writes() {
-            Ok(rows) => self.launch(id, kind, keys, rows, Batch::Load),
-            Err(_) => self.fail_now(id, kind, keys, "a promotion came with read grants"),
+        match accept_load(job, self.shared.scheme.chunk_bytes(), self.refusal()) {
+            Ok(job) => self.launch(job, Batch::Load),
+            Err(rejected) => self.fail_now(rejected),
         }
     }
 
@@ -362,19 +330,6 @@ impl SecondaryTier for RedisTier {
         self.shared.request_info_if_due();
         let c = &self.shared.counters;
         let server = *self.shared.info.lock();
-        let mut s = TierStats::named(self.info.name.clone());
-        s.hits = Counters::get(&c.hits);
-        s.misses = Counters::get(&c.misses);
-        s.stores = Counters::get(&c.stores);
-        s.loads = Counters::get(&c.loads);
-        s.failures = Counters::get(&c.failures);
-        s.bytes_written = Counters::get(&c.bytes_written);
-        s.bytes_read = Counters::get(&c.bytes_read);
-        // The server evicts; what it evicted is its `evicted_keys` (all namespaces).
-        s.evictions = server.evicted_keys;
-        s.resident_chunks = server.keys;
-        let value_bytes = (self.shared.scheme.chunk_bytes() + HEADER_LEN) as u64;
-        s.capacity_chunks = server.maxmemory / value_bytes;
         let queued: usize = [lane::LOOKUPS, lane::LOADS, lane::STORES]
             .into_iter()
             .map(|l| self.shared.queue.depth(l).entries)
@@ -387,31 +342,31 @@ impl SecondaryTier for RedisTier {
             ("server_info_refreshes", u64::from(server.refreshed.is_some())),
             ("server_reachable", u64::from(!self.shared.is_unreachable())),
             ("server_recoveries", self.shared.recoveries()),
-            ("unreachable_misses", Counters::get(&c.unreachable_misses)),
-            ("invalidated_presence", Counters::get(&c.invalidated_presence)),
-            ("lookup_retries", Counters::get(&c.retries)),
-            ("lookup_timeouts", Counters::get(&c.lookup_timeouts)),
-            ("presence_batches", Counters::get(&c.presence_batches)),
-            ("missing_values", Counters::get(&c.missing_values)),
-            ("bad_values", Counters::get(&c.bad_values)),
+            ("unreachable_misses", c.unreachable_misses.get()),
+            ("invalidated_presence", c.invalidated_presence.get()),
+            ("lookup_retries", c.retries.get()),
+            ("lookup_timeouts", c.lookup_timeouts.get()),
+            ("presence_batches", c.presence_batches.get()),
+            ("missing_values", c.missing_values.get()),
+            ("bad_values", c.bad_values.get()),
             ("rejected_jobs", self.rejected_jobs()),
-            ("server_errors", Counters::get(&c.server_errors)),
-            ("connection_failures", Counters::get(&c.connection_failures)),
-            ("connects", Counters::get(&c.connects)),
-            ("cancelled_keys", Counters::get(&c.cancelled_keys)),
+            ("server_errors", c.server_errors.get()),
+            ("connection_failures", c.connection_failures.get()),
+            ("connects", c.connects.get()),
+            ("cancelled_keys", c.cancelled_keys.get()),
             ("queued_batches", queued as u64),
         ];
-        for (name, value) in extra {
-            s.extra.insert(name.to_owned(), value as f64);
-        }
+        let mut s = c.tier.stats(self.info.name.clone(), extra);
+        // The server evicts; what it evicted is its `evicted_keys` (all namespaces).
+        s.evictions = server.evicted_keys;
+        s.resident_chunks = server.keys;
+        let value_bytes = (self.shared.scheme.chunk_bytes() + HEADER_LEN) as u64;
+        s.capacity_chunks = server.maxmemory / value_bytes;
         s
     }
 
     fn shutdown(&mut self) -> Result<(), TierError> {
-        if self.shut_down {
-            return Ok(());
-        }
-        self.shut_down = true;
+        // A second call finds nothing queued, no job open and no thread to stop.
         self.drain_jobs();
         match self.workers.stop_and_join(self.stop_wait).problem("redis worker") {
             Some(problem) => Err(TierError::Other(problem)),

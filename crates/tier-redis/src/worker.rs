@@ -13,7 +13,7 @@ use crate::conn::Conn;
 use crate::format::{KeyScheme, ValueArg, ValueDefect};
 use crate::info;
 use crate::packed::PackedPipeline;
-use crate::shared::{Batch, Counters, RedisJob, Shared, Work};
+use crate::shared::{Batch, RedisJob, Shared, Work};
 
 /// Encoded `SET` bytes sent per write: small enough that the server starts on a batch's first
 /// values while the worker encodes the rest, large enough that a write's fixed cost is small.
@@ -116,7 +116,7 @@ impl Worker {
             self.conn_epoch = epoch;
             match self.shared.endpoint.connect() {
                 Ok(c) => {
-                    Counters::add(&self.shared.counters.connects, 1);
+                    self.shared.counters.connects.add(1);
                     self.conn = Some(c);
                 }
                 Err(e) => {
@@ -157,7 +157,7 @@ impl Worker {
                 if broken {
                     self.shared.connection_failed(what, &e);
                 } else {
-                    Counters::add(&self.shared.counters.server_errors, 1);
+                    self.shared.counters.server_errors.add(1);
                     self.shared.log.warn(
                         &self.shared.name,
                         "server",
@@ -263,7 +263,7 @@ impl Worker {
             }
         }
         if let Some(e) = refused {
-            Counters::add(&self.shared.counters.server_errors, 1);
+            self.shared.counters.server_errors.add(1);
             self.shared.log.warn(
                 &self.shared.name,
                 "store",
@@ -325,12 +325,12 @@ impl Worker {
                 // Not received: the round trip failed (already counted and logged).
                 None => out.push((*i, false)),
                 Some(Err(ValueDefect::Missing)) => {
-                    Counters::add(&self.shared.counters.missing_values, 1);
+                    self.shared.counters.missing_values.add(1);
                     absent.push(key);
                     out.push((*i, false));
                 }
                 Some(Err(defect)) => {
-                    Counters::add(&self.shared.counters.bad_values, 1);
+                    self.shared.counters.bad_values.add(1);
                     self.shared.log.warn(
                         &self.shared.name,
                         "bad-value",
