@@ -11,6 +11,7 @@ use tiering_core::OffloadKey;
 
 use crate::buf::AlignedBuf;
 use crate::format::{BLOCK, SlabLayout, SlotDefect, SlotSeal, verify_slot};
+use crate::gate::IoGate;
 use crate::options::SyncPolicy;
 use crate::shared::{Counters, KeyOutcome, Run, RunItem, Shared, TaskOp};
 
@@ -53,15 +54,17 @@ fn mismatched() -> io::Error {
     io::Error::other("a run mixes loads and stores or is longer than the scratch space")
 }
 
-/// Writes the rows of `items` (consecutive slots) as the writes their items name: one vectored
-/// write of `payload | padding + seal` per slot, then `fdatasync` when every write must be
-/// durable.
+/// Writes the rows of `items` (consecutive slots) as the writes their items name: the seals
+/// are built first, then, holding a permit of `gate`, one vectored write of
+/// `payload | padding + seal` per slot and `fdatasync` when every write must be durable.
+/// Returns how long the permit was held, or `None` when the run was cancelled while it waited.
 fn write_run(
     shared: &Shared,
     scratch: &mut Scratch,
     keys: &[OffloadKey],
     items: &[RunItem],
-) -> io::Result<()> {
+    (gate, epoch): (&IoGate, u64),
+) -> io::Result<Option<Duration>> {
     let pad = shared.slab.layout().pad();
     let tail_len = scratch.tail_len;
     if items.len() * tail_len > scratch.tails.len() {
@@ -84,27 +87,41 @@ fn write_run(
         }
     }
     let first = items.first().map_or(0, |i| i.slot);
+    let Some(_permit) = gate.enter(epoch) else {
+        return Ok(None);
+    };
+    let started = Instant::now();
     shared.slab.write_run(first, items.len(), &mut iov)?;
     if shared.sync == SyncPolicy::Always {
         shared.slab.sync()?;
     }
-    Ok(())
+    Ok(Some(started.elapsed()))
 }
 
-/// Reads the slots of `items` (consecutive) into their rows with one vectored read, then
-/// verifies each against the key and write number the index expects.
+/// What a read of a run found: each slot's verdict, and how long the read held its permit.
+type ReadRun = (Vec<Result<(), SlotDefect>>, Duration);
+
+/// Reads the slots of `items` (consecutive) into their rows with one vectored read, holding a
+/// permit of `gate`, then verifies each against the key and write number the index expects.
+/// Returns the verdicts and how long the permit was held, or `None` when the run was cancelled
+/// while it waited.
 fn read_run(
     shared: &Shared,
     scratch: &mut Scratch,
     keys: &[OffloadKey],
     items: &mut [RunItem],
-) -> io::Result<Vec<Result<(), SlotDefect>>> {
+    (gate, epoch): (&IoGate, u64),
+) -> io::Result<Option<ReadRun>> {
     let layout = *shared.slab.layout();
     let tail_len = scratch.tail_len;
     if items.len() * tail_len > scratch.tails.len() {
         return Err(mismatched());
     }
     let first = items.first().map_or(0, |i| i.slot);
+    let Some(permit) = gate.enter(epoch) else {
+        return Ok(None);
+    };
+    let started = Instant::now();
     let got = {
         let mut iov = Vec::with_capacity(items.len() * 2);
         for (item, tail) in items.iter_mut().zip(scratch.tails.chunks_mut(tail_len)) {
@@ -116,6 +133,9 @@ fn read_run(
         }
         shared.slab.read_run(first, &mut iov)?
     };
+    let took = started.elapsed();
+    // The check below is CPU work: another thread's call goes to the device meanwhile.
+    drop(permit);
     let slot_bytes = layout.chunk_bytes + tail_len;
     let verdicts = items
         .iter()
@@ -131,29 +151,46 @@ fn read_run(
             verify_slot(row, &tail[layout.pad()..], key, item.seq).map(|_| ())
         })
         .collect();
-    Ok(verdicts)
+    Ok(Some((verdicts, took)))
 }
 
-/// Runs one submission to completion and settles its keys. Returns the bytes moved and how
-/// long the I/O took, when it succeeded.
-pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u64, Duration)> {
-    let Run { job, mut items, .. } = run;
+/// Runs one submission to completion and settles its keys; its I/O call waits for a permit of
+/// `gate` in `epoch` (a run still waiting when the gate moves on is cancelled instead).
+/// Returns the bytes moved and how long the I/O took, when it succeeded.
+pub(crate) fn run(
+    shared: &Shared,
+    scratch: &mut Scratch,
+    run: Run,
+    gate: (&IoGate, u64),
+) -> Option<(u64, Duration)> {
+    let Run {
+        job,
+        mut items,
+        queued,
+    } = run;
     let load = matches!(items.first().map(|i| &i.op), Some(TaskOp::Load(_)));
     let bytes = (items.len() * shared.slab.layout().chunk_bytes) as u64;
-    let started = Instant::now();
-    if !shared.io_delay.is_zero() {
-        // An emulated slow device: the delay is part of the I/O time the meters see.
-        std::thread::sleep(shared.io_delay);
+    // An emulated slow device: the delay is part of the I/O time the meters see.
+    let delay = shared.io_delay;
+    if !delay.is_zero() {
+        std::thread::sleep(delay);
     }
     if load {
         let read = catch_unwind(AssertUnwindSafe(|| {
-            read_run(shared, scratch, &job.keys, &mut items)
+            read_run(shared, scratch, &job.keys, &mut items, gate)
         }))
         .unwrap_or_else(|_| Err(panicked()));
-        let took = started.elapsed();
-        let sample = read.is_ok().then_some((bytes, took));
+        let read = match read {
+            Ok(Some((verdicts, took))) => Ok((verdicts, took)),
+            Ok(None) => {
+                cancel(shared, Run { job, items, queued });
+                return None;
+            }
+            Err(e) => Err(e),
+        };
+        let sample = read.as_ref().ok().map(|(_, took)| (bytes, *took + delay));
         let verdicts: Vec<Result<(), LoadError>> = match read {
-            Ok(v) => v.into_iter().map(|r| r.map_err(LoadError::Defect)).collect(),
+            Ok((v, _)) => v.into_iter().map(|r| r.map_err(LoadError::Defect)).collect(),
             Err(e) => {
                 let kind = e.kind();
                 let msg = e.to_string();
@@ -196,9 +233,18 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
         );
         sample
     } else {
-        let written = catch_unwind(AssertUnwindSafe(|| write_run(shared, scratch, &job.keys, &items)))
-            .unwrap_or_else(|_| Err(panicked()));
-        let took = started.elapsed();
+        let written = catch_unwind(AssertUnwindSafe(|| {
+            write_run(shared, scratch, &job.keys, &items, gate)
+        }))
+        .unwrap_or_else(|_| Err(panicked()));
+        let (written, took) = match written {
+            Ok(Some(took)) => (Ok(()), took + delay),
+            Ok(None) => {
+                cancel(shared, Run { job, items, queued });
+                return None;
+            }
+            Err(e) => (Err(e), Duration::ZERO),
+        };
         // The primary rows are no longer needed; the manager's pins last until the result.
         let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
         // The run went in slot order; its keys enter the LRU order in the job's key order.

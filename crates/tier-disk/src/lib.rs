@@ -16,8 +16,10 @@
 //!   newest sequence wins, torn or damaged slots become free, a slab of another geometry or
 //!   format is refused with a clear error (or wiped with `wipe_on_mismatch = true`). Lookups are
 //!   answered synchronously (`Hit`/`Miss`, never `Retry`).
-//! - **I/O**: `io_threads` threads doing `pwritev`/`preadv` straight between the arena rows and
-//!   the file, with `O_DIRECT` when the filesystem accepts it (probed at open). Loads and stores
+//! - **I/O**: at most `io_threads` `pwritev`/`preadv` calls in flight, straight between the arena
+//!   rows and the file, with `O_DIRECT` when the filesystem accepts it (probed at open); with
+//!   several, twice as many threads serve them, so seal checksums and load verification run
+//!   while other calls keep the device busy. Loads and stores
 //!   have separate queues; loads go first, with a bound ([`LOADS_PER_STORE`]) so stores still
 //!   progress. [`DiskTier::io_cost`] reports queue depths and measured cost per MiB.
 //! - **Integrity**: every load verifies the seal and the payload checksum before it is
@@ -54,6 +56,7 @@ pub mod faults;
 pub mod format;
 #[cfg(test)]
 mod fuzz;
+mod gate;
 mod index;
 pub mod meter;
 pub mod options;

@@ -13,6 +13,7 @@ use std::thread::JoinHandle;
 use parking_lot::{Condvar, Mutex};
 
 use crate::exec::{self, Scratch};
+use crate::gate::IoGate;
 use crate::meter::DirectionCost;
 use crate::shared::{Run, Shared};
 
@@ -87,13 +88,16 @@ impl QueueState {
     }
 }
 
-#[derive(Default)]
 struct Queue {
     state: Mutex<QueueState>,
     cond: Condvar,
+    /// At most `io_threads` of the threads' calls in flight.
+    gate: IoGate,
 }
 
-/// `io_threads` threads taking submissions from the load and store queues.
+/// Threads taking submissions from the load and store queues: `io_threads` calls in flight at
+/// most (see [`IoGate`]), served by twice as many threads when there are several, so one
+/// thread's checksums overlap another's call.
 pub(crate) struct Pool {
     queue: Arc<Queue>,
     threads: Vec<JoinHandle<()>>,
@@ -101,9 +105,15 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    /// Starts `n` threads named `kvtier-disk-io-<i>`.
+    /// Starts the threads (named `kvtier-disk-io-<i>`) for `n` calls in flight: `2n` of them,
+    /// or one for `n = 1`, whose single thread keeps dispatch order and completion order equal.
     pub(crate) fn start(shared: &Arc<Shared>, n: usize) -> std::io::Result<Self> {
-        let queue = Arc::new(Queue::default());
+        let queue = Arc::new(Queue {
+            state: Mutex::new(QueueState::default()),
+            cond: Condvar::new(),
+            gate: IoGate::new(n),
+        });
+        let n = if n > 1 { 2 * n } else { n };
         let chunk_bytes = shared.slab.layout().chunk_bytes as u64;
         let mut pool = Self {
             queue,
@@ -148,11 +158,14 @@ impl Pool {
         }
     }
 
-    /// Removes every run not yet started.
+    /// Removes every run not yet started; runs taken by a thread that still waits for its
+    /// permit are cancelled by that thread.
     pub(crate) fn take_queued(&self) -> Vec<Run> {
         let mut q = self.queue.state.lock();
         let mut out: Vec<Run> = q.loads.take_all().collect();
         out.extend(q.stores.take_all());
+        // Under the queue lock: a run taken from now on waits in the new epoch.
+        self.queue.gate.cancel_waiting();
         out
     }
 
@@ -182,11 +195,11 @@ impl Pool {
 
 fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch, chunk_bytes: u64) {
     loop {
-        let run = {
+        let (run, epoch) = {
             let mut q = queue.state.lock();
             loop {
                 if let Some(r) = q.next(chunk_bytes) {
-                    break r;
+                    break (r, queue.gate.epoch());
                 }
                 if q.stop {
                     return;
@@ -197,7 +210,7 @@ fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch, chunk_bytes: u64
         let load = run.is_load();
         let n = run.items.len() as u64;
         let waited = run.queued.elapsed();
-        let sample = exec::run(shared, &mut scratch, run);
+        let sample = exec::run(shared, &mut scratch, run, (&queue.gate, epoch));
         shared.record_io(load, sample, waited);
         let mut q = queue.state.lock();
         let lane = if load { &mut q.loads } else { &mut q.stores };
