@@ -1,7 +1,7 @@
 //! Checking a submitted job before it is queued: the checks every tier makes (`submit_store` /
 //! `submit_load`), and the job taken apart with its rows typed for its direction.
 
-use tiering_core::{JobId, JobKind, OffloadKey, RowRead, RowWrite, TransferJob};
+use tiering_core::{JobId, JobKind, OffloadKey, RowGrant, RowRead, RowWrite, TransferJob};
 
 /// A job the tier can run: its keys and, parallel to them, its granted rows.
 #[derive(Debug)]
@@ -29,20 +29,27 @@ pub struct Rejected {
     pub why: &'static str,
 }
 
-fn check(
+/// Accepts `job` as a `kind` job whose grants `typed` turns into rows, or says why not
+/// (`wrong`: the grants are of the other direction).
+fn accept<R>(
     job: TransferJob,
     kind: JobKind,
     chunk_bytes: usize,
     refusal: Option<&'static str>,
-) -> Result<TransferJob, Rejected> {
-    match refusal.or_else(|| job.defect(kind, chunk_bytes)) {
-        Some(why) => Err(Rejected {
-            id: job.id,
-            kind: job.kind,
-            keys: job.keys,
-            why,
-        }),
-        None => Ok(job),
+    typed: fn(RowGrant) -> Result<Vec<R>, RowGrant>,
+    wrong: &'static str,
+) -> Result<Accepted<R>, Rejected> {
+    let why = refusal.or_else(|| job.defect(kind, chunk_bytes));
+    let TransferJob {
+        id, kind, keys, rows, ..
+    } = job;
+    let rejected = |keys, why| Rejected { id, kind, keys, why };
+    if let Some(why) = why {
+        return Err(rejected(keys, why));
+    }
+    match typed(rows) {
+        Ok(rows) => Ok(Accepted { id, kind, keys, rows }),
+        Err(_) => Err(rejected(keys, wrong)),
     }
 }
 
@@ -57,18 +64,15 @@ pub fn accept_store(
     chunk_bytes: usize,
     refusal: Option<&'static str>,
 ) -> Result<Accepted<RowRead>, Rejected> {
-    let TransferJob {
-        id, kind, keys, rows, ..
-    } = check(job, JobKind::Store, chunk_bytes, refusal)?;
-    match rows.into_reads() {
-        Ok(rows) => Ok(Accepted { id, kind, keys, rows }),
-        Err(_) => Err(Rejected {
-            id,
-            kind,
-            keys,
-            why: "a store came with write grants",
-        }),
-    }
+    let wrong = "a store came with write grants";
+    accept(
+        job,
+        JobKind::Store,
+        chunk_bytes,
+        refusal,
+        RowGrant::into_reads,
+        wrong,
+    )
 }
 
 /// As [`accept_store`], for a job given to `submit_load`.
@@ -80,23 +84,20 @@ pub fn accept_load(
     chunk_bytes: usize,
     refusal: Option<&'static str>,
 ) -> Result<Accepted<RowWrite>, Rejected> {
-    let TransferJob {
-        id, kind, keys, rows, ..
-    } = check(job, JobKind::Promotion, chunk_bytes, refusal)?;
-    match rows.into_writes() {
-        Ok(rows) => Ok(Accepted { id, kind, keys, rows }),
-        Err(_) => Err(Rejected {
-            id,
-            kind,
-            keys,
-            why: "a promotion came with read grants",
-        }),
-    }
+    let wrong = "a promotion came with read grants";
+    accept(
+        job,
+        JobKind::Promotion,
+        chunk_bytes,
+        refusal,
+        RowGrant::into_writes,
+        wrong,
+    )
 }
 
 #[cfg(test)]
 mod tests {
-    use tiering_core::{ChunkArena, ReqContext, RowGrant};
+    use tiering_core::{ChunkArena, ReqContext};
 
     use super::*;
 
