@@ -22,6 +22,15 @@ fn a_lookup_read_after_its_rounds_fetch_pins_nothing_and_the_producer_settles() 
     a.store("made", &ks);
     let mut consumer = FakePeer::new(&a.p2p, SharedSecret::new(SECRET), 5);
     consumer.handshake(|| {});
+    // The node acknowledges once its data plane toward us is up: from then on a fetch's
+    // transfer stays in flight (we never acknowledge it), so its round stays fetched.
+    let start = Instant::now();
+    while !matches!(
+        consumer.recv(Duration::from_millis(50)),
+        Some(Message::ConnectAck { .. })
+    ) {
+        assert!(start.elapsed() < PATIENCE, "no connect_ack");
+    }
     // Round 0: the first key is looked up and answered as a hit (pinned for the round).
     consumer.send(&Message::Lookup {
         kv_request_id: "c1".into(),
@@ -36,22 +45,21 @@ fn a_lookup_read_after_its_rounds_fetch_pins_nothing_and_the_producer_settles() 
             break;
         }
     }
-    // A second lookup of round 0 and the round's fetch arrive together: the fetch is bound at
-    // once, the lookup is served afterwards.
-    a.with_lock_held(|| {
-        consumer.send(&Message::Lookup {
-            kv_request_id: "c1".into(),
-            keys: encode_keys(&ks[1..]),
-            round_seq: 0,
-        });
-        consumer.send(&Message::Fetch {
-            kv_request_id: "c1".into(),
-            round_seq: 0,
-            keys: encode_keys(&ks[..1]),
-            block_indexes: vec![3],
-            await_stores: false,
-        });
-        std::thread::sleep(Duration::from_millis(100));
+    // The round's fetch, then a second lookup of round 0. A consumer sends that lookup before
+    // the fetch, but the producer binds a fetch as soon as it reads it and serves lookups
+    // later, so it sees exactly this order whenever both arrive before its next serve; sent in
+    // this order the test does not depend on how the two reads interleave with serves.
+    consumer.send(&Message::Fetch {
+        kv_request_id: "c1".into(),
+        round_seq: 0,
+        keys: encode_keys(&ks[..1]),
+        block_indexes: vec![3],
+        await_stores: false,
+    });
+    consumer.send(&Message::Lookup {
+        kv_request_id: "c1".into(),
+        keys: encode_keys(&ks[1..]),
+        round_seq: 0,
     });
     let start = Instant::now();
     loop {
