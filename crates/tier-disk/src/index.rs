@@ -134,6 +134,8 @@ pub(crate) struct Index {
     lru: Lru,
     next_seq: u64,
     live: usize,
+    /// The slot reserved last (by any job).
+    last_reserved: Option<u32>,
 }
 
 impl Index {
@@ -148,6 +150,7 @@ impl Index {
             lru: Lru::new(n),
             next_seq: next_seq.max(1),
             live: 0,
+            last_reserved: None,
         }
     }
 
@@ -275,7 +278,14 @@ impl Index {
         self.next_seq += 1;
         self.states[slot as usize] = SlotState::Writing { key, seq };
         self.map.insert(key, slot);
+        self.last_reserved = Some(slot);
         Reservation::Slot { slot, seq, evicted }
+    }
+
+    /// The slot reserved last, by any job: where the next job's writes would continue the
+    /// file sequentially.
+    pub(crate) fn last_reserved(&self) -> Option<u32> {
+        self.last_reserved
     }
 
     /// The write into `slot` landed: its key becomes readable and most recently used.

@@ -394,9 +394,11 @@ impl SecondaryTier for DiskTier {
         let mut first: KeyMap<usize> = KeyMap::default();
         let mut deduplicated = 0u64;
         let mut refused = 0u64;
-        let mut last_slot = None;
         {
             let mut index = self.shared.index.lock();
+            // Jobs continue where the previous one stopped: the slab is then written as a log
+            // while its next slots are old, and every job's slots are consecutive.
+            let mut last_slot = index.last_reserved();
             for (i, (key, row)) in keys.iter().zip(rows).enumerate() {
                 if let Some(&j) = first.get(key) {
                     outcomes[i] = KeyOutcome::SameAs(j);
