@@ -5,7 +5,8 @@
 //! piece of work is caught: it is counted, the worker's [`Worker::after_panic`] resets what the
 //! panic may have left half-done, and the thread goes on serving. Whatever the work carried is
 //! dropped by the unwind — a [`crate::Ticket`] or [`crate::Part`] in it then reports its job
-//! failed, which is what makes "exactly one result per job" hold under panics.
+//! failed, which is what makes "exactly one result per job" hold under panics. The pool logs
+//! each panic (an error naming the thread and the message). A closure `FnMut(W)` is a worker.
 //!
 //! [`WorkerPool::stop_and_join`] closes the queue, lets the threads finish what is queued, and
 //! waits at most a timeout: threads still busy then are left behind and named in the
@@ -35,6 +36,17 @@ pub trait Worker<W>: Send + 'static {
     /// than counting here.
     fn after_panic(&mut self, message: &str) {
         let _ = message;
+    }
+}
+
+/// A closure is a worker whose state is what it captured (a tier's shared state, say) and that
+/// needs no repair after a panic.
+impl<W, F> Worker<W> for F
+where
+    F: FnMut(W) + Send + 'static,
+{
+    fn run(&mut self, work: W) {
+        self(work);
     }
 }
 
@@ -82,6 +94,16 @@ impl JoinReport {
     #[must_use]
     pub fn is_clean(&self) -> bool {
         self.died == 0 && self.left_behind.is_empty()
+    }
+
+    /// `Ok` when clean, else a tier's shutdown error saying what went wrong (`what` names the
+    /// threads, e.g. "redis worker").
+    ///
+    /// # Errors
+    /// `TierError::Other` with [`JoinReport::problem`]'s sentence.
+    pub fn into_result(self, what: &str) -> Result<(), tiering_core::TierError> {
+        self.problem(what)
+            .map_or(Ok(()), |p| Err(tiering_core::TierError::Other(p)))
     }
 
     /// `None` when clean, else a sentence for a tier's shutdown error (`what` names the
@@ -191,7 +213,13 @@ fn serve<W, K: Worker<W>>(queue: &WorkQueue<W>, mut worker: K, counters: &KitCou
         // chance to repair whatever the unwind left half-done in it before its next use.
         if let Err(panic) = catch_unwind(AssertUnwindSafe(|| worker.run(work))) {
             counters.panicked();
-            worker.after_panic(panic_message(&*panic));
+            let message = panic_message(&*panic);
+            tracing::error!(
+                thread = std::thread::current().name().unwrap_or("?"),
+                panic = message,
+                "a tier worker panicked: its work was dropped (its jobs reported failed), the thread serves on"
+            );
+            worker.after_panic(message);
         }
         queue.done(taken.lane, taken.weight);
     }
@@ -339,6 +367,7 @@ mod tests {
             }
         );
         assert!(report.is_clean() && report.problem("test").is_none());
+        assert!(report.into_result("test").is_ok());
     }
 
     /// Blocks in `run` until released.
@@ -382,6 +411,8 @@ mod tests {
         );
         let problem = report.problem("test").unwrap();
         assert!(problem.contains("left running: kit-stuck-"), "{problem}");
+        let err = report.into_result("test").unwrap_err();
+        assert!(err.to_string().contains(&problem), "{err}");
         assert_eq!(pool.threads(), 0);
         *release.0.lock() = true;
         release.1.notify_all();

@@ -368,10 +368,9 @@ impl SecondaryTier for RedisTier {
     fn shutdown(&mut self) -> Result<(), TierError> {
         // A second call finds nothing queued, no job open and no thread to stop.
         self.drain_jobs();
-        match self.workers.stop_and_join(self.stop_wait).problem("redis worker") {
-            Some(problem) => Err(TierError::Other(problem)),
-            None => Ok(()),
-        }
+        self.workers
+            .stop_and_join(self.stop_wait)
+            .into_result("redis worker")
     }
 }
 

@@ -75,15 +75,10 @@ impl tier_kit::Worker<Work> for Worker {
     }
 
     /// A panic in the client must not lose work: the unwind dropped the batch, whose keys
-    /// failed, or the presence check, whose keys count as absent. The connection may be in
-    /// the middle of a reply, so it goes.
+    /// failed, or the presence check, whose keys count as absent (the pool logged the panic).
+    /// The connection may be in the middle of a reply, so it goes.
     fn after_panic(&mut self, _message: &str) {
         self.conn = None;
-        self.shared.log.warn(
-            &self.shared.name,
-            "panic",
-            "redis tier: a worker recovered from a panic in the client",
-        );
     }
 }
 

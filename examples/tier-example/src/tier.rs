@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::Deserialize;
-use tier_kit::{JobLedger, LaneSpec, Ticket, WorkQueue, Worker, WorkerPool};
+use tier_kit::{JobLedger, LaneSpec, Ticket, WorkQueue, WorkerPool};
 use tiering_core::config::{ByteSize, parse_options};
 use tiering_core::{
     ControlWaker, JobKind, JobOutcome, JobResult, Locality, LookupResult, Medium, OffloadKey,
@@ -46,9 +46,6 @@ fn default_name() -> String {
     "example".to_owned()
 }
 
-/// How long `shutdown` waits for the worker to finish its job before leaving it behind.
-const STOP_WAIT: Duration = Duration::from_secs(10);
-
 /// State shared by the tier, its worker and its inbox reader.
 struct State {
     store: LruStore,
@@ -64,33 +61,10 @@ struct Shared {
     name: String,
 }
 
-/// A job on its way to the worker, with the obligation to report it.
-struct Job {
-    transfer: TransferJob,
-    ticket: Ticket,
-}
-
-/// The worker thread's side: it runs jobs against the shared store.
-struct JobRunner {
-    shared: Arc<Shared>,
-}
-
-impl Worker<Job> for JobRunner {
-    fn run(&mut self, job: Job) {
-        run_job(&self.shared, job.transfer, job.ticket);
-    }
-
-    fn after_panic(&mut self, message: &str) {
-        // The job's ticket, dropped by the unwind, has reported it failed (the manager otherwise
-        // waits for it forever) and counted it abandoned, which `stats` adds to the failures.
-        // The state lock does not poison, so the tier stays usable.
-        tracing::error!(
-            tier = %self.shared.name,
-            panic = message,
-            "a job panicked on the worker thread; reported as failed"
-        );
-    }
-}
+/// A job on its way to the worker, with the obligation to report it: a job that panics is
+/// reported failed by its dropped ticket, and counted abandoned, which `stats` adds to the
+/// failures (the state lock does not poison, so the tier stays usable).
+type Job = (TransferJob, Ticket);
 
 struct Inbox {
     socket: Arc<UnixDatagram>,
@@ -132,9 +106,8 @@ impl ExampleTier {
         });
         let queue = Arc::new(WorkQueue::builder().lane(LaneSpec::unbounded()).build());
         let worker = WorkerPool::builder(format!("{}-worker", options.name)).start(queue, |_| {
-            Ok(JobRunner {
-                shared: Arc::clone(&shared),
-            })
+            let shared = Arc::clone(&shared);
+            Ok(move |(job, ticket)| run_job(&shared, job, ticket))
         })?;
         tracing::info!(tier = %options.name, capacity_chunks = chunks, "example tier ready");
         let inbox = match &options.inbox {
@@ -149,12 +122,12 @@ impl ExampleTier {
         })
     }
 
-    fn submit(&mut self, transfer: TransferJob) {
-        let ticket = self.shared.ledger.open(transfer.id);
-        if let Err(refused) = self.worker.queue().submit(0, Job { transfer, ticket }) {
+    fn submit(&mut self, job: TransferJob) {
+        let ticket = self.shared.ledger.open(job.id);
+        if let Err(refused) = self.worker.queue().submit(0, (job, ticket)) {
             // Shut down: the job still has to be reported, as a failure.
             self.shared.state.lock().stats.failures += 1;
-            refused.work.ticket.fail();
+            refused.work.1.fail();
         }
     }
 
@@ -207,8 +180,8 @@ impl ExampleTier {
     }
 
     fn stop(&mut self) -> Result<(), TierError> {
-        // The worker finishes the jobs already queued, then ends.
-        let stopped = self.worker.stop_and_join(STOP_WAIT);
+        // The worker finishes the jobs already queued, then ends (or is left behind, named).
+        let stopped = self.worker.stop_and_join(Duration::from_secs(10));
         if let Some(mut inbox) = self.inbox.take() {
             inbox.stop.store(true, Ordering::Release);
             if let Some(r) = inbox.reader.take() {
@@ -216,10 +189,7 @@ impl ExampleTier {
             }
             let _ = std::fs::remove_file(&inbox.path);
         }
-        match stopped.problem("worker") {
-            Some(problem) => Err(TierError::Other(format!("tier {}: {problem}", self.info.name))),
-            None => Ok(()),
-        }
+        stopped.into_result(&format!("{} worker", self.info.name))
     }
 }
 
