@@ -168,6 +168,7 @@ impl ServerRole {
             end_request(core, req);
             return Ok(Vec::new());
         }
+        let mut out = req.answer_stale_lookups(core, f.kv, f.round);
         let mut rs = req.rounds.remove(&f.round).unwrap_or_default();
         if rs.demand.is_some() {
             req.rounds.insert(f.round, rs);
@@ -219,11 +220,12 @@ impl ServerRole {
         }
         start_transfer(core, transfers, sender, (f.kv, f.round), &mut demand, ready);
         if let Some(answer) = demand.answer(f.kv, f.round) {
-            return Ok(vec![answer]);
+            out.push(answer);
+            return Ok(out);
         }
         rs.demand = Some(demand);
         req.rounds.insert(f.round, rs);
-        Ok(Vec::new())
+        Ok(out)
     }
 
     /// Whether a fetch for `kv` waits for chunks.

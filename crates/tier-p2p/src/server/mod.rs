@@ -52,6 +52,38 @@ struct ServerReq {
     rounds: BTreeMap<u64, ServerRound>,
 }
 
+impl ServerReq {
+    /// The consumer fetched `round`: its lookups read before the fetch and not answered yet
+    /// (queued, or parked across serves) are answered as misses now. Served later, they would
+    /// pin chunks into a round nobody fetches any more, held until the park deadline (60 s);
+    /// the consumer's drain then waits for them.
+    fn answer_stale_lookups(&mut self, core: &mut Core, kv: &str, round: u64) -> Vec<Message> {
+        let miss = |keys: &[OffloadKey]| Message::LookupResp {
+            kv_request_id: kv.to_owned(),
+            round_seq: round,
+            keys: encode_keys(keys),
+            hits: vec![false; keys.len()],
+        };
+        let mut out = Vec::new();
+        self.raw.retain(|(r, keys)| {
+            let stale = *r == round;
+            if stale {
+                out.push(miss(keys));
+            }
+            !stale
+        });
+        for lu in std::mem::take(&mut self.active) {
+            if lu.round == round {
+                out.push(miss(&lu.keys));
+                core.finish_ctxs.push(lu.ctx);
+            } else {
+                self.active.push(lu);
+            }
+        }
+        out
+    }
+}
+
 /// A fetch that breaks the protocol.
 pub(crate) struct FetchViolation(pub(crate) String);
 
