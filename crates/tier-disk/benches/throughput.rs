@@ -22,7 +22,7 @@
 //! `cargo bench -p tier-disk --bench throughput`. Environment: `KVTIER_BENCH_DIR` (default: the
 //! system temp dir), `KVTIER_BENCH_MIB` (volume per round, default 64), `KVTIER_BENCH_CHUNKS`
 //! (chunk sizes in KiB, comma-separated; default 16,256,2048), `KVTIER_BENCH_ROUNDS` (paired
-//! rounds per direction, default 12).
+//! rounds per direction, default 24).
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
@@ -42,7 +42,7 @@ const IO_THREADS: usize = 4;
 const KEYS_PER_JOB: usize = 16;
 const CHUNK_SIZES: [usize; 3] = [16 << 10, 256 << 10, 2 << 20];
 /// Paired rounds per direction and chunk size, unless `KVTIER_BENCH_ROUNDS` says otherwise.
-const ROUNDS: usize = 12;
+const ROUNDS: usize = 24;
 /// The tier must reach this share of the reference's throughput.
 const TARGET: f64 = 0.9;
 
