@@ -232,7 +232,7 @@ impl RequestAccess {
                 // A repeated key's entry got its row at its first occurrence.
                 if stored
                     .get(next)
-                    .is_some_and(|k| crate::slots::same_key(k, &e.key))
+                    .is_some_and(|k| crate::index::same_key(k, &e.key))
                 {
                     e.row = rows.get(next).copied().unwrap_or(NO_ROW);
                     next += 1;

@@ -15,7 +15,8 @@
 
 use tiering_core::OffloadKey;
 
-use crate::policy::ring::{NIL, Rings};
+use crate::index::same_key;
+use crate::ring::{NIL, Rings};
 
 /// Number of ghost lists the table keeps.
 pub(crate) const GHOST_LISTS: usize = 2;
@@ -77,7 +78,7 @@ impl GhostLists {
     pub(crate) fn is_live_ghost_of(&self, g: u32, key: &OffloadKey) -> bool {
         (g as usize) < self.ghosts.len()
             && self.order.contains(g)
-            && crate::slots::same_key(&self.ghosts[g as usize].key, key)
+            && same_key(&self.ghosts[g as usize].key, key)
     }
 
     /// Starts loading ghost `g`'s record.

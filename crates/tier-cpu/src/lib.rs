@@ -70,6 +70,7 @@ mod ops;
 mod options;
 pub mod policy;
 mod registration;
+mod ring;
 mod slots;
 mod tier;
 

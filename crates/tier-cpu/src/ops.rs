@@ -11,18 +11,8 @@ use tiering_core::{
 use crate::access::{NO_ROW, OfferedKey, RequestAccess};
 use crate::ghost_lists::NO_GHOST;
 use crate::policy::{FinishedKey, KeyRef, Protected};
-use crate::slots::{NO_SLOT, Probe, WRITING};
+use crate::slots::{NO_SLOT, NewKey, Probe, WRITING};
 use crate::tier::CpuTier;
-
-/// What inserting a key a store offer is storing needs from the offer's probe of it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct NewKey {
-    digest: u64,
-    /// The index slot reserved for the key ([`NO_SLOT`] when none: a ghost, renamed instead).
-    slot: usize,
-    /// The key's ghost id when it was a ghost ([`NO_GHOST`] otherwise).
-    ghost: u32,
-}
 
 /// Batches up to this size check duplicates by scanning instead of hashing.
 const SMALL_BATCH: usize = 32;

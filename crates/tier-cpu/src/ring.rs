@@ -214,7 +214,7 @@ impl<const N: usize> Rings<N> {
         log.head = 0;
     }
 
-    /// A scan position at the front of set `l`, for [`Rings::next_from`].
+    /// A scan position at the front of set `l`, for [`Rings::next_with_payload`].
     #[inline]
     pub(crate) fn scan_start(&self, l: usize) -> usize {
         self.logs[l].head

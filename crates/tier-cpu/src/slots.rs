@@ -3,8 +3,10 @@
 //!
 //! Each row's key and ref count sit side by side in one [`Row`] (40 bytes), and a compact
 //! [`KeyIndex`] maps keys to rows; a lookup probes one index slot and confirms the key on the
-//! row it names, which is the line holding the ref count the answer needs. Policies scan the
-//! same rows through [`SlotView`].
+//! row it names, which is the line holding the ref count the answer needs. Policies read the
+//! same rows through [`SlotView`], defined here (it is a view of this table's state; the policy
+//! module re-exports it as part of the policy contract), and a store offer's probe outcome for
+//! each new key is a [`NewKey`].
 //!
 //! Row allocation follows vLLM 0.33.0: rows never handed out before go first, in ascending order;
 //! after that, freed rows are reused last-in-first-out.
@@ -15,9 +17,8 @@
 
 use tiering_core::{ChunkId, OffloadKey, TierError};
 
-use crate::ghost_lists::GhostLists;
-use crate::index::{KeyIndex, digest_of};
-use crate::policy::SlotView;
+use crate::ghost_lists::{GHOST_LISTS, GhostLists};
+use crate::index::{KeyIndex, digest_of, same_key};
 
 /// The bit of an index id that makes it a ghost id (see the module docs); rows stay below it.
 pub(crate) const GHOST: u32 = 1 << 31;
@@ -44,27 +45,21 @@ pub(crate) enum Probe {
     Ghost(u32),
 }
 
+/// What inserting a key a store offer is storing needs from the offer's probe of it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct NewKey {
+    /// The key's digest.
+    pub(crate) digest: u64,
+    /// The index slot reserved for the key ([`NO_SLOT`] when none: a ghost, renamed instead).
+    pub(crate) slot: usize,
+    /// The key's ghost id when it was a ghost ([`NO_GHOST`](crate::ghost_lists::NO_GHOST) otherwise).
+    pub(crate) ghost: u32,
+}
+
 /// Ref count of a row whose write is in flight.
 pub(crate) const WRITING: i32 = -1;
 
-/// Whether `a` and `b` are the same key, comparing word by word with the random first word
-/// first, so a mismatch is settled by one integer compare instead of a byte-wise compare call.
-#[inline]
-pub(crate) fn same_key(a: &OffloadKey, b: &OffloadKey) -> bool {
-    let (x, y) = (a.hash_bytes(), b.hash_bytes());
-    let word = |h: &[u8; 32], i: usize| {
-        h[i * 8..i * 8 + 8]
-            .first_chunk::<8>()
-            .map_or(0, |w| u64::from_ne_bytes(*w))
-    };
-    word(x, 0) == word(y, 0)
-        && word(x, 1) == word(y, 1)
-        && word(x, 2) == word(y, 2)
-        && word(x, 3) == word(y, 3)
-        && a.group() == b.group()
-}
-
-/// Keys of a batch whose lines [`ChunkTable::prefetch`] requests ahead.
+/// Keys of a batch whose lines [`ChunkTable::digest_batch`] requests ahead.
 const PREFETCH_WINDOW: usize = 32;
 
 /// Tables that track at most this many keys (rows, plus the ghosts a policy may keep) skip
@@ -89,6 +84,74 @@ pub(crate) struct Row {
 pub(crate) struct Entry {
     pub(crate) chunk: ChunkId,
     pub(crate) ref_cnt: i32,
+}
+
+/// The tier's per-chunk state, read-only, as policies see it.
+#[derive(Clone, Copy)]
+pub struct SlotView<'a> {
+    rows: &'a [Row],
+    index: &'a KeyIndex,
+    ghosts: &'a GhostLists,
+}
+
+impl<'a> SlotView<'a> {
+    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight), the
+    /// key index leading to them and the ghost lists the tier keeps for the policy.
+    pub(crate) fn new(rows: &'a [Row], index: &'a KeyIndex, ghosts: &'a GhostLists) -> Self {
+        Self { rows, index, ghosts }
+    }
+
+    /// The digest of the key in (resident) `chunk`, after starting to load the tier's index
+    /// slot for it: an eviction victim's slot is about to be cleared, and a ghost entry the
+    /// policy keeps itself is indexed by the same digest. A hint only.
+    #[inline]
+    pub(crate) fn prefetch_index_of(&self, chunk: ChunkId) -> u64 {
+        let digest = digest_of(&self.rows[chunk as usize].key);
+        self.index.prefetch(digest);
+        digest
+    }
+
+    /// Number of keys in the tier's ghost list `list` (see
+    /// [`EvictionPolicy::ghost_bound`](crate::policy::EvictionPolicy::ghost_bound)); 0 for a list the tier does not keep.
+    #[inline]
+    #[must_use]
+    pub fn ghost_len(&self, list: usize) -> usize {
+        if list < GHOST_LISTS {
+            self.ghosts.len(list)
+        } else {
+            0
+        }
+    }
+
+    /// The keys of the tier's ghost list `list`, oldest first (for snapshots).
+    #[must_use]
+    pub fn ghost_keys(&self, list: usize) -> Vec<OffloadKey> {
+        if list >= GHOST_LISTS {
+            return Vec::new();
+        }
+        self.ghosts.iter(list).map(|g| *self.ghosts.key(g)).collect()
+    }
+
+    /// Whether the (resident) chunk is readable: its write has completed.
+    #[inline]
+    #[must_use]
+    pub fn is_ready(&self, chunk: ChunkId) -> bool {
+        self.rows[chunk as usize].ref_cnt >= 0
+    }
+
+    /// Whether the (resident) chunk may be evicted: ready and unpinned.
+    #[inline]
+    #[must_use]
+    pub fn is_evictable(&self, chunk: ChunkId) -> bool {
+        self.rows[chunk as usize].ref_cnt == 0
+    }
+
+    /// The key stored in the (resident) chunk.
+    #[inline]
+    #[must_use]
+    pub fn key(&self, chunk: ChunkId) -> OffloadKey {
+        self.rows[chunk as usize].key
+    }
 }
 
 /// See the module docs.
@@ -270,7 +333,7 @@ impl ChunkTable {
         }
         self.ghosts.prefetch_free(n);
         let mut oldest = [(0u32, 0u32); 32];
-        for l in 0..crate::ghost_lists::GHOST_LISTS {
+        for l in 0..GHOST_LISTS {
             let after = self.ghosts.len(l) + n;
             if after > bound {
                 let want = (after - bound).min(oldest.len());
@@ -580,7 +643,7 @@ impl ChunkTable {
     /// index slots requested, and only then removed.
     pub(crate) fn trim_ghosts(&mut self, bound: usize, requested: usize) {
         let mut batch = [(0u32, 0u32); 32];
-        for l in 0..crate::ghost_lists::GHOST_LISTS {
+        for l in 0..GHOST_LISTS {
             let direct = self.ghosts.len(l).saturating_sub(bound).min(requested);
             for _ in 0..direct {
                 if let Some((g, tag)) = self.ghosts.pop_oldest(l) {
@@ -670,7 +733,7 @@ impl ChunkTable {
             }
         }
         self.ghosts.check()?;
-        for l in 0..crate::ghost_lists::GHOST_LISTS {
+        for l in 0..GHOST_LISTS {
             for g in self.ghosts.iter(l) {
                 let key = *self.ghosts.key(g);
                 if self.probe(&key, digest_of(&key)) != Probe::Ghost(g) {
@@ -747,19 +810,6 @@ mod fence_tests {
 mod tests {
     use super::*;
     use crate::ghost_lists::NO_GHOST;
-
-    #[test]
-    fn same_key_tells_every_field_apart() {
-        let a = OffloadKey::from_u64(1);
-        assert!(same_key(&a, &OffloadKey::from_u64(1)));
-        assert!(!same_key(&a, &OffloadKey::from_u64(2)));
-        assert!(!same_key(&a, &a.with_group(1)));
-        for byte in [0, 9, 17, 31] {
-            let mut bytes = *a.hash_bytes();
-            bytes[byte] ^= 1;
-            assert!(!same_key(&a, &OffloadKey::new(bytes, 0)), "byte {byte}");
-        }
-    }
 
     /// A table of `n` rows holding keys `0..n`, written.
     fn full_table(n: u32) -> ChunkTable {

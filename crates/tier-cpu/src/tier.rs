@@ -47,7 +47,7 @@ pub struct CpuTier {
     /// Digests of the batch being probed (see `ChunkTable::digest_batch`).
     pub(crate) buf_digests: Vec<u64>,
     /// The probe outcomes of the keys a `prepare_store` is storing, in `keys_to_store` order.
-    pub(crate) buf_store: Vec<crate::ops::NewKey>,
+    pub(crate) buf_store: Vec<crate::slots::NewKey>,
     pub(crate) buf_new: Vec<usize>,
     pub(crate) buf_entries: Vec<u32>,
     pub(crate) buf_rows: Vec<ChunkId>,

@@ -10,8 +10,8 @@
 
 use tiering_core::OffloadKey;
 
-use super::ring::{NIL, Rings};
 use crate::index::{KeyIndex, digest_of};
+use crate::ring::{NIL, Rings};
 
 /// Ghosts dropped per round of a trim: their index slots are requested before any is removed.
 const TRIM_BATCH: usize = 32;

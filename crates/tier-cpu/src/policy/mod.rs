@@ -15,7 +15,6 @@ mod arc;
 mod ghost;
 pub(crate) mod list;
 mod lru;
-pub(crate) mod ring;
 mod s3fifo;
 
 use std::fmt;
@@ -24,81 +23,10 @@ use std::str::FromStr;
 use serde::Deserialize;
 use tiering_core::{ChunkId, OffloadKey, ReqContext};
 
-use crate::ghost_lists::GhostLists;
-use crate::index::{KeyIndex, digest_of};
-use crate::slots::Row;
-
+pub use crate::slots::SlotView;
 pub use arc::ArcPolicy;
 pub use lru::LruPolicy;
 pub use s3fifo::S3FifoPolicy;
-
-/// The tier's per-chunk state, read-only, as policies see it.
-#[derive(Clone, Copy)]
-pub struct SlotView<'a> {
-    rows: &'a [Row],
-    index: &'a KeyIndex,
-    ghosts: &'a GhostLists,
-}
-
-impl<'a> SlotView<'a> {
-    /// A view over the tier's rows (key and ref count per chunk; −1 = write in flight), the
-    /// key index leading to them and the ghost lists the tier keeps for the policy.
-    pub(crate) fn new(rows: &'a [Row], index: &'a KeyIndex, ghosts: &'a GhostLists) -> Self {
-        Self { rows, index, ghosts }
-    }
-
-    /// The digest of the key in (resident) `chunk`, after starting to load the tier's index
-    /// slot for it: an eviction victim's slot is about to be cleared, and a ghost entry the
-    /// policy keeps itself is indexed by the same digest. A hint only.
-    #[inline]
-    pub(crate) fn prefetch_index_of(&self, chunk: ChunkId) -> u64 {
-        let digest = digest_of(&self.rows[chunk as usize].key);
-        self.index.prefetch(digest);
-        digest
-    }
-
-    /// Number of keys in the tier's ghost list `list` (see
-    /// [`EvictionPolicy::ghost_bound`]); 0 for a list the tier does not keep.
-    #[inline]
-    #[must_use]
-    pub fn ghost_len(&self, list: usize) -> usize {
-        if list < crate::ghost_lists::GHOST_LISTS {
-            self.ghosts.len(list)
-        } else {
-            0
-        }
-    }
-
-    /// The keys of the tier's ghost list `list`, oldest first (for snapshots).
-    #[must_use]
-    pub fn ghost_keys(&self, list: usize) -> Vec<OffloadKey> {
-        if list >= crate::ghost_lists::GHOST_LISTS {
-            return Vec::new();
-        }
-        self.ghosts.iter(list).map(|g| *self.ghosts.key(g)).collect()
-    }
-
-    /// Whether the (resident) chunk is readable: its write has completed.
-    #[inline]
-    #[must_use]
-    pub fn is_ready(&self, chunk: ChunkId) -> bool {
-        self.rows[chunk as usize].ref_cnt >= 0
-    }
-
-    /// Whether the (resident) chunk may be evicted: ready and unpinned.
-    #[inline]
-    #[must_use]
-    pub fn is_evictable(&self, chunk: ChunkId) -> bool {
-        self.rows[chunk as usize].ref_cnt == 0
-    }
-
-    /// The key stored in the (resident) chunk.
-    #[inline]
-    #[must_use]
-    pub fn key(&self, chunk: ChunkId) -> OffloadKey {
-        self.rows[chunk as usize].key
-    }
-}
 
 /// The chunks an eviction must not take: the resident keys of the store offer being served.
 #[derive(Clone, Copy)]
