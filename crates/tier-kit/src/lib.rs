@@ -64,17 +64,21 @@
 //!     .counters(Arc::clone(&counters))
 //!     .start(Arc::clone(&queue), |_| Ok(MyWorker::new(&storage)))?;
 //!
-//! // submit_store / submit_load: the job travels with its ticket
+//! // submit_store / submit_load: checked, then the job travels with its ticket
+//! let job = match accept_store(job, self.chunk_bytes, None) {
+//!     Ok(job) => job,
+//!     Err(rejected) => return self.ledger.open(rejected.id).fail(),
+//! };
 //! let ticket = self.ledger.open(job.id);
-//! if let Err(refused) = self.pool.queue().submit(STORES, Job { transfer: job, ticket }) {
+//! if let Err(refused) = self.pool.queue().submit(STORES, Job { job, ticket }) {
 //!     drop(refused.work); // its ticket reports the job failed
 //! }
 //!
 //! // the worker: copy, then report (a panic here reports the job failed)
 //! impl Worker<Job> for MyWorker {
-//!     fn run(&mut self, job: Job) {
-//!         let ok = self.copy(&job.transfer);
-//!         job.ticket.complete_keys(&job.transfer.keys, &ok, bytes);
+//!     fn run(&mut self, Job { job, ticket }: Job) {
+//!         let (ok, bytes) = self.copy(&job.keys, &job.rows);
+//!         ticket.complete_keys(&job.keys, &ok, bytes);
 //!     }
 //! }
 //!
@@ -82,17 +86,20 @@
 //! fn poll_finished(&mut self, out: &mut Vec<JobResult>) { self.ledger.take_finished(out) }
 //! fn has_pending_work(&self) -> bool { self.ledger.has_pending() }
 //! fn drain_jobs(&mut self) {
-//!     for queued in self.pool.queue().drain_lane(STORES) { drop(queued) } // reported failed
+//!     drop(self.pool.queue().drain_lane(STORES)); // their tickets report them failed
 //!     self.ledger.wait_idle(None);
 //! }
 //! fn shutdown(&mut self) -> Result<(), TierError> {
 //!     self.drain_jobs();
-//!     match self.pool.stop_and_join(Duration::from_secs(10)).problem("my-tier worker") {
-//!         Some(p) => Err(TierError::Other(p)),
-//!         None => Ok(()),
-//!     }
+//!     self.pool.stop_and_join(Duration::from_secs(10)).into_result("my-tier worker")
 //! }
 //! ```
+//!
+//! Two things to know. A result is visible (and `drain_jobs` may return) as soon as the ticket
+//! reports, so count what a job did before reporting it; for a panicked job that is the ledger's
+//! [`Counts::abandoned`], counted before its failure is posted. And a queued piece of work that
+//! holds the tier's shared state (a finisher, a guard) keeps it alive until it runs or is
+//! drained: drain before dropping the tier, as `shutdown` does.
 //!
 //! Why results must be exact: the manager keeps each job's arena rows pinned (and, for a
 //! promotion, a primary row reserved) until the job's result arrives, so a lost result leaks
