@@ -23,12 +23,12 @@
 use std::fmt;
 use std::io::Read;
 
-use crate::wire::Connect;
+use crate::wire::{CONNECT_TAG_BYTES, Connect};
 
-/// Bytes of a nonce.
-pub const NONCE_BYTES: usize = 32;
 /// Bytes of a tag.
 pub const TAG_BYTES: usize = 32;
+// A connect carries one tag in a field the wire format sizes.
+const _: () = assert!(TAG_BYTES == CONNECT_TAG_BYTES);
 
 const SECRET_CONTEXT: &str = "kvtier p2p v1 shared secret";
 const INSECURE_CONTEXT: &str = "kvtier p2p v1 insecure well-known key";
@@ -166,8 +166,8 @@ pub(crate) fn put_str(h: &mut blake3::Hasher, s: &str) {
 ///
 /// # Errors
 /// The system's random source cannot be read.
-pub fn nonce() -> std::io::Result<[u8; NONCE_BYTES]> {
-    let mut n = [0u8; NONCE_BYTES];
+pub fn nonce() -> std::io::Result<[u8; crate::wire::NONCE_BYTES]> {
+    let mut n = [0u8; crate::wire::NONCE_BYTES];
     std::fs::File::open("/dev/urandom")?.read_exact(&mut n)?;
     Ok(n)
 }
@@ -182,7 +182,7 @@ mod tests {
             wire_version: WIRE_VERSION,
             peer_id: id.into(),
             instance: 1,
-            nonce: Bin(vec![nonce; NONCE_BYTES]),
+            nonce: Bin(vec![nonce; crate::wire::NONCE_BYTES]),
             data_addr: "127.0.0.1:2".into(),
             chunk_bytes: 64,
             num_chunks: 4,

@@ -59,6 +59,11 @@ impl From<&OffloadKey> for Bin {
     }
 }
 
+/// Bytes of a connect's nonce.
+pub const NONCE_BYTES: usize = 32;
+/// Bytes of a connect's authentication tag.
+pub const CONNECT_TAG_BYTES: usize = 32;
+
 /// The handshake: identity and data-plane layout of the sender.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Connect {
@@ -240,7 +245,7 @@ impl Message {
                 {
                     return err(format!("connect with empty fields: {c:?}"));
                 }
-                if c.nonce.0.len() != crate::auth::NONCE_BYTES || c.auth.0.len() != crate::auth::TAG_BYTES {
+                if c.nonce.0.len() != NONCE_BYTES || c.auth.0.len() != CONNECT_TAG_BYTES {
                     return err(format!(
                         "connect with a nonce of {} bytes and a tag of {} bytes",
                         c.nonce.0.len(),
@@ -316,13 +321,13 @@ mod tests {
                 wire_version: WIRE_VERSION,
                 peer_id: "127.0.0.1:1".into(),
                 instance: 7,
-                nonce: Bin(vec![3; crate::auth::NONCE_BYTES]),
+                nonce: Bin(vec![3; NONCE_BYTES]),
                 data_addr: "127.0.0.1:2".into(),
                 chunk_bytes: 64,
                 num_chunks: 8,
                 layout_fingerprint: "fp".into(),
                 hash_seed: "0".into(),
-                auth: Bin(vec![4; crate::auth::TAG_BYTES]),
+                auth: Bin(vec![4; CONNECT_TAG_BYTES]),
             }),
             Message::ConnectAck {
                 peer_id: "a:1".into(),

@@ -225,7 +225,7 @@ fn malformed_frames_are_counted_and_a_malformed_message_drops_only_its_session()
         wire_version: WIRE_VERSION,
         peer_id: id.clone(),
         instance: 1,
-        nonce: Bin(vec![7; tier_p2p::auth::NONCE_BYTES]),
+        nonce: Bin(vec![7; tier_p2p::wire::NONCE_BYTES]),
         data_addr: id.clone(),
         chunk_bytes: CHUNK as u64,
         num_chunks: ROWS as u64,

@@ -7,8 +7,9 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use tier_p2p::SharedSecret;
-use tier_p2p::auth::{DataKey, NONCE_BYTES};
+use tier_p2p::auth::DataKey;
 use tier_p2p::dataplane::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello};
+use tier_p2p::wire::NONCE_BYTES;
 use tier_p2p::wire::{Bin, Connect, Message, WIRE_VERSION, decode_keys};
 use tiering_core::OffloadKey;
 
