@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::DataCounters;
+use super::counters::DataCounters;
 use super::dest::{BeginVerdict, DestKey, DestTable};
 use super::frame::{self, ChunkStatus, Frame, TransferMac};
 

@@ -17,12 +17,38 @@ use std::time::Duration;
 
 use tiering_core::{OffloadKey, RowRead};
 
+use super::counters::DataCounters;
+use super::faults::Faults;
 use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, PIECE, TransferMac};
 use super::outgoing::Outgoing;
-use super::{DataCounters, DataEvent, Faults};
 use crate::auth::DataKey;
 use crate::auth::Tag;
 use crate::notify::Notifier;
+
+/// What the data-plane threads report to the tier.
+pub(crate) enum DataEvent {
+    /// A consumer is registered: its sender thread is up.
+    Registered {
+        peer: String,
+        generation: u64,
+        handle: SenderHandle,
+    },
+    /// Registration failed.
+    RegistrationFailed {
+        peer: String,
+        generation: u64,
+        reason: String,
+    },
+    /// A transfer ended; the source rows are released.
+    TransferFinished {
+        peer: String,
+        generation: u64,
+        transfer_id: u64,
+        statuses: Vec<ChunkStatus>,
+    },
+    /// The connection to a consumer broke.
+    SenderLost { peer: String, generation: u64 },
+}
 
 /// One chunk to push.
 pub(crate) struct WriteItem {
