@@ -118,7 +118,8 @@ pub struct LaneDepth {
     pub entries: usize,
     /// What the queued entries carry.
     pub queued: Weight,
-    /// Entries taken by a worker and not finished.
+    /// Entries taken by a worker and not finished. An entry stops counting when its worker is
+    /// back at the queue, which may be just after the job it carried was reported.
     pub running: usize,
     /// What the running entries carry.
     pub in_flight: Weight,
