@@ -585,3 +585,69 @@ fn load_source_forgets_a_failed_promotion_and_a_reset() {
     r.m.reset_cache().unwrap();
     assert_eq!(r.m.step().load_source(&key(1), &ctx).unwrap().secondary, None);
 }
+
+/// A primary of `rows` rows holding `a`'s chunks 1 and 2 and, stored after them, another
+/// request's chunk 9; a new step begins, and tier t0 holds chunk 3.
+fn hits_then_promotion(rows: usize) -> (Rig, ReqContext) {
+    let mut r = step_rig(rows, &["t0"]);
+    let a = new_req(&mut r, "a");
+    let other = new_req(&mut r, "other");
+    store(&mut r.m, &r.primary, &a, &[key(1), key(2)]);
+    if rows > 2 {
+        store(&mut r.m, &r.primary, &other, &[key(9)]);
+    }
+    end_step(&mut r.m);
+    r.m.end();
+    r.tiers[0].insert(key(3), bytes_for(&key(3)));
+    (r, a)
+}
+
+#[test]
+fn a_promotion_never_evicts_a_hit_its_request_was_told_about_in_the_step() {
+    let (mut r, a) = hits_then_promotion(3);
+    assert_eq!(r.m.lookup(&key(1), &a).unwrap(), LookupResult::Hit);
+    assert_eq!(r.m.lookup(&key(2), &a).unwrap(), LookupResult::Hit);
+    // Least recently used is chunk 1, but it was just reported as a hit: the row comes from
+    // the other request's chunk instead.
+    assert_eq!(r.m.lookup(&key(3), &a).unwrap(), LookupResult::HitPending);
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &a, key(1)), bytes_for(&key(1)));
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &a, key(2)), bytes_for(&key(2)));
+    assert_eq!(
+        r.primary.ref_count(&key(9)),
+        None,
+        "the other request's chunk made room"
+    );
+    assert_eq!(
+        r.primary.total_pins(),
+        0,
+        "the hits were pinned only around the reservation"
+    );
+}
+
+#[test]
+fn a_promotion_that_could_only_evict_its_own_hits_is_a_miss() {
+    let (mut r, a) = hits_then_promotion(2);
+    assert_eq!(r.m.lookup(&key(1), &a).unwrap(), LookupResult::Hit);
+    assert_eq!(r.m.lookup(&key(2), &a).unwrap(), LookupResult::Hit);
+    assert_eq!(r.m.lookup(&key(3), &a).unwrap(), LookupResult::Miss);
+    assert_eq!(r.m.stats().unwrap().manager.promotion_alloc_failures, 1);
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &a, key(1)), bytes_for(&key(1)));
+    assert_eq!(load_bytes(&mut r.m, &r.primary, &a, key(2)), bytes_for(&key(2)));
+    assert_eq!(r.primary.total_pins(), 0);
+}
+
+#[test]
+fn hits_of_an_earlier_step_are_not_protected() {
+    let (mut r, a) = hits_then_promotion(2);
+    assert_eq!(r.m.lookup(&key(1), &a).unwrap(), LookupResult::Hit);
+    assert_eq!(r.m.lookup(&key(2), &a).unwrap(), LookupResult::Hit);
+    end_step(&mut r.m);
+    r.m.end();
+    // A new step: what the engine did not load then is evictable again.
+    assert_eq!(r.m.lookup(&key(3), &a).unwrap(), LookupResult::HitPending);
+    assert_eq!(
+        r.primary.ref_count(&key(1)),
+        None,
+        "the least recently used chunk made room"
+    );
+}

@@ -125,7 +125,13 @@ impl TieringState {
                 // A promotion the engine should no longer wait for: it recomputes the chunk.
                 return Ok((LookupResult::Miss, None));
             }
-            r @ (LookupResult::Hit | LookupResult::HitPending) => return Ok((r, Some(0))),
+            LookupResult::Hit => {
+                if !self.tiers.is_empty() {
+                    self.step_hits.record(ctx.id(), *key);
+                }
+                return Ok((LookupResult::Hit, Some(0)));
+            }
+            LookupResult::HitPending => return Ok((LookupResult::HitPending, Some(0))),
             LookupResult::Retry | LookupResult::Miss => {}
         }
         let mut retry = false;
@@ -181,7 +187,14 @@ impl TieringState {
         } else {
             (None, LookupResult::HitPending)
         };
-        let Some(out) = self.primary.prepare_write(std::slice::from_ref(key), ctx) else {
+        let pinned = self.pin_step_hits(ctx);
+        let reserved = self.primary.prepare_write(std::slice::from_ref(key), ctx);
+        if !pinned.is_empty() {
+            // Pinned a moment ago by this thread under the lock, so the release cannot fail
+            // unless the primary has failed (then every later call reports that).
+            let _ = self.primary.complete_read(&pinned, ctx);
+        }
+        let Some(out) = reserved else {
             self.counters.promotion_alloc_failures += 1;
             return LookupResult::Miss;
         };
@@ -206,6 +219,24 @@ impl TieringState {
         }
         self.record_load_sources(ctx, &out.keys_to_store, idx);
         answer
+    }
+
+    /// Pins the primary hits `ctx`'s request was told about in this step, so the promotion's
+    /// reservation cannot evict them (`super::step_hits`); the keys pinned, to release. A hit
+    /// evicted since it was reported (by another request's store) is skipped.
+    fn pin_step_hits(&mut self, ctx: &ReqContext) -> Vec<OffloadKey> {
+        let hits = self.step_hits.of(ctx.id());
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        let hits = hits.to_vec();
+        if self.primary.prepare_read(&hits, ctx).is_ok() {
+            return hits;
+        }
+        // One of them is gone: pin the rest one by one.
+        hits.into_iter()
+            .filter(|k| self.primary.prepare_read(std::slice::from_ref(k), ctx).is_ok())
+            .collect()
     }
 
     /// Chunks of tier `idx`'s promotions in flight or reserved and not yet submitted: the

@@ -39,6 +39,7 @@ mod retry_wait;
 mod serve;
 pub mod state;
 pub mod step;
+mod step_hits;
 mod store;
 mod teardown;
 mod telemetry;

@@ -117,6 +117,8 @@ pub struct TieringState {
     pub(crate) cost: super::cost::CostModel,
     /// Failed promotions remembered, so lookups skip the tier they failed on for a while.
     pub(crate) backoff: super::backoff::PromotionBackoff,
+    /// The primary hits each request was told about in this step (`super::step_hits`).
+    pub(crate) step_hits: super::step_hits::StepHits,
 }
 
 impl TieringState {
@@ -215,6 +217,7 @@ impl TieringState {
                 config.gate_clock.clone(),
                 n,
             ),
+            step_hits: super::step_hits::StepHits::default(),
             primary,
             arena,
             calls: Arc::new(TierCalls::new(names)),

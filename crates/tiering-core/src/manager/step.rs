@@ -62,6 +62,7 @@ impl Step<'_> {
                 Ok(Some(mut guard)) => {
                     guard.polled_this_step = false;
                     guard.promotions_polled_this_step = false;
+                    guard.step_hits.clear();
                     Some(guard)
                 }
                 Ok(None) => None,

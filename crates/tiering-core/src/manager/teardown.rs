@@ -52,6 +52,7 @@ impl TieringState {
         self.backoff.clear();
         self.polled_this_step = false;
         self.promotions_polled_this_step = false;
+        self.step_hits.clear();
         drained.and(processed).map(|()| fenced)
     }
 
