@@ -27,13 +27,14 @@
 //!   with VPCLMULQDQ here; the `mac` section measures both) and on what else runs on the
 //!   machine. The 64 KiB shape adds per-chunk work (a header tag and a trailer each).
 //! - `mac_cost`: one end's payload MAC per byte against a copy of the byte, on thread CPU
-//!   time (what authentication costs, whatever else the machine runs).
+//!   time (what authentication costs, whatever else the machine runs), and the data plane's
+//!   POLYVAL against RustCrypto's `polyval` crate on the same pieces.
 //!
 //! After criterion's figures, the bench prints both ratios as medians of ABBA-paired runs, and
 //! the CPU time both ends of a data-plane transfer spend (p2p against raw): unlike the
 //! throughput ratio, it barely moves with the machine's load, and shows what the MACs cost.
 //!
-//! `KVTIER_P2P_BENCH=control` or `=data` runs one section; `=profile-p2p` or `=profile-raw`
+//! `KVTIER_P2P_BENCH=control`, `=data` or `=mac` runs one section; `=profile-p2p` or `=profile-raw`
 //! runs only 5000 round trips of one control side, for `strace -f -c` or `perf record`.
 
 use std::io::{Read, Write};
@@ -587,6 +588,7 @@ fn thread_cpu() -> Duration {
 /// an end's work; loopback TCP costs each end more than one copy (the ratio printed by
 /// `data` says how much), so the share of the whole transfer is smaller.
 fn mac_cost() {
+    use polyval::universal_hash::UniversalHash;
     use tier_p2p::auth::DataKey;
     use tier_p2p::dataplane::frame::{Begin, ChunkHeader, PIECE, TransferMac};
     use tier_p2p::dataplane::polyval::Polyval;
@@ -603,12 +605,20 @@ fn mac_cost() {
     };
     let macs = TransferMac::new(&DataKey::from_bytes([7; 32]), &begin);
     let polyval = Polyval::new([9; 16]);
+    let crate_polyval = polyval::Polyval::new(&[9; 16].into());
     let blake = blake3::Hasher::new_keyed(&[5; 32]);
     let total = (BIG_CHUNK * BIG_COUNT) as f64;
-    let (mut copy, mut mac, mut pv, mut b3) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut copy, mut mac, mut pv, mut pvc, mut b3) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut sink = 0u8;
-    for _ in 0..9 {
-        let (mut c, mut m, mut p, mut b) = (Duration::ZERO, Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for round in 0..9 {
+        let (mut c, mut m, mut p, mut pc, mut b) = (
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+            Duration::ZERO,
+        );
         for (i, row) in rows.iter().enumerate() {
             let h = ChunkHeader {
                 index: i as u32,
@@ -623,13 +633,24 @@ fn mac_cost() {
                 let t1 = thread_cpu();
                 payload.piece(out);
                 let t2 = thread_cpu();
-                sink ^= polyval.hash(out)[0];
+                // The two POLYVALs of the same piece, in cache, in ABBA order over the rounds.
+                let (own, other, x) = abba(
+                    round,
+                    || polyval.hash(out)[0],
+                    || {
+                        let mut h = crate_polyval.clone();
+                        h.update_padded(out);
+                        h.finalize()[0]
+                    },
+                );
+                sink ^= x;
+                p += own;
+                pc += other;
                 let t3 = thread_cpu();
                 sink ^= blake.clone().update(out).finalize().as_bytes()[0];
                 let t4 = thread_cpu();
                 c += t1 - t;
                 m += t2 - t1;
-                p += t3 - t2;
                 b += t4 - t3;
             }
             sink ^= payload.finalize().unwrap().as_bytes()[0];
@@ -638,15 +659,39 @@ fn mac_cost() {
         copy.push(gbs(c));
         mac.push(gbs(m));
         pv.push(gbs(p));
+        pvc.push(gbs(pc));
         b3.push(gbs(b));
     }
     let share: Vec<f64> = copy.iter().zip(&mac).map(|(c, m)| c / m).collect();
-    let ((c, clo, chi), (m, mlo, mhi), (p, _, _), (b, _, _), (sh, shlo, shhi)) =
-        (spread(copy), spread(mac), spread(pv), spread(b3), spread(share));
+    let crate_share: Vec<f64> = pvc.iter().zip(&pv).map(|(c, p)| c / p).collect();
+    let ((c, clo, chi), (m, mlo, mhi), (b, _, _), (sh, shlo, shhi)) =
+        (spread(copy), spread(mac), spread(b3), spread(share));
+    let ((p, plo, phi), (pc, pclo, pchi), (r, rlo, rhi)) = (spread(pv), spread(pvc), spread(crate_share));
     println!(
         "RESULT mac_cost per end, 9 runs of 32 MiB in 256 KiB pieces (thread CPU time; load {}): copy {c:.1} GB/s ({clo:.1}..{chi:.1}); payload MAC {m:.1} GB/s ({mlo:.1}..{mhi:.1}); of which POLYVAL alone {p:.1} GB/s; keyed BLAKE3 for comparison {b:.1} GB/s; MAC time / copy time median {sh:.2} ({shlo:.2}..{shhi:.2}) [{sink}]",
         load_average(),
     );
+    println!(
+        "RESULT mac_polyval, the same 9 runs, piece by piece in ABBA order (thread CPU time): in-house {p:.1} GB/s ({plo:.1}..{phi:.1}); RustCrypto polyval crate {pc:.1} GB/s ({pclo:.1}..{pchi:.1}); crate / in-house per run median {r:.2} ({rlo:.2}..{rhi:.2})",
+    );
+}
+
+/// Thread CPU times of `a` and `b`, run `a` first in rounds 0 and 3 of every four and `b`
+/// first in the others (ABBA), and their outputs combined.
+fn abba(round: usize, mut a: impl FnMut() -> u8, mut b: impl FnMut() -> u8) -> (Duration, Duration, u8) {
+    fn timed(f: &mut impl FnMut() -> u8) -> (Duration, u8) {
+        let t = thread_cpu();
+        let x = f();
+        (thread_cpu() - t, x)
+    }
+    let ((da, xa), (db, xb)) = if matches!(round % 4, 0 | 3) {
+        let ra = timed(&mut a);
+        (ra, timed(&mut b))
+    } else {
+        let rb = timed(&mut b);
+        (timed(&mut a), rb)
+    };
+    (da, db, xa ^ xb)
 }
 
 criterion_group! {
