@@ -6,128 +6,100 @@
 //! (see `frame::TransferMac`, which folds every piece's hash into a keyed BLAKE3, so no hash
 //! value, and nothing about `H`, ever leaves the process).
 //!
-//! It is written here rather than taken from RustCrypto's `polyval` crate for speed: the
-//! crate (0.7.3) multiplies with 128-bit PCLMULQDQ, four blocks per reduction, while this
-//! hashes 256 bytes per reduction with 256-bit VPCLMULQDQ and Karatsuba. Side by side on the
-//! same pieces (the bench's `mac` section prints both), the crate runs at about a third of
-//! this: about 5 against 14-15 GB/s of thread CPU time. The crate remains the reference these
-//! paths are tested against, with the bit-serial definition.
-//! Without VPCLMULQDQ it falls back to 128-bit PCLMULQDQ, and without that (another
-//! architecture) to a bit-serial multiplication: correct, and slow, and its branches follow
-//! the key's bits (not constant-time; the crate's software fallback is).
+//! Two engines compute it. On x86_64 with AVX2 and VPCLMULQDQ, this module's own path hashes
+//! 256 bytes per reduction with 256-bit carry-less multiplies and Karatsuba; everywhere else
+//! RustCrypto's `polyval` crate does (PCLMULQDQ, ARMv8 PMULL, or its constant-time software
+//! multiply). The own path exists for speed: the crate (0.7) multiplies with 128-bit PCLMULQDQ,
+//! four blocks per reduction, and side by side on the same pieces (the bench's `mac` section
+//! prints both) it runs at about a third of the wide path — about 5 against 14-15 GB/s of thread
+//! CPU time — which cost the data plane its target (0.77 of raw loopback TCP instead of 1.04).
+//! Both engines are tested against each other and against the bit-serial definition; every
+//! multiply either one makes is a carry-less multiply instruction or the crate's constant-time
+//! software, so neither branches on the key.
 
 /// Bytes of a POLYVAL block (and of its output).
 pub const BLOCK: usize = 16;
 
-/// A POLYVAL key with its first sixteen powers, ready to hash.
+/// A POLYVAL key, ready to hash.
 #[derive(Clone)]
 pub struct Polyval {
-    /// `powers[k]` is `H^(k+1)` (POLYVAL's product, little-endian field elements).
-    powers: [u128; 16],
-    simd: Simd,
+    engine: Engine,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
-    /// AVX2 with VPCLMULQDQ: 256 bytes per reduction.
-    Wide,
-    /// PCLMULQDQ: one block per multiplication.
-    Narrow,
-    /// No carry-less multiply instruction.
-    None,
+#[derive(Clone)]
+enum Engine {
+    /// AVX2 with VPCLMULQDQ: `powers[k]` is `H^(k+1)` (POLYVAL's product, little-endian field
+    /// elements), for the 256-byte stride.
+    #[cfg(target_arch = "x86_64")]
+    Wide { powers: [u128; 16] },
+    /// Every other machine: the crate's autodetected backend.
+    Portable(polyval::Polyval),
 }
 
 impl Polyval {
     /// A hasher under key `h` (16 bytes, little-endian as in RFC 8452).
     #[must_use]
     pub fn new(h: [u8; BLOCK]) -> Self {
-        let simd = detect();
-        let h = u128::from_le_bytes(h);
-        let mut powers = [h; 16];
-        for k in 1..powers.len() {
-            powers[k] = dot(simd, powers[k - 1], h);
+        #[cfg(target_arch = "x86_64")]
+        if wide_available() {
+            let h = u128::from_le_bytes(h);
+            let mut powers = [h; 16];
+            for k in 1..powers.len() {
+                // SAFETY: `wide_available` checked PCLMULQDQ and SSE2, the target features
+                // `x86::dot` is compiled for.
+                powers[k] = unsafe { x86::dot(powers[k - 1], h) };
+            }
+            return Self {
+                engine: Engine::Wide { powers },
+            };
         }
-        Self { powers, simd }
+        Self::portable(h)
+    }
+
+    /// A hasher that uses the crate whatever the machine has (tests compare the engines).
+    fn portable(h: [u8; BLOCK]) -> Self {
+        Self {
+            engine: Engine::Portable(polyval::Polyval::new(&h.into())),
+        }
     }
 
     /// POLYVAL of `data`, its last block padded with zeros (the caller binds the length
     /// elsewhere when it matters).
     #[must_use]
     pub fn hash(&self, data: &[u8]) -> [u8; BLOCK] {
-        let (mut s, rest) = self.hash_wide(data);
-        let h = self.powers[0];
-        for block in rest.chunks(BLOCK) {
-            let mut x = [0u8; BLOCK];
-            x[..block.len()].copy_from_slice(block);
-            s = dot(self.simd, s ^ u128::from_le_bytes(x), h);
-        }
-        s.to_le_bytes()
-    }
-
-    /// The hash of the longest prefix the wide path takes, and the rest of `data`.
-    fn hash_wide<'a>(&self, data: &'a [u8]) -> (u128, &'a [u8]) {
-        #[cfg(target_arch = "x86_64")]
-        if self.simd == Simd::Wide {
-            let (whole, rest) = data.split_at(data.len() / x86::WIDE_BYTES * x86::WIDE_BYTES);
-            // SAFETY: `Simd::Wide` is only chosen when the CPU reports AVX2, PCLMULQDQ and
-            // VPCLMULQDQ (see `detect`), the target features `wide` is compiled for.
-            return (unsafe { x86::wide(&self.powers, 0, whole) }, rest);
-        }
-        (0, data)
-    }
-}
-
-fn detect() -> Simd {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("pclmulqdq") && std::arch::is_x86_feature_detected!("sse2") {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("vpclmulqdq")
-            {
-                return Simd::Wide;
+        match &self.engine {
+            #[cfg(target_arch = "x86_64")]
+            Engine::Wide { powers } => {
+                let (whole, rest) = data.split_at(data.len() / x86::WIDE_BYTES * x86::WIDE_BYTES);
+                // SAFETY: `Engine::Wide` is only built when the CPU reports AVX2, PCLMULQDQ and
+                // VPCLMULQDQ (`wide_available`), the target features `wide` and `dot` are
+                // compiled for.
+                let mut s = unsafe { x86::wide(powers, 0, whole) };
+                for block in rest.chunks(BLOCK) {
+                    let mut x = [0u8; BLOCK];
+                    x[..block.len()].copy_from_slice(block);
+                    // SAFETY: as above.
+                    s = unsafe { x86::dot(s ^ u128::from_le_bytes(x), powers[0]) };
+                }
+                s.to_le_bytes()
             }
-            return Simd::Narrow;
-        }
-    }
-    Simd::None
-}
-
-/// POLYVAL's product `a * b * x^-128` modulo `x^128 + x^127 + x^126 + x^121 + 1`.
-fn dot(simd: Simd, a: u128, b: u128) -> u128 {
-    #[cfg(target_arch = "x86_64")]
-    if simd != Simd::None {
-        // SAFETY: both SIMD levels imply PCLMULQDQ and SSE2 (see `detect`), the target
-        // features `x86::dot` is compiled for.
-        return unsafe { x86::dot(a, b) };
-    }
-    let _ = simd;
-    dot_bitwise(a, b)
-}
-
-/// The product by its definition, one bit at a time: the fallback, and the reference the
-/// SIMD paths are tested against.
-fn dot_bitwise(a: u128, b: u128) -> u128 {
-    // The 256-bit carry-less product (hi:lo).
-    let (mut lo, mut hi) = (0u128, 0u128);
-    for i in 0..128 {
-        if (b >> i) & 1 == 1 {
-            lo ^= a << i;
-            if i > 0 {
-                hi ^= a >> (128 - i);
+            Engine::Portable(hasher) => {
+                use polyval::universal_hash::UniversalHash;
+                let mut hasher = hasher.clone();
+                hasher.update_padded(data);
+                hasher.finalize().into()
             }
         }
     }
-    // Times x^-1, 128 times: make the value divisible by x by adding the modulus, then shift.
-    const MODULUS_LOW: u128 = (1 << 127) | (1 << 126) | (1 << 121) | 1;
-    for _ in 0..128 {
-        if lo & 1 == 1 {
-            lo ^= MODULUS_LOW;
-            hi ^= 1;
-        }
-        lo = (lo >> 1) | ((hi & 1) << 127);
-        hi >>= 1;
-    }
-    lo
+}
+
+/// Whether this CPU runs the wide path (AVX2, PCLMULQDQ and VPCLMULQDQ).
+#[cfg(target_arch = "x86_64")]
+fn wide_available() -> bool {
+    std::arch::is_x86_feature_detected!("sse2")
+        && std::arch::is_x86_feature_detected!("pclmulqdq")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("vpclmulqdq")
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -237,6 +209,32 @@ mod x86 {
 mod tests {
     use super::*;
 
+    /// The product by its definition, one bit at a time: the reference both engines are
+    /// tested against.
+    fn dot_bitwise(a: u128, b: u128) -> u128 {
+        // The 256-bit carry-less product (hi:lo).
+        let (mut lo, mut hi) = (0u128, 0u128);
+        for i in 0..128 {
+            if (b >> i) & 1 == 1 {
+                lo ^= a << i;
+                if i > 0 {
+                    hi ^= a >> (128 - i);
+                }
+            }
+        }
+        // Times x^-1, 128 times: make the value divisible by x by adding the modulus, then shift.
+        const MODULUS_LOW: u128 = (1 << 127) | (1 << 126) | (1 << 121) | 1;
+        for _ in 0..128 {
+            if lo & 1 == 1 {
+                lo ^= MODULUS_LOW;
+                hi ^= 1;
+            }
+            lo = (lo >> 1) | ((hi & 1) << 127);
+            hi >>= 1;
+        }
+        lo
+    }
+
     fn hex(s: &str) -> [u8; 16] {
         std::array::from_fn(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap())
     }
@@ -325,21 +323,16 @@ mod tests {
         }
     }
 
-    /// The narrower paths a machine without VPCLMULQDQ (or PCLMULQDQ) takes.
+    /// The engine a machine without VPCLMULQDQ takes (the crate), whatever this machine has.
     #[test]
-    fn the_narrow_and_bit_serial_paths_agree_with_the_definition() {
+    fn the_portable_engine_agrees_with_the_definition() {
         let h = hex("25629347589242761d31f826ba4b757b");
         let data: Vec<u8> = (0..700).map(|i| (i * 13 + 1) as u8).collect();
-        let fastest = Polyval::new(h);
-        for simd in [Simd::Narrow, Simd::None] {
-            if simd == Simd::Narrow && fastest.simd == Simd::None {
-                continue;
-            }
-            let p = Polyval {
-                simd,
-                ..fastest.clone()
-            };
-            assert_eq!(p.hash(&data), reference(h, &data));
+        for len in [0, 1, 16, 17, 256, 257, 700] {
+            assert_eq!(
+                Polyval::portable(h).hash(&data[..len]),
+                reference(h, &data[..len])
+            );
         }
     }
 }
