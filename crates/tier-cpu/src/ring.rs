@@ -124,12 +124,7 @@ impl<const N: usize> Rings<N> {
         while log.buf.get(log.head) == Some(&HOLE) {
             log.head += 1;
         }
-        if log.live == 0 {
-            log.buf.clear();
-            log.head = 0;
-        } else if log.buf.len() - log.live > log.live + SLACK {
-            self.compact(l);
-        }
+        self.tidy(l);
         Some((node_of(e), (e >> 32) as u32))
     }
 
@@ -162,12 +157,7 @@ impl<const N: usize> Rings<N> {
                 log.head += 1;
             }
         }
-        if log.live == 0 {
-            log.buf.clear();
-            log.head = 0;
-        } else if log.buf.len() - log.live > log.live + SLACK {
-            self.compact(l);
-        }
+        self.tidy(l);
     }
 
     /// Moves member `n` of set `l` to its back.
@@ -199,6 +189,19 @@ impl<const N: usize> Rings<N> {
     }
 
     /// Rewrites log `l` without holes from index 0, updating its members' positions.
+    /// After a removal from set `l`: an empty log restarts at its beginning, and one that is
+    /// mostly holes is compacted.
+    #[inline]
+    fn tidy(&mut self, l: usize) {
+        let log = &mut self.logs[l];
+        if log.live == 0 {
+            log.buf.clear();
+            log.head = 0;
+        } else if log.buf.len() - log.live > log.live + SLACK {
+            self.compact(l);
+        }
+    }
+
     fn compact(&mut self, l: usize) {
         let log = &mut self.logs[l];
         let mut j = 0;

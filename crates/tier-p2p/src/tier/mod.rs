@@ -268,13 +268,16 @@ impl P2pTier {
     }
 
     fn outstanding(&self) -> usize {
-        let loads: usize = self
-            .sessions
+        self.loads_in_flight() + self.core.store_jobs.len()
+    }
+
+    /// Loads in flight over every session, live or retiring.
+    fn loads_in_flight(&self) -> usize {
+        self.sessions
             .values()
             .chain(&self.retiring)
             .map(|s| s.client.loads_in_flight())
-            .sum();
-        loads + self.core.store_jobs.len()
+            .sum()
     }
 
     /// Releases every pin that no transfer is using (for drain and shutdown).
@@ -612,12 +615,7 @@ impl SecondaryTier for P2pTier {
             self.retiring.len(),
         );
         // What `has_pending_work` waits for, part by part: a run that cannot drain says which.
-        let loads: usize = self
-            .sessions
-            .values()
-            .chain(&self.retiring)
-            .map(|s| s.client.loads_in_flight())
-            .sum();
+        let loads = self.loads_in_flight();
         let transfers: usize = self
             .sessions
             .values()
