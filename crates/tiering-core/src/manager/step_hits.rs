@@ -8,15 +8,15 @@
 //! the request's reported hits around the reservation, so the primary picks another victim or
 //! none (the promotion is then a miss, which costs a recompute instead of an error).
 
-use crate::key::OffloadKey;
-use crate::request::RequestId;
+use std::collections::HashMap;
 
-use super::state::RequestMap;
+use crate::key::{KeyBuildHasher, OffloadKey};
+use crate::request::RequestId;
 
 /// Per request, the keys the primary answered `Hit` for since the step began.
 #[derive(Default)]
 pub(crate) struct StepHits {
-    hits: RequestMap<Vec<OffloadKey>>,
+    hits: HashMap<RequestId, Vec<OffloadKey>, KeyBuildHasher>,
 }
 
 impl StepHits {
@@ -38,7 +38,7 @@ impl StepHits {
     pub(crate) fn clear(&mut self) {
         // Keeps the map's allocation when it is small (the usual step), drops it when a burst grew it.
         if self.hits.capacity() > 1024 {
-            self.hits = RequestMap::default();
+            self.hits = HashMap::default();
         } else {
             self.hits.clear();
         }
