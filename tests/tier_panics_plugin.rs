@@ -31,14 +31,7 @@ fn bytes_for(n: u64) -> Vec<u8> {
 }
 
 fn lock_is_free(m: &TieringManager) -> bool {
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        scope.spawn(move || {
-            drop(m.detached_step());
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(PATIENCE).is_ok()
-    })
+    tiering_core::testing::lock_is_free(m, PATIENCE)
 }
 
 /// Steps until no job is in flight (the cascades' pins are released).

@@ -24,17 +24,8 @@ fn peer_fetch(id: &str, keys: &[u64]) -> PeerRequest {
     }
 }
 
-/// Whether another thread can take a step of `m` within `PATIENCE` (the lock is free).
 fn lock_is_free(m: &TieringManager) -> bool {
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        scope.spawn(move || {
-            let step = m.detached_step();
-            drop(step);
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(PATIENCE).is_ok()
-    })
+    tiering_core::testing::lock_is_free(m, PATIENCE)
 }
 
 #[test]

@@ -48,16 +48,8 @@ fn call_name(op: &str) -> &str {
     }
 }
 
-/// Whether another thread can take a step of `m` (the lock is free).
 fn lock_is_free(m: &TieringManager) -> bool {
-    std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        scope.spawn(move || {
-            drop(m.detached_step());
-            let _ = tx.send(());
-        });
-        rx.recv_timeout(PATIENCE).is_ok()
-    })
+    tiering_core::testing::lock_is_free(m, PATIENCE)
 }
 
 /// `bad` (panics on demand) then `good` (holds key 7) behind a memory primary.

@@ -13,3 +13,19 @@ pub use scripted_tier::{
     Call, Completion, PeerRequest, ScriptedTier, ScriptedTierHandle, ScriptedTierView, ServedPeer,
     next_sequence,
 };
+
+use crate::manager::TieringManager;
+
+/// Whether another thread can take a step of `manager` within `patience`: the lock is free (a
+/// test's check that a failed or panicking call released it).
+#[must_use]
+pub fn lock_is_free(manager: &TieringManager, patience: std::time::Duration) -> bool {
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        scope.spawn(move || {
+            drop(manager.detached_step());
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(patience).is_ok()
+    })
+}
