@@ -15,7 +15,8 @@
 //! Crate map (every public module; `docs/ARCHITECTURE.md`, "Map", has the crates around it):
 //! - [`key`], [`request`], [`outcome`], [`job`], [`event`], [`stats`]: the value types;
 //! - [`error`]: the tiers' and the manager's errors;
-//! - [`arena`]: the chunk memory and its row grants, in process or shared with workers;
+//! - [`arena`]: the chunk memory and its row grants, in process or shared with workers (the
+//!   `tiering-arena` crate, re-exported);
 //! - [`tier`], [`offloading`]: the traits (tier contracts, the engine-facing calls);
 //! - [`manager`]: the orchestrator, its [`Step`] and its control-plane thread;
 //! - [`waker`]: the waker tiers and copy workers signal the control-plane thread with;
@@ -30,7 +31,8 @@
 //!   driver.
 
 pub mod admission;
-pub mod arena;
+/// The chunk arena (the `tiering-arena` crate): the row memory every copy goes through.
+pub use tiering_arena as arena;
 pub mod channel;
 pub mod error;
 pub mod event;

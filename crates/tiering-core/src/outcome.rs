@@ -4,8 +4,7 @@
 use crate::key::OffloadKey;
 use crate::request::RequestId;
 
-/// Index of a row (chunk slot) in the primary tier's [`ChunkArena`](crate::arena::ChunkArena).
-pub type ChunkId = u32;
+pub use tiering_arena::ChunkId;
 
 /// The verdict of a lookup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

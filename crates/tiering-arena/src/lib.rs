@@ -1,4 +1,6 @@
-//! The chunk arena: one mapping of `num_chunks` rows of `row_stride` bytes that the primary tier
+//! # tiering-arena
+//!
+//! The chunk arena of kvtier: one mapping of `num_chunks` rows of `row_stride` bytes that the primary tier
 //! owns and every copy goes through.
 //!
 //! Row access is granted, never taken. A grant ([`RowRead`] or [`RowWrite`]) locks its row in a
@@ -55,8 +57,6 @@ use std::sync::atomic::AtomicU32;
 
 use memmap2::MmapRaw;
 
-use crate::outcome::ChunkId;
-
 mod error;
 mod file_lock;
 mod grant;
@@ -67,6 +67,9 @@ mod row_lock;
 #[cfg(test)]
 mod tests;
 mod view;
+
+/// Index of a row (chunk slot) in a [`ChunkArena`].
+pub type ChunkId = u32;
 
 pub use error::{ArenaError, HeaderProblem};
 pub use grant::{RowGrant, RowRead, RowWrite};

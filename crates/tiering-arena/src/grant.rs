@@ -6,7 +6,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use super::ChunkArena;
-use crate::outcome::ChunkId;
+use crate::ChunkId;
 
 /// Shared read access to one arena row; released on drop.
 pub struct RowRead {
@@ -141,7 +141,7 @@ impl fmt::Debug for RowWrite {
     }
 }
 
-/// The rows a [`TransferJob`](crate::job::TransferJob) may touch, parallel to its keys.
+/// The rows a transfer job (`tiering_core::TransferJob`) may touch, parallel to its keys.
 #[derive(Debug)]
 pub enum RowGrant {
     /// Read access (a store or cascade reads primary rows).

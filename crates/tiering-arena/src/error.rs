@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::outcome::ChunkId;
+use crate::ChunkId;
 
 /// Errors from creating, opening or pinning an arena, or granting its rows.
 #[derive(Debug, thiserror::Error)]
