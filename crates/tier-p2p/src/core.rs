@@ -19,6 +19,7 @@ use crate::notify::Notifier;
 use crate::options::P2pTierOptions;
 use crate::resolve::Resolver;
 use crate::stats::P2pCounters;
+use crate::supply::Parked;
 use crate::transport::ControlTransport;
 use crate::wire::Message;
 
@@ -31,12 +32,6 @@ pub(crate) struct StoreJob {
     left: usize,
     started: Instant,
     bytes_per_key: u64,
-}
-
-/// Chunks of a `remote_decoder` request, pinned until a fetch for its id binds them.
-pub(crate) struct Parked {
-    pub(crate) since: Instant,
-    pub(crate) items: Vec<(OffloadKey, crate::server::Supply)>,
 }
 
 /// Shared state of the tier.

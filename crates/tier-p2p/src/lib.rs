@@ -49,6 +49,7 @@ mod resolve;
 mod server;
 mod session;
 mod stats;
+mod supply;
 mod tier;
 mod transport;
 pub mod wire;

@@ -10,8 +10,9 @@ use crate::core::Core;
 use crate::dataplane::dest::{AuthSlot, InboundAuth};
 use crate::dataplane::frame::{ChunkStatus, Hello};
 use crate::dataplane::sender::{Registration, SenderHandle, spawn_registration};
-use crate::server::{Fetch, ServerRole, Supply};
+use crate::server::{Fetch, ServerRole};
 use crate::stats::P2pCounters;
+use crate::supply::Supply;
 use crate::wire::{Bin, Connect, Message, WIRE_VERSION, decode_keys};
 
 /// How often an unanswered `connect` is repeated.

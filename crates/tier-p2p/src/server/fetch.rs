@@ -23,71 +23,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use tiering_core::fetch_trace::{self, Point};
-use tiering_core::{JobId, KeyMap, OffloadKey};
+use tiering_core::{KeyMap, OffloadKey};
 
-use super::{FetchViolation, ServerReq, ServerRole, Supply, release};
+use super::demand::{Demand, InFlight};
+use super::{Fetch, FetchViolation, ServerReq, ServerRole, release};
 use crate::core::Core;
 use crate::dataplane::frame::ChunkStatus;
 use crate::dataplane::sender::{SenderHandle, WriteItem, WriteJob};
 use crate::stats::P2pCounters;
+use crate::supply::Supply;
 use crate::wire::Message;
-
-/// What a fetched round still owes the consumer.
-pub(crate) struct Demand {
-    rows: Vec<u32>,
-    key_ok: Vec<bool>,
-    /// Keys no chunk has reached yet, with their position in the fetch.
-    missing: KeyMap<usize>,
-    /// When the missing keys fail.
-    deadline: Instant,
-    cancel: Arc<AtomicBool>,
-    abort_requested: bool,
-    in_flight: usize,
-}
-
-impl Demand {
-    /// The round's final answer, once nothing is missing or in flight.
-    fn answer(&self, kv: &str, round: u64) -> Option<Message> {
-        if !self.missing.is_empty() || self.in_flight > 0 {
-            return None;
-        }
-        Some(if self.abort_requested {
-            Message::AbortAck {
-                kv_request_id: kv.to_owned(),
-                round_seq: round,
-            }
-        } else {
-            Message::TransferDone {
-                kv_request_id: kv.to_owned(),
-                round_seq: round,
-                success: self.key_ok.iter().all(|&o| o),
-                key_ok: self.key_ok.clone(),
-            }
-        })
-    }
-
-    fn waiting(&self) -> bool {
-        !self.missing.is_empty() && !self.abort_requested
-    }
-}
-
-/// One transfer on the data plane.
-pub(crate) struct InFlight {
-    kv: String,
-    round: u64,
-    /// (position in the fetch, key, store job) of each chunk, in send order.
-    items: Vec<(usize, OffloadKey, JobId)>,
-}
-
-/// A fetch as received.
-pub(crate) struct Fetch<'a> {
-    pub(crate) kv: &'a str,
-    pub(crate) round: u64,
-    pub(crate) keys: &'a [OffloadKey],
-    pub(crate) rows: &'a [u32],
-    /// Missing keys wait for later stores (a hand-off fetch).
-    pub(crate) await_stores: bool,
-}
 
 /// Pushes `ready` (position in the fetch, key, pinned chunk) as one transfer of the round. A
 /// sender that is gone fails those keys at once.

@@ -4,29 +4,24 @@
 //! acknowledged every row.
 //!
 //! Lookups are served here; fetches, the chunks that wait for them and the ones they wait for
-//! (the prefill→decode hand-off) live in [`fetch`].
+//! (the prefill→decode hand-off) live in [`fetch`], and what a fetched round owes the consumer in
+//! [`demand`]. The role's state is defined here and only `fetch` reaches back into it, so the
+//! dependencies run one way: `fetch` → this module → `demand`.
 
+mod demand;
 mod fetch;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use tiering_core::{
-    JobId, KeyMap, LookupResult, OffloadKey, ParentManager, ReqContext, RequestId, RowGrant, RowRead,
-};
+use tiering_core::{KeyMap, LookupResult, OffloadKey, ParentManager, ReqContext, RequestId, RowGrant};
 
 use crate::core::Core;
 use crate::stats::P2pCounters;
+use crate::supply::Supply;
 use crate::wire::{Message, encode_keys};
 
-pub(crate) use fetch::Fetch;
-use fetch::{Demand, InFlight};
-
-/// A pinned chunk waiting for a fetch.
-pub(crate) struct Supply {
-    pub(crate) job: JobId,
-    pub(crate) src: RowRead,
-}
+use demand::{Demand, InFlight};
 
 struct ActiveLookup {
     round: u64,
@@ -84,6 +79,20 @@ impl ServerReq {
     }
 }
 
+/// A fetch as received.
+pub(crate) struct Fetch<'a> {
+    /// The kv request id the fetch is for.
+    pub(crate) kv: &'a str,
+    /// The round whose pinned chunks the fetch binds.
+    pub(crate) round: u64,
+    /// The keys the consumer wants, in the order of `rows`.
+    pub(crate) keys: &'a [OffloadKey],
+    /// The consumer's reserved row for each key.
+    pub(crate) rows: &'a [u32],
+    /// Missing keys wait for later stores (a hand-off fetch).
+    pub(crate) await_stores: bool,
+}
+
 /// A fetch that breaks the protocol.
 pub(crate) struct FetchViolation(pub(crate) String);
 
@@ -94,6 +103,8 @@ pub(crate) struct ServerRole {
     transfers: HashMap<u64, InFlight>,
 }
 
+/// Releases pinned chunks no fetch will take: each pin is dropped and its store job's key
+/// resolved as not delivered, so the job can report once all its keys have an outcome.
 pub(crate) fn release(core: &mut Core, supply: KeyMap<Supply>) {
     P2pCounters::add(&core.counters.supply_released, supply.len() as u64);
     for (key, s) in supply {
@@ -103,6 +114,8 @@ pub(crate) fn release(core: &mut Core, supply: KeyMap<Supply>) {
 }
 
 impl ServerRole {
+    /// Queues a peer's lookup; it is served (pinned and answered) at the next `serve`, which
+    /// runs with the `ParentManager` at hand.
     pub(crate) fn on_lookup(&mut self, kv: String, round: u64, keys: Vec<OffloadKey>) {
         self.reqs.entry(kv).or_default().raw.push((round, keys));
     }

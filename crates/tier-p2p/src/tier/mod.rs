@@ -18,7 +18,7 @@ use tiering_core::{
 
 mod events;
 
-use crate::core::{Core, Parked};
+use crate::core::Core;
 use crate::dataplane::dest::DestTable;
 use crate::dataplane::receiver::Receiver;
 use crate::error::P2pError;
@@ -27,9 +27,10 @@ use crate::notify::Notifier;
 use crate::options::{P2pTierOptions, split_host_port};
 use crate::params::params;
 use crate::resolve::Resolved;
-use crate::server::{Supply, release};
+use crate::server::release;
 use crate::session::Session;
 use crate::stats::P2pCounters;
+use crate::supply::{Parked, Supply};
 use crate::transport::{ControlTransport, IoEvent};
 
 /// The peer-to-peer secondary tier. See the crate docs.
