@@ -1,6 +1,6 @@
 //! What an I/O thread does with one submission: write consecutive slots from primary rows, or
 //! read consecutive slots into primary rows and verify each, then settle every key's outcome in
-//! the index and the job.
+//! the index and the run's part of its job.
 
 use std::fmt;
 use std::io::{self, IoSlice, IoSliceMut};
@@ -11,9 +11,8 @@ use tiering_core::OffloadKey;
 
 use crate::buf::AlignedBuf;
 use crate::format::{BLOCK, SlabLayout, SlotDefect, SlotSeal, verify_slot};
-use crate::gate::IoGate;
 use crate::options::SyncPolicy;
-use crate::shared::{Counters, KeyOutcome, Run, RunItem, Shared, TaskOp};
+use crate::shared::{KeyOutcome, Run, RunItem, Shared, TaskOp};
 
 /// Per-thread scratch: for each slot of the longest run, its padding and seal block.
 pub(crate) struct Scratch {
@@ -55,7 +54,7 @@ fn mismatched() -> io::Error {
 }
 
 /// Writes the rows of `items` (consecutive slots) as the writes their items name: the seals
-/// are built first, then, holding a permit of `gate`, one vectored write of
+/// are built first, then, holding a permit of the I/O gate, one vectored write of
 /// `payload | padding + seal` per slot and `fdatasync` when every write must be durable.
 /// Returns how long the permit was held, or `None` when the run was cancelled while it waited.
 fn write_run(
@@ -63,7 +62,7 @@ fn write_run(
     scratch: &mut Scratch,
     keys: &[OffloadKey],
     items: &[RunItem],
-    (gate, epoch): (&IoGate, u64),
+    epoch: u64,
 ) -> io::Result<Option<Duration>> {
     let pad = shared.slab.layout().pad();
     let tail_len = scratch.tail_len;
@@ -87,7 +86,7 @@ fn write_run(
         }
     }
     let first = items.first().map_or(0, |i| i.slot);
-    let Some(_permit) = gate.enter(epoch) else {
+    let Some(_permit) = shared.gate.enter(epoch) else {
         return Ok(None);
     };
     let started = Instant::now();
@@ -102,7 +101,7 @@ fn write_run(
 type ReadRun = (Vec<Result<(), SlotDefect>>, Duration);
 
 /// Reads the slots of `items` (consecutive) into their rows with one vectored read, holding a
-/// permit of `gate`, then verifies each against the key and write number the index expects.
+/// permit of the I/O gate, then verifies each against the key and write number the index expects.
 /// Returns the verdicts and how long the permit was held, or `None` when the run was cancelled
 /// while it waited.
 fn read_run(
@@ -110,7 +109,7 @@ fn read_run(
     scratch: &mut Scratch,
     keys: &[OffloadKey],
     items: &mut [RunItem],
-    (gate, epoch): (&IoGate, u64),
+    epoch: u64,
 ) -> io::Result<Option<ReadRun>> {
     let layout = *shared.slab.layout();
     let tail_len = scratch.tail_len;
@@ -118,7 +117,7 @@ fn read_run(
         return Err(mismatched());
     }
     let first = items.first().map_or(0, |i| i.slot);
-    let Some(permit) = gate.enter(epoch) else {
+    let Some(permit) = shared.gate.enter(epoch) else {
         return Ok(None);
     };
     let started = Instant::now();
@@ -155,20 +154,16 @@ fn read_run(
 }
 
 /// Runs one submission to completion and settles its keys; its I/O call waits for a permit of
-/// `gate` in `epoch` (a run still waiting when the gate moves on is cancelled instead).
-/// Returns the bytes moved and how long the I/O took, when it succeeded.
-pub(crate) fn run(
-    shared: &Shared,
-    scratch: &mut Scratch,
-    run: Run,
-    gate: (&IoGate, u64),
-) -> Option<(u64, Duration)> {
+/// the I/O gate in the run's epoch (a run still waiting when the gate moves on is cancelled
+/// instead). Returns the bytes moved and how long the I/O took, when it succeeded.
+pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u64, Duration)> {
+    let load = run.is_load();
     let Run {
-        job,
+        part,
         mut items,
         queued,
+        epoch,
     } = run;
-    let load = matches!(items.first().map(|i| &i.op), Some(TaskOp::Load(_)));
     let bytes = (items.len() * shared.slab.layout().chunk_bytes) as u64;
     // An emulated slow device: the delay is part of the I/O time the meters see.
     let delay = shared.io_delay;
@@ -177,13 +172,21 @@ pub(crate) fn run(
     }
     if load {
         let read = catch_unwind(AssertUnwindSafe(|| {
-            read_run(shared, scratch, &job.keys, &mut items, gate)
+            read_run(shared, scratch, &part.job().keys, &mut items, epoch)
         }))
         .unwrap_or_else(|_| Err(panicked()));
         let read = match read {
             Ok(Some((verdicts, took))) => Ok((verdicts, took)),
             Ok(None) => {
-                cancel(shared, Run { job, items, queued });
+                cancel(
+                    shared,
+                    Run {
+                        part,
+                        items,
+                        queued,
+                        epoch,
+                    },
+                );
                 return None;
             }
             Err(e) => Err(e),
@@ -219,14 +222,13 @@ pub(crate) fn run(
         for (idx, slot, verdict) in &items {
             let (idx, slot) = (*idx, *slot);
             if let Err(e) = verdict {
-                match job.keys.get(idx) {
+                match part.job().keys.get(idx) {
                     Some(key) => drop_unreadable(shared, slot, key, e),
                     None => shared.index.lock().unpin(slot, false),
                 }
             }
         }
-        shared.settle_all(
-            &job,
+        part.settle(
             items
                 .iter()
                 .map(|(idx, _, v)| (*idx, KeyOutcome::Done(v.is_ok()))),
@@ -234,13 +236,21 @@ pub(crate) fn run(
         sample
     } else {
         let written = catch_unwind(AssertUnwindSafe(|| {
-            write_run(shared, scratch, &job.keys, &items, gate)
+            write_run(shared, scratch, &part.job().keys, &items, epoch)
         }))
         .unwrap_or_else(|_| Err(panicked()));
         let (written, took) = match written {
             Ok(Some(took)) => (Ok(()), took + delay),
             Ok(None) => {
-                cancel(shared, Run { job, items, queued });
+                cancel(
+                    shared,
+                    Run {
+                        part,
+                        items,
+                        queued,
+                        epoch,
+                    },
+                );
                 return None;
             }
             Err(e) => (Err(e), Duration::ZERO),
@@ -250,8 +260,8 @@ pub(crate) fn run(
         // The run went in slot order; its keys enter the LRU order in the job's key order.
         slots.sort_unstable_by_key(|&(idx, _)| idx);
         if let Err(e) = &written {
-            Counters::add(&shared.counters.io_errors, 1);
-            let first = slots.first().and_then(|&(idx, _)| job.keys.get(idx));
+            shared.counters.io_errors.add(1);
+            let first = slots.first().and_then(|&(idx, _)| part.job().keys.get(idx));
             shared.log.warn(
                 &shared.name,
                 "store",
@@ -285,7 +295,7 @@ pub(crate) fn run(
                 })
                 .collect()
         };
-        shared.settle_all(&job, outcomes);
+        part.settle(outcomes);
         written.is_ok().then_some((bytes, took))
     }
 }
@@ -296,11 +306,11 @@ fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) 
     let dropped = shared.index.lock().retire(slot);
     let defect = matches!(e, LoadError::Defect(d) if *d != SlotDefect::ShortRead);
     if defect {
-        Counters::add(&shared.counters.corrupt, 1);
+        shared.counters.corrupt.add(1);
         // The slot stays pinned (retired) while its seal is erased, so no store reuses it
         // before this write lands.
         if let Err(err) = shared.slab.invalidate(slot, &shared.zero_block) {
-            Counters::add(&shared.counters.io_errors, 1);
+            shared.counters.io_errors.add(1);
             shared.log.warn(
                 &shared.name,
                 "invalidate",
@@ -308,7 +318,7 @@ fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) 
             );
         }
     } else {
-        Counters::add(&shared.counters.io_errors, 1);
+        shared.counters.io_errors.add(1);
     }
     shared.log.warn(
         &shared.name,
@@ -323,7 +333,7 @@ fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) 
 
 /// Settles a submission that never ran (cancelled by `drain_jobs` or `shutdown`) as failed.
 pub(crate) fn cancel(shared: &Shared, run: Run) {
-    let Run { job, items, .. } = run;
+    let Run { part, items, .. } = run;
     let n = items.len() as u64;
     let mut idxs = Vec::with_capacity(items.len());
     {
@@ -338,6 +348,6 @@ pub(crate) fn cancel(shared: &Shared, run: Run) {
             idxs.push(idx);
         }
     }
-    Counters::add(&shared.counters.cancelled, n);
-    shared.settle_all(&job, idxs.into_iter().map(|idx| (idx, KeyOutcome::Done(false))));
+    shared.counters.cancelled.add(n);
+    part.settle(idxs.into_iter().map(|idx| (idx, KeyOutcome::Done(false))));
 }

@@ -1,219 +1,85 @@
-//! The bounded pool of I/O threads and its two queues: loads (promotions) and stores.
+//! The I/O threads and their two lanes, loads (promotions) and stores, on `tier-kit`.
 //!
 //! Loads go first, because a request is waiting for them, while a store only frees primary
 //! memory later. So that stores still progress under a steady stream of loads, a thread takes
 //! the oldest store after [`LOADS_PER_STORE`] loads were taken in a row while a store was
-//! waiting: a queued store waits behind at most `LOADS_PER_STORE` load submissions for each
-//! store submission ahead of it.
+//! waiting (`tier_kit::LaneSpec::served_after`): a queued store waits behind at most
+//! `LOADS_PER_STORE` load submissions for each store submission ahead of it.
+//!
+//! The queue, the threads, the panic guard, the queued and in-flight depths and the bounded
+//! join are `tier_kit`'s [`WorkQueue`] and [`WorkerPool`]. What is the disk's: how many threads
+//! serve how many calls in flight (the [`IoGate`](crate::gate::IoGate) in [`Shared`]), each
+//! thread's scratch space for seals, and what a thread does with a run ([`crate::exec`]).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
-use parking_lot::{Condvar, Mutex};
+use tier_kit::{KitCounters, LaneSpec, Weight, WorkQueue, Worker, WorkerPool};
 
 use crate::exec::{self, Scratch};
-use crate::gate::IoGate;
 use crate::meter::DirectionCost;
 use crate::shared::{Run, Shared};
 
 /// Load submissions taken in a row, while a store waits, before one store submission goes.
 pub const LOADS_PER_STORE: usize = 8;
 
-#[derive(Default)]
-struct Lane {
-    runs: VecDeque<Run>,
-    chunks: u64,
-    bytes: u64,
-    in_flight: u64,
+/// The lane of promotions (served first).
+pub(crate) const LOADS: usize = 0;
+/// The lane of stores (served after [`LOADS_PER_STORE`] loads passed a waiting one).
+pub(crate) const STORES: usize = 1;
+
+/// One I/O thread: its scratch space for seals, and the state it shares with the handle.
+struct IoThread {
+    shared: Arc<Shared>,
+    scratch: Scratch,
 }
 
-impl Lane {
-    fn push(&mut self, run: Run, chunk_bytes: u64) {
-        let n = run.items.len() as u64;
-        self.chunks += n;
-        self.bytes += n * chunk_bytes;
-        self.runs.push_back(run);
-    }
-
-    fn pop(&mut self, chunk_bytes: u64) -> Option<Run> {
-        let run = self.runs.pop_front()?;
-        let n = run.items.len() as u64;
-        self.chunks -= n;
-        self.bytes -= n * chunk_bytes;
-        self.in_flight += n;
-        Some(run)
-    }
-
-    fn take_all(&mut self) -> impl Iterator<Item = Run> + '_ {
-        self.chunks = 0;
-        self.bytes = 0;
-        self.runs.drain(..)
-    }
-
-    fn cost(&self) -> DirectionCost {
-        DirectionCost {
-            queued_chunks: self.chunks,
-            queued_bytes: self.bytes,
-            in_flight_chunks: self.in_flight,
-            ..DirectionCost::default()
-        }
-    }
-}
-
-#[derive(Default)]
-struct QueueState {
-    loads: Lane,
-    stores: Lane,
-    /// Loads taken in a row while a store was waiting.
-    loads_in_a_row: usize,
-    stop: bool,
-}
-
-impl QueueState {
-    /// The next run: loads first, with the fairness bound for stores.
-    fn next(&mut self, chunk_bytes: u64) -> Option<Run> {
-        let store_waits = !self.stores.runs.is_empty();
-        let store_turn =
-            store_waits && (self.loads.runs.is_empty() || self.loads_in_a_row >= LOADS_PER_STORE);
-        if store_turn {
-            self.loads_in_a_row = 0;
-            return self.stores.pop(chunk_bytes);
-        }
-        let run = self.loads.pop(chunk_bytes)?;
-        if store_waits {
-            self.loads_in_a_row += 1;
-        }
-        Some(run)
-    }
-}
-
-struct Queue {
-    state: Mutex<QueueState>,
-    cond: Condvar,
-    /// At most `io_threads` of the threads' calls in flight.
-    gate: IoGate,
-}
-
-/// Threads taking submissions from the load and store queues: `io_threads` calls in flight at
-/// most (see [`IoGate`]), served by twice as many threads when there are several, so one
-/// thread's checksums overlap another's call.
-pub(crate) struct Pool {
-    queue: Arc<Queue>,
-    threads: Vec<JoinHandle<()>>,
-    chunk_bytes: u64,
-}
-
-impl Pool {
-    /// Starts the threads (named `kvtier-disk-io-<i>`) for `n` calls in flight: `2n` of them,
-    /// or one for `n = 1`, whose single thread keeps dispatch order and completion order equal.
-    pub(crate) fn start(shared: &Arc<Shared>, n: usize) -> std::io::Result<Self> {
-        let queue = Arc::new(Queue {
-            state: Mutex::new(QueueState::default()),
-            cond: Condvar::new(),
-            gate: IoGate::new(n),
-        });
-        let n = if n > 1 { 2 * n } else { n };
-        let chunk_bytes = shared.slab.layout().chunk_bytes as u64;
-        let mut pool = Self {
-            queue,
-            threads: Vec::with_capacity(n),
-            chunk_bytes,
-        };
-        for i in 0..n {
-            let scratch = Scratch::new(shared.slab.layout(), shared.max_run)?;
-            let shared = Arc::clone(shared);
-            let queue = Arc::clone(&pool.queue);
-            let spawned = std::thread::Builder::new()
-                .name(format!("kvtier-disk-io-{i}"))
-                .spawn(move || worker(&shared, &queue, scratch, chunk_bytes));
-            match spawned {
-                Ok(handle) => pool.threads.push(handle),
-                Err(e) => {
-                    pool.stop_and_join();
-                    return Err(e);
-                }
-            }
-        }
-        Ok(pool)
-    }
-
-    /// Queues runs, each on its direction's queue (FIFO within a direction).
-    pub(crate) fn push(&self, runs: impl IntoIterator<Item = Run>) {
-        let mut q = self.queue.state.lock();
-        let mut added = 0;
-        for run in runs {
-            if run.is_load() {
-                q.loads.push(run, self.chunk_bytes);
-            } else {
-                q.stores.push(run, self.chunk_bytes);
-            }
-            added += 1;
-        }
-        drop(q);
-        if added == 1 {
-            self.queue.cond.notify_one();
-        } else if added > 1 {
-            self.queue.cond.notify_all();
-        }
-    }
-
-    /// Removes every run not yet started; runs taken by a thread that still waits for its
-    /// permit are cancelled by that thread.
-    pub(crate) fn take_queued(&self) -> Vec<Run> {
-        let mut q = self.queue.state.lock();
-        let mut out: Vec<Run> = q.loads.take_all().collect();
-        out.extend(q.stores.take_all());
-        // Under the queue lock: a run taken from now on waits in the new epoch.
-        self.queue.gate.cancel_waiting();
-        out
-    }
-
-    /// Chunks waiting for a thread.
-    pub(crate) fn queued(&self) -> u64 {
-        let q = self.queue.state.lock();
-        q.loads.chunks + q.stores.chunks
-    }
-
-    /// What is queued and in flight, per direction (the averages are filled in by the caller).
-    pub(crate) fn depths(&self) -> (DirectionCost, DirectionCost) {
-        let q = self.queue.state.lock();
-        (q.loads.cost(), q.stores.cost())
-    }
-
-    /// Stops the threads once the queues are empty and joins them; returns how many panicked.
-    pub(crate) fn stop_and_join(&mut self) -> usize {
-        self.queue.state.lock().stop = true;
-        self.queue.cond.notify_all();
-        self.threads
-            .drain(..)
-            .map(JoinHandle::join)
-            .filter(Result::is_err)
-            .count()
-    }
-}
-
-fn worker(shared: &Shared, queue: &Queue, mut scratch: Scratch, chunk_bytes: u64) {
-    loop {
-        let (run, epoch) = {
-            let mut q = queue.state.lock();
-            loop {
-                if let Some(r) = q.next(chunk_bytes) {
-                    break (r, queue.gate.epoch());
-                }
-                if q.stop {
-                    return;
-                }
-                queue.cond.wait(&mut q);
-            }
-        };
+impl Worker<Run> for IoThread {
+    fn run(&mut self, run: Run) {
         let load = run.is_load();
-        let n = run.items.len() as u64;
         let waited = run.queued.elapsed();
-        let sample = exec::run(shared, &mut scratch, run, (&queue.gate, epoch));
-        shared.record_io(load, sample, waited);
-        let mut q = queue.state.lock();
-        let lane = if load { &mut q.loads } else { &mut q.stores };
-        lane.in_flight -= n;
+        let sample = exec::run(&self.shared, &mut self.scratch, run);
+        self.shared.record_io(load, sample, waited);
+    }
+}
+
+/// Starts the threads (named `kvtier-disk-io-<i>`) for `io_threads` calls in flight: twice as
+/// many, or one for `io_threads = 1`, whose single thread keeps dispatch order and completion
+/// order equal. Runs are weighed in chunks and bytes, so the lanes' depths are the meters'
+/// queued and in-flight chunks.
+pub(crate) fn start(
+    shared: &Arc<Shared>,
+    io_threads: usize,
+    counters: &Arc<KitCounters>,
+) -> std::io::Result<WorkerPool<Run>> {
+    let chunk_bytes = shared.slab.layout().chunk_bytes as u64;
+    let queue = WorkQueue::builder()
+        .lane(LaneSpec::unbounded())
+        .lane(LaneSpec::unbounded().served_after(LOADS_PER_STORE))
+        .weigh(move |run: &Run| {
+            let n = run.items.len() as u64;
+            Weight::new(n, n * chunk_bytes)
+        })
+        .counters(Arc::clone(counters))
+        .build();
+    let threads = if io_threads > 1 { 2 * io_threads } else { 1 };
+    WorkerPool::builder("kvtier-disk-io")
+        .threads(threads)
+        .counters(Arc::clone(counters))
+        .start(Arc::new(queue), |_| {
+            Ok(IoThread {
+                shared: Arc::clone(shared),
+                scratch: Scratch::new(shared.slab.layout(), shared.max_run)?,
+            })
+        })
+}
+
+/// What `lane` holds and runs (the averages are the caller's to fill in).
+pub(crate) fn depth(queue: &WorkQueue<Run>, lane: usize) -> DirectionCost {
+    let d = queue.depth(lane);
+    DirectionCost {
+        queued_chunks: d.queued.items,
+        queued_bytes: d.queued.bytes,
+        in_flight_chunks: d.in_flight.items,
+        ..DirectionCost::default()
     }
 }

@@ -1,54 +1,39 @@
-//! State shared by the tier handle and its I/O threads: the slab, the index, finished results,
-//! events and counters, and the per-job progress that turns per-key outcomes into exactly one
-//! [`JobResult`] per job.
+//! State shared by the tier handle and its I/O threads: the slab, the index, the I/O gate,
+//! events, counters and meters, what travels on the queue (runs of consecutive slots, each a
+//! `tier_kit::Part` of its job), and how a job's per-key outcomes become its one result (the
+//! tier's `tier_kit::JobFinisher`). Exactly one result per job, the ledger, the queue and the
+//! threads are `tier-kit`'s.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
-use tiering_core::{
-    ControlWaker, JobId, JobKind, JobResult, Locality, Medium, OffloadKey, OffloadingEvent, RowRead, RowWrite,
-};
+use parking_lot::Mutex;
+use tier_kit::{Counter, JobFinisher, Part, SplitJob, Ticket, TierCounters};
+use tiering_core::{JobKind, Locality, Medium, OffloadKey, OffloadingEvent, RowRead, RowWrite};
 
 use crate::buf::AlignedBuf;
+use crate::gate::IoGate;
 use crate::index::Index;
 use crate::meter::DirectionCost;
 use crate::options::SyncPolicy;
 use crate::slab::Slab;
 use tiering_core::ratelog::RateLimitedLog;
 
-/// Cumulative counters, updated by the I/O threads without the index lock.
+/// Cumulative counters, updated without the index lock: the standard ones, then the tier's own.
 #[derive(Default)]
 pub(crate) struct Counters {
-    pub(crate) hits: AtomicU64,
-    pub(crate) misses: AtomicU64,
-    pub(crate) stores: AtomicU64,
-    pub(crate) loads: AtomicU64,
-    pub(crate) evictions: AtomicU64,
-    pub(crate) failures: AtomicU64,
-    pub(crate) bytes_written: AtomicU64,
-    pub(crate) bytes_read: AtomicU64,
-    pub(crate) corrupt: AtomicU64,
-    pub(crate) io_errors: AtomicU64,
-    pub(crate) cancelled: AtomicU64,
-    pub(crate) deduplicated: AtomicU64,
-    pub(crate) not_admitted: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-
-    pub(crate) fn get(counter: &AtomicU64) -> u64 {
-        counter.load(Ordering::Relaxed)
-    }
+    pub(crate) tier: TierCounters,
+    pub(crate) corrupt: Counter,
+    pub(crate) io_errors: Counter,
+    pub(crate) cancelled: Counter,
+    pub(crate) deduplicated: Counter,
+    pub(crate) not_admitted: Counter,
 }
 
 /// How one key of a job ended (or is still going).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum KeyOutcome {
-    /// A task for it is queued or running.
+    /// A run carrying it is queued or running. A run dropped unsettled (its thread panicked)
+    /// leaves its keys here: they count as failed.
     Pending,
     /// Finished: success or failure, nothing written by this job.
     Done(bool),
@@ -60,44 +45,14 @@ pub(crate) enum KeyOutcome {
     SameAs(usize),
 }
 
-struct Progress {
-    outcomes: Vec<KeyOutcome>,
-    remaining: usize,
-}
-
-/// One submitted job while its tasks run.
-pub(crate) struct JobState {
-    pub(crate) id: JobId,
+/// What the tier keeps about a submitted store or load while its runs go.
+pub(crate) struct DiskJob {
     pub(crate) kind: JobKind,
     pub(crate) keys: Vec<OffloadKey>,
-    submitted: Instant,
-    progress: Mutex<Progress>,
 }
 
-impl JobState {
-    /// A job whose keys start with `outcomes` (`Pending` for those a task will handle).
-    pub(crate) fn new(
-        id: JobId,
-        kind: JobKind,
-        keys: Vec<OffloadKey>,
-        outcomes: Vec<KeyOutcome>,
-        submitted: Instant,
-    ) -> Self {
-        let remaining = outcomes.iter().filter(|o| **o == KeyOutcome::Pending).count();
-        Self {
-            id,
-            kind,
-            keys,
-            submitted,
-            progress: Mutex::new(Progress { outcomes, remaining }),
-        }
-    }
-
-    /// Whether no task is pending (the submitter then finalizes at once).
-    pub(crate) fn settled(&self) -> bool {
-        self.progress.lock().remaining == 0
-    }
-}
+/// A job being cut into runs; it is reported when its last run is settled.
+pub(crate) type DiskSplit = SplitJob<DiskJob, KeyOutcome>;
 
 /// The row an item copies from (store) or into (load).
 pub(crate) enum TaskOp {
@@ -117,11 +72,15 @@ pub(crate) struct RunItem {
 
 /// Keys of one job in consecutive slots, all loads or all stores: one vectored read or write.
 pub(crate) struct Run {
-    pub(crate) job: std::sync::Arc<JobState>,
+    /// The job's share this run carries: settled once with its keys' outcomes.
+    pub(crate) part: Part<DiskJob, KeyOutcome>,
     /// In slot order; `items[i].slot == items[0].slot + i`.
     pub(crate) items: Vec<RunItem>,
     /// When it was queued.
     pub(crate) queued: Instant,
+    /// The I/O gate's epoch when it was queued: a `drain_jobs` since then cancels it at the
+    /// gate instead of running it.
+    pub(crate) epoch: u64,
 }
 
 impl Run {
@@ -131,39 +90,31 @@ impl Run {
     }
 
     /// Splits a job's items, given in slot order, into runs of at most `max_len` items whose
-    /// slots follow each other.
-    pub(crate) fn split(
-        job: &std::sync::Arc<JobState>,
-        items: Vec<RunItem>,
-        max_len: usize,
-        queued: Instant,
-    ) -> Vec<Self> {
-        let mut runs: Vec<Self> = Vec::new();
+    /// slots follow each other, queued now in gate epoch `epoch`.
+    pub(crate) fn split(job: &DiskSplit, items: Vec<RunItem>, max_len: usize, epoch: u64) -> Vec<Self> {
+        let mut groups: Vec<Vec<RunItem>> = Vec::new();
         for item in items {
-            let extend = runs.last().is_some_and(|r| {
-                r.items.len() < max_len
-                    && r.items
-                        .last()
-                        .is_some_and(|l| l.slot.checked_add(1) == Some(item.slot))
-            });
-            match runs.last_mut() {
-                Some(r) if extend => r.items.push(item),
-                _ => runs.push(Self {
-                    job: std::sync::Arc::clone(job),
-                    items: vec![item],
-                    queued,
-                }),
+            match groups.last_mut() {
+                Some(g)
+                    if g.len() < max_len
+                        && g.last().is_some_and(|l| l.slot.checked_add(1) == Some(item.slot)) =>
+                {
+                    g.push(item);
+                }
+                _ => groups.push(vec![item]),
             }
         }
-        runs
+        let queued = Instant::now();
+        groups
+            .into_iter()
+            .map(|items| Self {
+                part: job.part(items.iter().map(|i| i.idx).collect()),
+                items,
+                queued,
+                epoch,
+            })
+            .collect()
     }
-}
-
-/// Finished results waiting for `poll_finished`, and the jobs not finished yet.
-#[derive(Default)]
-pub(crate) struct Done {
-    pub(crate) results: Vec<JobResult>,
-    pub(crate) outstanding: usize,
 }
 
 /// Everything the I/O threads share with the handle.
@@ -172,11 +123,10 @@ pub(crate) struct Shared {
     pub(crate) slab: Slab,
     pub(crate) index: Mutex<Index>,
     pub(crate) sync: SyncPolicy,
-    pub(crate) done: Mutex<Done>,
-    pub(crate) done_cond: Condvar,
+    /// At most `io_threads` slot I/O calls in flight.
+    pub(crate) gate: IoGate,
     pub(crate) events: Mutex<Vec<OffloadingEvent>>,
     pub(crate) counters: Counters,
-    pub(crate) waker: Mutex<Option<ControlWaker>>,
     pub(crate) log: RateLimitedLog,
     /// A zeroed block, written over the seal of a slot found corrupt.
     pub(crate) zero_block: AlignedBuf,
@@ -189,12 +139,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The state of a tier with at most `io_threads` slot I/O calls in flight.
     pub(crate) fn new(
         name: String,
         slab: Slab,
         index: Index,
         sync: SyncPolicy,
         max_run: usize,
+        io_threads: usize,
         io_delay: Duration,
     ) -> std::io::Result<Self> {
         Ok(Self {
@@ -202,11 +154,9 @@ impl Shared {
             slab,
             index: Mutex::new(index),
             sync,
-            done: Mutex::new(Done::default()),
-            done_cond: Condvar::new(),
+            gate: IoGate::new(io_threads),
             events: Mutex::new(Vec::new()),
             counters: Counters::default(),
-            waker: Mutex::new(None),
             log: RateLimitedLog::new(Duration::from_secs(10)),
             zero_block: AlignedBuf::zeroed(crate::format::BLOCK)?,
             max_run: max_run.max(1),
@@ -240,77 +190,6 @@ impl Shared {
         self.events.lock().push(e.owned_by(self.name.clone()));
     }
 
-    /// Counts a newly submitted job; it stays outstanding until its result is queued.
-    pub(crate) fn job_submitted(&self) {
-        self.done.lock().outstanding += 1;
-    }
-
-    /// Sets the outcomes of keys of `job` (`(idx, outcome)`, each settling one pending key),
-    /// finalizing the job when they were its last ones.
-    pub(crate) fn settle_all(&self, job: &JobState, outcomes: impl IntoIterator<Item = (usize, KeyOutcome)>) {
-        let last = {
-            let mut p = job.progress.lock();
-            let before = p.remaining;
-            for (idx, outcome) in outcomes {
-                if let Some(o) = p.outcomes.get_mut(idx) {
-                    *o = outcome;
-                }
-                p.remaining = p.remaining.saturating_sub(1);
-            }
-            before > 0 && p.remaining == 0
-        };
-        if last {
-            self.finalize(job);
-        }
-    }
-
-    /// Turns the per-key outcomes into the job's one result: runs the batch `fdatasync` and
-    /// flips its slots, emits the store event, queues the result and wakes the control plane.
-    pub(crate) fn finalize(&self, job: &JobState) {
-        let mut outcomes = job.progress.lock().outcomes.clone();
-        self.flip_unsynced(&mut outcomes);
-        let mut succeeded = vec![false; outcomes.len()];
-        let mut written = Vec::new();
-        for i in 0..outcomes.len() {
-            succeeded[i] = match outcomes[i] {
-                KeyOutcome::Written => {
-                    written.push(job.keys[i]);
-                    true
-                }
-                KeyOutcome::Done(ok) => ok,
-                // An earlier index: already resolved in this loop.
-                KeyOutcome::SameAs(j) => succeeded.get(j).copied().unwrap_or(false),
-                KeyOutcome::Pending | KeyOutcome::Unsynced(_) => false,
-            };
-        }
-        let failed = succeeded.iter().filter(|s| !**s).count() as u64;
-        Counters::add(&self.counters.failures, failed);
-        let chunk = self.slab.layout().chunk_bytes as u64;
-        let bytes = if job.kind == JobKind::Store {
-            let n = written.len() as u64;
-            Counters::add(&self.counters.stores, n);
-            Counters::add(&self.counters.bytes_written, n * chunk);
-            self.event(written, false);
-            n * chunk
-        } else {
-            let n = succeeded.iter().filter(|s| **s).count() as u64;
-            Counters::add(&self.counters.loads, n);
-            Counters::add(&self.counters.bytes_read, n * chunk);
-            n * chunk
-        };
-        let result =
-            JobResult::from_key_outcomes(job.id, &job.keys, &succeeded, bytes, job.submitted.elapsed());
-        {
-            let mut done = self.done.lock();
-            done.results.push(result);
-            done.outstanding = done.outstanding.saturating_sub(1);
-        }
-        self.done_cond.notify_all();
-        if let Some(w) = self.waker.lock().as_ref() {
-            w.wake();
-        }
-    }
-
     /// `sync = batch`: one `fdatasync` for the job, then its written slots become visible (or,
     /// when the sync fails, free again).
     fn flip_unsynced(&self, outcomes: &mut [KeyOutcome]) {
@@ -319,7 +198,7 @@ impl Shared {
         }
         let synced = self.slab.sync();
         if let Err(e) = &synced {
-            Counters::add(&self.counters.io_errors, 1);
+            self.counters.io_errors.add(1);
             self.log.warn(
                 &self.name,
                 "sync",
@@ -338,12 +217,42 @@ impl Shared {
             }
         }
     }
+}
 
-    /// Blocks until no job is outstanding.
-    pub(crate) fn wait_idle(&self) {
-        let mut done = self.done.lock();
-        while done.outstanding > 0 {
-            self.done_cond.wait(&mut done);
+impl JobFinisher<DiskJob, KeyOutcome> for Shared {
+    /// Turns the per-key outcomes into the job's one result: runs the batch `fdatasync` and
+    /// flips its slots, counts, emits the store event and reports the ticket.
+    fn finish(&self, job: &DiskJob, mut outcomes: Vec<KeyOutcome>, ticket: Ticket) {
+        self.flip_unsynced(&mut outcomes);
+        let mut succeeded = vec![false; outcomes.len()];
+        let mut written = Vec::new();
+        for i in 0..outcomes.len() {
+            succeeded[i] = match outcomes[i] {
+                KeyOutcome::Written => {
+                    written.push(job.keys[i]);
+                    true
+                }
+                KeyOutcome::Done(ok) => ok,
+                // An earlier index: already resolved in this loop.
+                KeyOutcome::SameAs(j) => succeeded.get(j).copied().unwrap_or(false),
+                KeyOutcome::Pending | KeyOutcome::Unsynced(_) => false,
+            };
         }
+        let c = &self.counters.tier;
+        c.failures.add(succeeded.iter().filter(|s| !**s).count() as u64);
+        let chunk = self.slab.layout().chunk_bytes as u64;
+        let bytes = if job.kind == JobKind::Store {
+            let n = written.len() as u64;
+            c.stores.add(n);
+            c.bytes_written.add(n * chunk);
+            self.event(written, false);
+            n * chunk
+        } else {
+            let n = succeeded.iter().filter(|s| **s).count() as u64;
+            c.loads.add(n);
+            c.bytes_read.add(n * chunk);
+            n * chunk
+        };
+        ticket.complete_keys(&job.keys, &succeeded, bytes);
     }
 }

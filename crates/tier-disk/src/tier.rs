@@ -2,11 +2,14 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::Duration;
 
+use tier_kit::{
+    Accepted, JobFinisher, JobLedger, Rejected, SplitJob, Ticket, WorkerPool, accept_load, accept_store,
+};
 use tiering_core::{
-    ControlWaker, JobId, JobKind, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey,
-    OffloadingEvent, ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob,
+    ControlWaker, JobKind, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
+    ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob,
 };
 
 use crate::error::DiskError;
@@ -17,10 +20,10 @@ use crate::format::SlabLayout;
 use crate::index::{Index, Reservation, SlotState};
 use crate::meter::IoCost;
 use crate::options::{DiskGeometry, DiskTierOptions};
-use crate::pool::Pool;
+use crate::pool::{self, LOADS, STORES};
 use crate::recover;
 use crate::shape;
-use crate::shared::{Counters, JobState, KeyOutcome, Run, RunItem, Shared, TaskOp};
+use crate::shared::{DiskJob, DiskSplit, KeyOutcome, Run, RunItem, Shared, TaskOp};
 use crate::slab::Slab;
 
 /// What the start-up scan did with the slab's previous contents.
@@ -51,13 +54,21 @@ pub struct SlotLocation {
     pub seal_offset: u64,
 }
 
+/// How long `shutdown` waits for the I/O threads once every job is reported (`drain_jobs`
+/// waited for them): a thread still running by then is stuck outside any job, and is left
+/// behind rather than waited for.
+const STOP_WAIT: Duration = Duration::from_secs(10);
+
 /// The persistent, bounded disk tier. See the crate documentation.
 pub struct DiskTier {
     shared: Arc<Shared>,
-    pool: Pool,
+    /// `shared` again, as what turns a job's per-key outcomes into its result.
+    finisher: Arc<dyn JobFinisher<DiskJob, KeyOutcome>>,
+    /// The jobs' results; it also holds the control plane's waker.
+    ledger: JobLedger,
+    pool: WorkerPool<Run>,
     info: TierInfo,
     recovery: RecoveryReport,
-    shut_down: bool,
     io_threads: usize,
 }
 
@@ -176,12 +187,15 @@ impl DiskTier {
                 index,
                 opts.sync,
                 max_run,
+                opts.io_threads,
                 opts.inject_io_delay.get(),
             )
             .map_err(io("allocating buffers for"))?,
         );
         shared.event(recovered_keys, false);
-        let pool = Pool::start(&shared, opts.io_threads).map_err(io("starting I/O threads for"))?;
+        let ledger = JobLedger::default();
+        let pool = pool::start(&shared, opts.io_threads, ledger.counters())
+            .map_err(io("starting I/O threads for"))?;
         tracing::info!(
             tier = %opts.name,
             path = %path.display(),
@@ -194,11 +208,12 @@ impl DiskTier {
             "disk tier opened"
         );
         Ok(Self {
+            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<DiskJob, KeyOutcome>>,
             shared,
+            ledger,
             pool,
             info: TierInfo::new(opts.name.clone(), Some(Medium::Storage), Some(Locality::Local)),
             recovery,
-            shut_down: false,
             io_threads: opts.io_threads,
         })
     }
@@ -267,7 +282,8 @@ impl DiskTier {
     /// time per MiB and of the queue wait (see [`IoCost`]).
     #[must_use]
     pub fn io_cost(&self) -> IoCost {
-        let (mut loads, mut stores) = self.pool.depths();
+        let queue = self.pool.queue();
+        let (mut loads, mut stores) = (pool::depth(queue, LOADS), pool::depth(queue, STORES));
         let (l, s) = *self.shared.meters.lock();
         for (d, m) in [(&mut loads, l), (&mut stores, s)] {
             d.secs_per_mib = m.secs_per_mib;
@@ -281,48 +297,43 @@ impl DiskTier {
         }
     }
 
-    /// Reports a job as failed without doing anything (its grants drop with the caller's job).
-    fn fail_now(&self, id: JobId, kind: JobKind, keys: &[OffloadKey], why: &str) {
+    /// Why every job is refused now, if it is: the tier is shut down (its queue closed).
+    fn refusal(&self) -> Option<&'static str> {
+        self.pool.queue().is_closed().then_some("the tier is shut down")
+    }
+
+    /// The job reported through `ticket`, whose keys start at `outcomes`.
+    fn split(
+        &self,
+        ticket: Ticket,
+        kind: JobKind,
+        keys: Vec<OffloadKey>,
+        outcomes: Vec<KeyOutcome>,
+    ) -> DiskSplit {
+        SplitJob::new(
+            ticket,
+            DiskJob { kind, keys },
+            outcomes,
+            Arc::clone(&self.finisher),
+        )
+    }
+
+    /// Reports a job as failed without doing anything (its grants are dropped already).
+    fn fail_now(&self, job: Rejected) {
         self.shared.log.warn(
             &self.info.name,
             "job",
-            format_args!("disk tier: {id} refused: {why}"),
+            format_args!("disk tier: {} refused: {}", job.id, job.why),
         );
-        let state = JobState::new(
-            id,
-            kind,
-            keys.to_vec(),
-            vec![KeyOutcome::Done(false); keys.len()],
-            Instant::now(),
-        );
-        self.shared.job_submitted();
-        self.shared.finalize(&state);
+        let outcomes = vec![KeyOutcome::Done(false); job.keys.len()];
+        drop(self.split(self.ledger.open(job.id), job.kind, job.keys, outcomes));
     }
 
-    /// Common checks of a submitted job; `None` when it was refused (and already reported).
-    fn admit(&self, job: TransferJob, kind: JobKind) -> Option<TransferJob> {
-        let refusal = if self.shut_down {
-            Some("the tier is shut down")
-        } else {
-            job.defect(kind, self.shared.slab.layout().chunk_bytes)
-        };
-        match refusal {
-            Some(why) => {
-                self.fail_now(job.id, job.kind, &job.keys, why);
-                None
-            }
-            None => Some(job),
-        }
-    }
-
-    fn launch(&self, state: JobState, mut tasks: Vec<(usize, u32, u64, TaskOp)>) {
-        let job = Arc::new(state);
-        self.shared.job_submitted();
+    fn launch(&self, job: DiskSplit, mut tasks: Vec<(usize, u32, u64, TaskOp)>) {
         if tasks.is_empty() {
-            self.shared.finalize(&job);
+            // Nothing to read or write: dropped here, the job is reported at once.
             return;
         }
-        debug_assert!(!job.settled());
         // Consecutive slots go in one submission, but a job keeps every thread busy.
         let max_len = shape::slots_per_submission(self.shared.max_run, tasks.len(), self.io_threads);
         // In slot order, whatever the key order: slots freed by eviction (or read last) come in
@@ -333,16 +344,34 @@ impl DiskTier {
             .into_iter()
             .map(|(idx, slot, seq, op)| RunItem { idx, slot, seq, op })
             .collect();
-        let mut runs = Run::split(&job, items, max_len, Instant::now());
+        let mut runs = Run::split(&job, items, max_len, self.shared.gate.epoch());
         // Queued in the job's key order (by each run's first key), so with one thread the keys
         // still land, and enter the LRU order, in job order.
         runs.sort_by_key(|r| r.items.iter().map(|i| i.idx).min());
-        self.pool.push(runs);
+        let lane = if job.data().kind == JobKind::Store {
+            STORES
+        } else {
+            LOADS
+        };
+        // Let go before queueing, so the last run settled reports the job on its I/O thread
+        // (with `sync = "batch"`, after the job's `fdatasync`), never on the caller's.
+        drop(job);
+        if let Err(refused) = self.pool.queue().submit_all(lane, runs) {
+            for run in refused.work {
+                exec::cancel(&self.shared, run);
+            }
+        }
     }
 
     fn cancel_queued(&self) {
-        for run in self.pool.take_queued() {
-            exec::cancel(&self.shared, run);
+        // Runs queued before this point and still waiting for a permit give up at the gate
+        // (and a run taken from now on with an older epoch does too); those still queued are
+        // cancelled here.
+        self.shared.gate.cancel_waiting();
+        for lane in [LOADS, STORES] {
+            for run in self.pool.queue().drain_lane(lane) {
+                exec::cancel(&self.shared, run);
+            }
         }
         #[cfg(feature = "test-utils")]
         if let Some(f) = self.shared.slab.faults() {
@@ -362,32 +391,27 @@ impl SecondaryTier for DiskTier {
     }
 
     fn set_waker(&mut self, waker: ControlWaker) {
-        *self.shared.waker.lock() = Some(waker);
+        self.ledger.set_waker(waker);
     }
 
     fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
         // A hit is about to be promoted: mark it recent so a cascade does not evict it first.
         if self.shared.index.lock().touch(key) {
-            Counters::add(&self.shared.counters.hits, 1);
+            self.shared.counters.tier.hits.add(1);
             LookupResult::Hit
         } else {
-            Counters::add(&self.shared.counters.misses, 1);
+            self.shared.counters.tier.misses.add(1);
             LookupResult::Miss
         }
     }
 
     fn submit_store(&mut self, job: TransferJob) {
-        let Some(job) = self.admit(job, JobKind::Store) else {
-            return;
+        let chunk_bytes = self.shared.slab.layout().chunk_bytes;
+        let Accepted { id, kind, keys, rows } = match accept_store(job, chunk_bytes, self.refusal()) {
+            Ok(job) => job,
+            Err(rejected) => return self.fail_now(rejected),
         };
-        let TransferJob {
-            id, kind, keys, rows, ..
-        } = job;
-        let Ok(rows) = rows.into_reads() else {
-            self.fail_now(id, kind, &keys, "a store came with write grants");
-            return;
-        };
-        let submitted = Instant::now();
+        let ticket = self.ledger.open(id);
         let mut outcomes = vec![KeyOutcome::Pending; keys.len()];
         let mut tasks = Vec::with_capacity(keys.len());
         let mut evicted = Vec::new();
@@ -429,9 +453,9 @@ impl SecondaryTier for DiskTier {
             }
         }
         let c = &self.shared.counters;
-        Counters::add(&c.deduplicated, deduplicated);
-        Counters::add(&c.not_admitted, refused);
-        Counters::add(&c.evictions, evicted.len() as u64);
+        c.deduplicated.add(deduplicated);
+        c.not_admitted.add(refused);
+        c.tier.evictions.add(evicted.len() as u64);
         if refused > 0 {
             self.shared.log.warn(
                 &self.info.name,
@@ -442,21 +466,16 @@ impl SecondaryTier for DiskTier {
             );
         }
         self.shared.event(evicted, true);
-        self.launch(JobState::new(id, kind, keys, outcomes, submitted), tasks);
+        self.launch(self.split(ticket, kind, keys, outcomes), tasks);
     }
 
     fn submit_load(&mut self, job: TransferJob) {
-        let Some(job) = self.admit(job, JobKind::Promotion) else {
-            return;
+        let chunk_bytes = self.shared.slab.layout().chunk_bytes;
+        let Accepted { id, kind, keys, rows } = match accept_load(job, chunk_bytes, self.refusal()) {
+            Ok(job) => job,
+            Err(rejected) => return self.fail_now(rejected),
         };
-        let TransferJob {
-            id, kind, keys, rows, ..
-        } = job;
-        let Ok(rows) = rows.into_writes() else {
-            self.fail_now(id, kind, &keys, "a promotion came with read grants");
-            return;
-        };
-        let submitted = Instant::now();
+        let ticket = self.ledger.open(id);
         let mut outcomes = vec![KeyOutcome::Pending; keys.len()];
         let mut tasks = Vec::with_capacity(keys.len());
         {
@@ -469,16 +488,15 @@ impl SecondaryTier for DiskTier {
                 }
             }
         }
-        self.launch(JobState::new(id, kind, keys, outcomes, submitted), tasks);
+        self.launch(self.split(ticket, kind, keys, outcomes), tasks);
     }
 
     fn poll_finished(&mut self, out: &mut Vec<JobResult>) {
-        out.append(&mut self.shared.done.lock().results);
+        self.ledger.take_finished(out);
     }
 
     fn has_pending_work(&self) -> bool {
-        let done = self.shared.done.lock();
-        done.outstanding > 0 || !done.results.is_empty()
+        self.ledger.has_pending()
     }
 
     fn touch(&mut self, keys: &[OffloadKey], _ctx: &ReqContext) {
@@ -490,7 +508,7 @@ impl SecondaryTier for DiskTier {
 
     fn drain_jobs(&mut self) {
         self.cancel_queued();
-        self.shared.wait_idle();
+        self.ledger.wait_idle(None);
     }
 
     fn take_events(&mut self) -> Vec<OffloadingEvent> {
@@ -503,32 +521,24 @@ impl SecondaryTier for DiskTier {
             let index = self.shared.index.lock();
             (index.live() as u64, index.capacity() as u64)
         };
-        let mut s = TierStats::named(self.info.name.clone());
-        s.hits = Counters::get(&c.hits);
-        s.misses = Counters::get(&c.misses);
-        s.stores = Counters::get(&c.stores);
-        s.loads = Counters::get(&c.loads);
-        s.evictions = Counters::get(&c.evictions);
-        s.failures = Counters::get(&c.failures);
-        s.bytes_written = Counters::get(&c.bytes_written);
-        s.bytes_read = Counters::get(&c.bytes_read);
-        s.resident_chunks = resident;
-        s.capacity_chunks = capacity;
+        let cost = self.io_cost();
         let extra = [
             ("direct_io", u64::from(self.shared.slab.direct())),
-            ("corrupt_slots", Counters::get(&c.corrupt)),
-            ("io_errors", Counters::get(&c.io_errors)),
-            ("cancelled_keys", Counters::get(&c.cancelled)),
-            ("deduplicated_keys", Counters::get(&c.deduplicated)),
-            ("not_admitted_keys", Counters::get(&c.not_admitted)),
+            ("corrupt_slots", c.corrupt.get()),
+            ("io_errors", c.io_errors.get()),
+            ("cancelled_keys", c.cancelled.get()),
+            ("deduplicated_keys", c.deduplicated.get()),
+            ("not_admitted_keys", c.not_admitted.get()),
             ("recovered_at_open", self.recovery.recovered as u64),
             ("discarded_at_open", self.recovery.discarded as u64),
-            ("queued_chunks", self.pool.queued()),
+            (
+                "queued_chunks",
+                cost.loads.queued_chunks + cost.stores.queued_chunks,
+            ),
         ];
-        for (name, value) in extra {
-            s.extra.insert(name.to_owned(), value as f64);
-        }
-        let cost = self.io_cost();
+        let mut s = c.tier.stats(self.info.name.clone(), extra);
+        s.resident_chunks = resident;
+        s.capacity_chunks = capacity;
         for (dir, d) in [("load", cost.loads), ("store", cost.stores)] {
             s.extra
                 .insert(format!("{dir}_queued_chunks"), d.queued_chunks as f64);
@@ -545,18 +555,10 @@ impl SecondaryTier for DiskTier {
     }
 
     fn shutdown(&mut self) -> Result<(), TierError> {
-        if self.shut_down {
-            return Ok(());
-        }
-        self.shut_down = true;
+        // Queued runs are cancelled and every job is reported; the threads then stop. A second
+        // call finds nothing queued, no job open and no thread to stop.
         self.drain_jobs();
-        let panicked = self.pool.stop_and_join();
-        if panicked > 0 {
-            return Err(TierError::Other(format!(
-                "{panicked} disk I/O thread(s) panicked"
-            )));
-        }
-        Ok(())
+        self.pool.stop_and_join(STOP_WAIT).into_result("disk I/O")
     }
 }
 
