@@ -4,9 +4,9 @@
 //! no sockets — plus the chain-level checks (types, roles, capacities, names, paths), all errors
 //! reported with file:line:key.
 
+use tiering_config::{ChainConfig, ChainError};
 use tiering_core::Registry;
-use tiering_core::config::{ChainConfig, ChainError};
-use tiering_core::plugin::load_library;
+use tiering_plugin::load_library;
 
 /// What checking one chain found.
 #[derive(Debug, Default)]

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use tiering_core::config::ChainConfig;
-use tiering_core::plugin::{BUILD_FINGERPRINT, load_library};
+use tiering_config::ChainConfig;
 use tiering_core::registry::Registry;
+use tiering_plugin::{BUILD_FINGERPRINT, load_library};
 
 /// The chain `kvtier run` uses without `--config`.
 pub const DEFAULT_CHAIN: &str = include_str!("../config/default.toml");

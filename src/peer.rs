@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions, PeerFailure, canonical_peer};
-use tiering_core::config::{ChainConfig, parse_options};
+use tiering_config::ChainConfig;
+use tiering_core::options::parse_options;
 use tiering_core::{
     LookupResult, OffloadKey, OffloadingManager, ReqContext, RequestId, ScheduleEndContext, SecondaryTier,
 };

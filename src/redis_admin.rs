@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use tier_redis::{RedisTierOptions, invalidate_namespace};
-use tiering_core::config::{ChainConfig, parse_options};
+use tiering_config::ChainConfig;
+use tiering_core::options::parse_options;
 
 /// `kvtier redis …` subcommands.
 #[derive(Clone, Debug, clap::Subcommand)]

@@ -124,7 +124,7 @@ fn a_relative_disk_path_is_relative_to_the_chain_file() {
         format!("{PRIMARY}\n[[secondary]]\ntype = \"disk\"\npath = \"slabs\"\ncapacity = \"16MiB\"\n");
     let file = dir.path().join("chain.toml");
     std::fs::write(&file, chain).unwrap();
-    let c = tiering_core::config::ChainConfig::load(&file).unwrap();
+    let c = tiering_config::ChainConfig::load(&file).unwrap();
     assert_eq!(
         c.secondaries[0].options["path"].as_str().unwrap(),
         dir.path().join("slabs").to_str().unwrap()
@@ -134,7 +134,7 @@ fn a_relative_disk_path_is_relative_to_the_chain_file() {
         format!("{PRIMARY}\n[[secondary]]\ntype = \"disk\"\npath = \"\"\ncapacity = \"16MiB\"\n"),
     )
     .unwrap();
-    let c = tiering_core::config::ChainConfig::load(&file).unwrap();
+    let c = tiering_config::ChainConfig::load(&file).unwrap();
     let p = std::path::PathBuf::from(c.secondaries[0].options["path"].as_str().unwrap());
     assert_eq!(
         p.components().collect::<Vec<_>>(),

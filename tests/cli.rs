@@ -79,7 +79,7 @@ fn check_validates_every_shipped_chain() {
         let out = kvtier(&["check", file.to_str().unwrap()]);
         let t = text(&out);
         // Every type a shipped chain names must be linked into the binary: check must pass.
-        let chain = tiering_core::config::ChainConfig::load(file).unwrap_or_else(|e| panic!("{e}"));
+        let chain = tiering_config::ChainConfig::load(file).unwrap_or_else(|e| panic!("{e}"));
         let missing: Vec<&str> = chain
             .tiers()
             .map(|s| s.tier_type.as_str())

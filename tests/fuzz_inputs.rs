@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use arbitrary::{Arbitrary, Unstructured};
 use kvtier::sim::SimError;
 use kvtier::sim::parse_trace;
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::testing::fuzz::{Mutation, drive, inputs, mutate};
 
 // ---------------------------------------------------------------------------------------------
@@ -384,7 +384,7 @@ fn registry() -> &'static tiering_core::registry::Registry {
 }
 
 /// Asserts an error names the fuzz file and a line inside the document (or none).
-fn assert_located(e: &tiering_core::config::ChainError, text: &str) {
+fn assert_located(e: &tiering_config::ChainError, text: &str) {
     assert_eq!(e.file, "fuzz.toml", "{e}");
     let lines = text.lines().count().max(1) + 1;
     if let Some(l) = e.line {

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tier_example::peer::{PeerAnswer, PeerClient, PeerQuery};
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::{
     LookupResult, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, ScheduleEndContext, TieringManager,
 };

@@ -4,11 +4,11 @@ mod common;
 
 use std::path::Path;
 
-use tiering_core::config::{ChainConfig, ChainError, ChainErrorKind};
-use tiering_core::plugin::PluginError;
+use tiering_config::{ChainConfig, ChainError, ChainErrorKind};
 use tiering_core::{
     LookupResult, OffloadKey, OffloadingManager, PrimaryTier, ReqContext, ScheduleEndContext, TieringManager,
 };
+use tiering_plugin::PluginError;
 
 use tier_example as _;
 
@@ -96,7 +96,7 @@ fn a_library_with_another_abi_version_is_refused_before_any_call() {
             *e.kind,
             ChainErrorKind::Plugin(PluginError::AbiMismatch {
                 found: 999,
-                expected: tiering_core::plugin::ffi::ABI_VERSION,
+                expected: tiering_plugin::ffi::ABI_VERSION,
                 ..
             })
         ),
@@ -373,7 +373,7 @@ fn an_abi_4_library_loads_and_check_says_only_building_checks_its_options() {
         ["legacy"]
     );
     m.shutdown().unwrap();
-    let loaded = tiering_core::plugin::load_library(&lib).unwrap();
+    let loaded = tiering_plugin::load_library(&lib).unwrap();
     assert_eq!(loaded.abi_version(), 4);
     assert!(!loaded.validates());
     // Bad options pass `check` (nothing can check them without building), which says so.

@@ -8,7 +8,8 @@ use kvtier::sim::{
     BuiltTiers, SimConfig, Workload, WorkloadKind, WorkloadSpec, config_chain, run_simulation,
 };
 use tier_cpu::{CpuTier, CpuTierOptions};
-use tiering_core::config::{ChainConfig, parse_options};
+use tiering_config::ChainConfig;
+use tiering_core::options::parse_options;
 use tiering_core::{PrimaryContext, PrimaryTier, Registry, TierError, TierRegistration};
 
 // The disk tier registers itself; naming the crate keeps its registration linked.

@@ -10,7 +10,7 @@ mod common;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::{Duration, Instant};
 
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::{
     LookupResult, OffloadKey, OffloadingManager, ReqContext, ScheduleEndContext, TieringManager,
 };

@@ -105,7 +105,7 @@ fn write_json<T: Serialize>(path: Option<&PathBuf>, value: &T) -> Result<()> {
 
 /// The options of the chain's tiers of type `tier_type`, each made into a bench target.
 fn targets<O: serde::de::DeserializeOwned, T>(
-    chain: &tiering_core::config::ChainConfig,
+    chain: &tiering_config::ChainConfig,
     tier_type: &str,
     target: fn(O) -> T,
 ) -> Result<Vec<T>> {
@@ -114,7 +114,7 @@ fn targets<O: serde::de::DeserializeOwned, T>(
         .iter()
         .filter(|s| s.tier_type == tier_type)
         .map(|s| {
-            let options: O = tiering_core::config::parse_options(&s.options)
+            let options: O = tiering_core::options::parse_options(&s.options)
                 .with_context(|| format!("{}: {}", chain.source, s.describe()))?;
             Ok(target(options))
         })
@@ -122,7 +122,7 @@ fn targets<O: serde::de::DeserializeOwned, T>(
 }
 
 /// The chain's `redis` tiers with their options.
-fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::RedisTarget>> {
+fn redis_targets(chain: &tiering_config::ChainConfig) -> Result<Vec<super::RedisTarget>> {
     targets(chain, "redis", |options: tier_redis::RedisTierOptions| {
         super::RedisTarget {
             name: options.name.clone(),
@@ -132,7 +132,7 @@ fn redis_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super:
 }
 
 /// The chain's `disk` tiers with what shapes their I/O.
-fn disk_targets(chain: &tiering_core::config::ChainConfig) -> Result<Vec<super::DiskTarget>> {
+fn disk_targets(chain: &tiering_config::ChainConfig) -> Result<Vec<super::DiskTarget>> {
     targets(chain, "disk", |options: tier_disk::DiskTierOptions| {
         super::DiskTarget {
             name: options.name,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::{
     ChunkArena, ControlWaker, ManagerConfig, PrimaryTier, Registry, SecondaryTier, TieringManager,
 };

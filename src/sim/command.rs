@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use tier_cpu::{CpuTier, CpuTierOptions};
-use tiering_core::config::{ChainConfig, parse_options};
+use tiering_config::ChainConfig;
+use tiering_core::options::parse_options;
 use tiering_core::{PrimaryContext, PrimaryTier, Registry, TierError, TierRegistration};
 
 use super::{SimConfig, Workload, WorkloadKind, WorkloadSpec, config_chain, run_simulation};

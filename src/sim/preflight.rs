@@ -11,7 +11,7 @@
 use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 
 use super::error::SimError;
 

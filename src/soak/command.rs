@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use parking_lot::Mutex;
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::{KeySet, TierStats};
 
 use super::checks::{DiskLedger, Growth, ProcSample, SlabAudit, TtftBound, is_mounted, leftovers};

@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use serde::Deserialize;
-use tiering_core::config::parse_options;
+use tiering_core::options::parse_options;
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{PrimaryContext, PrimaryTier, TierError, TieringManager};
 

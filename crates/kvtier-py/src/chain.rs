@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use pyo3::prelude::*;
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 
 use crate::errors::config_err;
 

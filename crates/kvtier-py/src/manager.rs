@@ -16,7 +16,7 @@ use std::sync::Arc;
 use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::{Registry, TierInfo, TieringManager};
 
 use crate::errors::{config_err, kvtier_err};

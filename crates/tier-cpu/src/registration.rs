@@ -10,7 +10,7 @@
 //! The table (without `type`) deserialises into [`CpuTierOptions`]; unknown keys, bad sizes and
 //! unknown policies are configuration errors naming the key.
 
-use tiering_core::config::parse_options;
+use tiering_core::options::parse_options;
 use tiering_core::{PrimaryContext, PrimaryTier, TierError};
 
 use crate::{CpuTier, CpuTierOptions};

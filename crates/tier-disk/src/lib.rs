@@ -80,4 +80,4 @@ pub use pool::LOADS_PER_STORE;
 pub use shape::IoShape;
 pub use slab::SLAB_FILE;
 pub use tier::{DiskTier, RecoveryReport, SlotLocation};
-pub use tiering_core::config::ByteSize;
+pub use tiering_core::options::ByteSize;

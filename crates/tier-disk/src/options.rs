@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use tiering_core::ChunkArena;
-use tiering_core::config::{ByteSize, HumanDuration};
+use tiering_core::options::{ByteSize, HumanDuration};
 
 /// When the tier calls `fdatasync` on the slab file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]

@@ -1,6 +1,6 @@
 //! Registration of the `disk` tier type with the static tier registry.
 
-use tiering_core::config::parse_options;
+use tiering_core::options::parse_options;
 use tiering_core::{SecondaryContext, SecondaryTier, TierError};
 
 use crate::options::{DiskGeometry, DiskTierOptions};

@@ -12,7 +12,7 @@
 //! lookup_ms = 8000
 //! ```
 
-use tiering_core::config::parse_options;
+use tiering_core::options::parse_options;
 use tiering_core::{SecondaryContext, SecondaryTier, TierError};
 
 use crate::options::{P2pTierOptions, split_host_port};

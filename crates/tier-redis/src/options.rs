@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use tiering_core::config::HumanDuration;
+use tiering_core::options::HumanDuration;
 
 use crate::error::RedisTierError;
 

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{RedisServer, redis_installed};
-use tiering_core::config::ChainConfig;
+use tiering_config::ChainConfig;
 use tiering_core::registry::Registry;
 
 // Link the primary tier type the chains use.

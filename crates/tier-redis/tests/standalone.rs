@@ -383,7 +383,7 @@ fn the_server_memory_and_evictions_are_reported() {
     }
     let server = RedisServer::start_with(&["--maxmemory", "2mb", "--maxmemory-policy", "allkeys-lru"], None);
     let mut opts = options(&server.url(), "evict");
-    opts.info_interval = tiering_core::config::HumanDuration(Duration::from_millis(20));
+    opts.info_interval = tiering_core::options::HumanDuration(Duration::from_millis(20));
     let mut rig = Rig::new(&opts, CHUNK, 32);
     // 10 × 32 × 16 KiB = 5 MiB into a 2 MiB server.
     for _ in 0..10 {

@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Node, PATIENCE, RedisServer, Rig, content, key, keys, options, redis_installed};
-use tiering_core::config::HumanDuration;
+use tiering_core::options::HumanDuration;
 use tiering_core::{JobOutcome, LookupResult, SecondaryTier, TierHealth};
 
 const CHUNK: usize = 4 * 1024;

@@ -22,9 +22,9 @@
 //! - [`waker`]: the waker tiers and copy workers signal the control-plane thread with;
 //! - [`channel`]: the completion channel copy-worker processes report finished stores on;
 //! - [`admission`]: the cascade gates (admission policies, backpressure) and their registry;
-//! - [`config`]: TOML tier chains, and the option helpers tier factories use;
+//! - [`options`]: the helpers tier factories read their options with (TOML chains themselves
+//!   are the `tiering-config` crate's);
 //! - [`registry`]: the static tier registry ([`register_tier!`]);
-//! - [`plugin`]: tiers loaded from shared libraries ([`export_tier!`], the C ABI);
 //! - [`ratelog`]: rate-limited warnings for tiers;
 //! - [`fetch_trace`]: an opt-in ring of timestamped points that explains slow peer fetches;
 //! - `testing` (feature `test-utils`): an in-memory primary, a scriptable secondary, an engine
@@ -69,8 +69,7 @@ pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo,
 pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, SecondaryTier, TierHealth};
 pub use waker::{ControlWaker, FdWatch};
-pub mod config;
+pub mod options;
 pub mod registry;
 pub use arena::ArenaRawParts;
 pub use registry::{PrimaryContext, Registry, SecondaryContext, TierRegistration};
-pub mod plugin;

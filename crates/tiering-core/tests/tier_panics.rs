@@ -13,15 +13,15 @@ use std::time::Duration;
 
 use common::*;
 use parking_lot::Mutex;
-use tiering_core::plugin::export::{self, descriptor};
-use tiering_core::plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
-use tiering_core::plugin::{PluginTier, from_entry_point};
 use tiering_core::testing::{Completion, MemoryPrimary, PeerRequest, ScriptedTier, ScriptedTierHandle};
 use tiering_core::{
     ChunkArena, ChunkId, LookupResult, ManagerConfig, ManagerError, OffloadKey, OffloadingEvent,
     OffloadingManager, OnTierFailure, PrepareStoreOutput, PrimaryTier, ReqContext, RequestId,
     ScheduleEndContext, SecondaryContext, SecondaryTier, TierError, TierInfo, TierStats, TieringManager,
 };
+use tiering_plugin::export::{self, descriptor};
+use tiering_plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
+use tiering_plugin::{PluginTier, from_entry_point};
 
 /// The engine calls that reach a secondary tier, by the scripted tier's op name.
 const SCHEDULER_OPS: [&str; 12] = [

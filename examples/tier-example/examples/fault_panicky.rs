@@ -3,7 +3,7 @@
 //! panics never cross the boundary.
 
 use serde::Deserialize;
-use tiering_core::config::parse_options;
+use tiering_core::options::parse_options;
 use tiering_core::{
     JobResult, LookupResult, OffloadKey, ReqContext, SecondaryContext, SecondaryTier, TierError, TierInfo,
     TransferJob,
@@ -61,4 +61,4 @@ fn validate(options: &toml::Table) -> Result<(), Vec<TierError>> {
     Ok(())
 }
 
-tiering_core::export_tier!("panicky" => build, validate = validate);
+tiering_plugin::export_tier!("panicky" => build, validate = validate);

@@ -5,14 +5,14 @@
 use std::time::Duration;
 
 use serde::Deserialize;
-use tiering_core::config::{ByteSize, parse_options};
-use tiering_core::plugin::export::{create, descriptor};
-use tiering_core::plugin::ffi::{
-    ErrSink, FfiFactoryCtx, FfiStaticStr, FfiStatus, FfiStr, PluginDescriptorV4, TierState,
-};
+use tiering_core::options::{ByteSize, parse_options};
 use tiering_core::{
     JobResult, LookupResult, OffloadKey, ReqContext, SecondaryContext, SecondaryTier, TierError, TierInfo,
     TransferJob,
+};
+use tiering_plugin::export::{create, descriptor};
+use tiering_plugin::ffi::{
+    ErrSink, FfiFactoryCtx, FfiStaticStr, FfiStatus, FfiStr, PluginDescriptorV4, TierState,
 };
 
 #[derive(Deserialize)]
@@ -74,8 +74,8 @@ pub static kvtier_tier_abi_version: u32 = 4;
 static DESCRIPTOR: PluginDescriptorV4 = PluginDescriptorV4 {
     abi_version: 4,
     descriptor_size: size_of::<PluginDescriptorV4>(),
-    core_version: FfiStaticStr::new(tiering_core::plugin::CORE_VERSION),
-    fingerprint: FfiStaticStr::new(tiering_core::plugin::BUILD_FINGERPRINT),
+    core_version: FfiStaticStr::new(tiering_plugin::CORE_VERSION),
+    fingerprint: FfiStaticStr::new(tiering_plugin::BUILD_FINGERPRINT),
     type_name: FfiStaticStr::new("legacy"),
     // The vtable did not change between versions 4 and 5.
     vtable: descriptor("legacy", create_legacy).vtable,

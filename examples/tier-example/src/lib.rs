@@ -7,8 +7,8 @@
 //!
 //! ## The pieces
 //! - [`tier::ExampleOptions`] — the tier's options, deserialised from its chain-file section with
-//!   `#[serde(deny_unknown_fields)]` through `tiering_core::config::parse_options`, so a typo is
-//!   an error naming the key and its line. Sizes use `tiering_core::config::ByteSize`
+//!   `#[serde(deny_unknown_fields)]` through `tiering_core::options::parse_options`, so a typo is
+//!   an error naming the key and its line. Sizes use `tiering_core::options::ByteSize`
 //!   (`"64MiB"`).
 //! - [`tier::ExampleTier`] — the `SecondaryTier` implementation. Manager-facing methods return at
 //!   once; copies run on the tier's worker thread, which reports every job exactly once and wakes
@@ -25,7 +25,7 @@
 //!
 //! ```ignore
 //! tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate); // linked in
-//! tiering_core::export_tier!("example" => tier::build, validate = tier::validate);             // loaded from the .so
+//! tiering_plugin::export_tier!("example" => tier::build, validate = tier::validate);             // loaded from the .so
 //! ```
 //!
 //! ## Using it
@@ -51,4 +51,4 @@ pub mod tier;
 pub use tier::{ExampleOptions, ExampleTier, build};
 
 tiering_core::register_tier!(secondary "example" => tier::build, validate = tier::validate);
-tiering_core::export_tier!("example" => tier::build, validate = tier::validate);
+tiering_plugin::export_tier!("example" => tier::build, validate = tier::validate);

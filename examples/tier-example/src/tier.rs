@@ -18,7 +18,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tier_kit::{JobLedger, LaneSpec, Ticket, WorkQueue, WorkerPool};
-use tiering_core::config::{ByteSize, parse_options};
+use tiering_core::options::{ByteSize, parse_options};
 use tiering_core::{
     ControlWaker, JobKind, JobOutcome, JobResult, Locality, LookupResult, Medium, OffloadKey,
     OffloadingEvent, ParentManager, ReqContext, RequestId, SecondaryContext, SecondaryTier, TierError,

@@ -236,7 +236,7 @@ pub trait EvictionPolicy: Send {
 ///
 /// In a chain file it is a string, case-insensitive; a value of another type is reported as
 /// `expected a string ("lru", "arc" or "s3fifo"), found …` (see
-/// [`tiering_core::config::parse_options`]).
+/// [`tiering_core::options::parse_options`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum PolicyKind {
     /// vLLM 0.33.0's logical-rank LRU.

@@ -257,11 +257,11 @@ pub fn options(url: &str, namespace: &str) -> RedisTierOptions {
     let mut o = RedisTierOptions::new(url);
     o.namespace = namespace.to_owned();
     o.workers = 2;
-    o.io_timeout = tiering_core::config::HumanDuration(Duration::from_millis(500));
-    o.connect_timeout = tiering_core::config::HumanDuration(Duration::from_millis(500));
-    o.reconnect_backoff = tiering_core::config::HumanDuration(Duration::from_millis(50));
-    o.reconnect_backoff_max = tiering_core::config::HumanDuration(Duration::from_millis(200));
-    o.presence_ttl = tiering_core::config::HumanDuration(Duration::from_millis(300));
+    o.io_timeout = tiering_core::options::HumanDuration(Duration::from_millis(500));
+    o.connect_timeout = tiering_core::options::HumanDuration(Duration::from_millis(500));
+    o.reconnect_backoff = tiering_core::options::HumanDuration(Duration::from_millis(50));
+    o.reconnect_backoff_max = tiering_core::options::HumanDuration(Duration::from_millis(200));
+    o.presence_ttl = tiering_core::options::HumanDuration(Duration::from_millis(300));
     o
 }
 

@@ -121,7 +121,7 @@ pub enum AdmissionError {
 /// # Errors
 /// An unknown key, a missing key or a bad value.
 pub fn parse<T: DeserializeOwned>(options: &toml::Table) -> Result<T, AdmissionError> {
-    crate::config::parse_options(options).map_err(|e| match e {
+    crate::options::parse_options(options).map_err(|e| match e {
         TierError::Config(m) => AdmissionError::Options(m),
         other => AdmissionError::Options(other.to_string()),
     })

@@ -11,12 +11,12 @@
 //!
 //! A factory receives the tier's own options — its TOML table without the chain-level keys
 //! `type` and `library` — and a context describing what it is built into. Each tier deserialises
-//! its table itself, with `#[serde(deny_unknown_fields)]`; [`crate::config::parse_options`] does
+//! its table itself, with `#[serde(deny_unknown_fields)]`; [`crate::options::parse_options`] does
 //! that and turns the serde error into a [`TierError::Config`] naming the offending key.
 //!
 //! ```ignore
 //! fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn SecondaryTier>, TierError> {
-//!     let opts: MyOptions = tiering_core::config::parse_options(options)?;
+//!     let opts: MyOptions = tiering_core::options::parse_options(options)?;
 //!     Ok(Box::new(MyTier::new(opts, ctx)?))
 //! }
 //! tiering_core::register_tier!(secondary "my-tier" => build);

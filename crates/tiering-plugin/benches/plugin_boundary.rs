@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use tiering_core::plugin::export::{self, descriptor};
-use tiering_core::plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
-use tiering_core::plugin::{PluginTier, from_entry_point};
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{
     ControlWaker, JobId, JobKind, JobResult, KeySet, LookupResult, OffloadKey, PrimaryTier, ReqContext,
     RowGrant, SecondaryContext, SecondaryTier, TierError, TierInfo, TransferJob,
 };
+use tiering_plugin::export::{self, descriptor};
+use tiering_plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
+use tiering_plugin::{PluginTier, from_entry_point};
 
 /// A tier that knows a set of keys and completes stores at once.
 #[derive(Default)]

@@ -19,17 +19,17 @@ use super::ffi::{
 };
 use super::loader::LoadedLibrary;
 use super::{OptionProblem, PluginError};
-use crate::arena::{ChunkArena, RowGrant, RowRead};
-use crate::error::{ManagerError, TierError};
-use crate::event::OffloadingEvent;
-use crate::job::{JobKind, JobResult, TransferJob};
-use crate::key::OffloadKey;
-use crate::outcome::{LookupResult, OffloadPolicy};
-use crate::registry::SecondaryContext;
-use crate::request::{ReqContext, RequestId, TierInfo};
-use crate::stats::TierStats;
-use crate::tier::{ParentManager, SecondaryTier};
-use crate::waker::ControlWaker;
+use tiering_core::arena::{ChunkArena, RowGrant, RowRead};
+use tiering_core::error::{ManagerError, TierError};
+use tiering_core::event::OffloadingEvent;
+use tiering_core::job::{JobKind, JobResult, TransferJob};
+use tiering_core::key::OffloadKey;
+use tiering_core::outcome::{LookupResult, OffloadPolicy};
+use tiering_core::registry::SecondaryContext;
+use tiering_core::request::{ReqContext, RequestId, TierInfo};
+use tiering_core::stats::TierStats;
+use tiering_core::tier::{ParentManager, SecondaryTier};
+use tiering_core::waker::ControlWaker;
 
 /// The waker the library's wake thread signals; boxed so its address is stable.
 struct HostWaker(Mutex<ControlWaker>);
@@ -262,7 +262,9 @@ impl PluginTier {
             }
             (JobKind::Promotion, RowGrant::Write(w)) => (
                 job_kind::PROMOTION,
-                w.into_iter().map(crate::arena::RowWrite::into_raw).collect(),
+                w.into_iter()
+                    .map(tiering_core::arena::RowWrite::into_raw)
+                    .collect(),
             ),
             (_, rows) => {
                 // A grant of the wrong mode cannot be handed over; release it here and fail the job.

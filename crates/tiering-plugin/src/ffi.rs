@@ -20,7 +20,7 @@
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-use crate::arena::ArenaRawParts;
+use tiering_core::arena::ArenaRawParts;
 
 /// The version of this ABI, which libraries built against this crate declare. A host accepts
 /// libraries of [`MIN_ABI_VERSION`] up to this version and refuses any other.

@@ -20,12 +20,12 @@ use toml::de::{DeTable, DeValue};
 
 use super::error::{ChainError, ChainErrorKind};
 use super::gates;
-use super::quoted_words;
 use super::spanned::to_value;
-use super::units::HumanDuration;
-use crate::admission::{AdmissionConfig, BackpressureConfig};
-use crate::manager::{ManagerConfig, OnTierFailure};
-use crate::request::{Locality, Medium};
+use tiering_core::admission::{AdmissionConfig, BackpressureConfig};
+use tiering_core::manager::{ManagerConfig, OnTierFailure};
+use tiering_core::options::HumanDuration;
+use tiering_core::options::quoted_words;
+use tiering_core::request::{Locality, Medium};
 
 /// Where a tier sits in the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,10 +155,10 @@ impl ControlPlaneSpec {
             tier_timeout: self.tier_timeout,
             worker_deadline: self.worker_deadline,
             on_tier_failure: self.on_tier_failure,
-            promotion_backoff: crate::manager::PromotionBackoffConfig {
+            promotion_backoff: tiering_core::manager::PromotionBackoffConfig {
                 initial: self.promotion_backoff,
                 max: self.promotion_backoff_max,
-                ..crate::manager::PromotionBackoffConfig::default()
+                ..tiering_core::manager::PromotionBackoffConfig::default()
             },
             ..ManagerConfig::default()
         }
@@ -177,7 +177,7 @@ pub struct ChainConfig {
     /// The control plane.
     pub control_plane: ControlPlaneSpec,
     /// The `[cost]` section: load-versus-recompute decisions (default: none).
-    pub cost: crate::manager::CostConfig,
+    pub cost: tiering_core::manager::CostConfig,
 }
 
 /// Byte offset → 1-based line number.
@@ -287,7 +287,7 @@ impl ChainConfig {
         let mut primary = None;
         let mut secondaries = Vec::new();
         let mut control_plane = ControlPlaneSpec::default();
-        let mut cost = crate::manager::CostConfig::default();
+        let mut cost = tiering_core::manager::CostConfig::default();
         for (key, value) in &doc {
             let line = lines.of_span(&key.span());
             let err = |kind| {

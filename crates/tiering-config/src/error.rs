@@ -3,9 +3,9 @@
 
 use std::fmt;
 
-use crate::error::TierError;
-use crate::plugin::PluginError;
-use crate::registry::RegistryError;
+use tiering_core::error::TierError;
+use tiering_core::registry::RegistryError;
+use tiering_plugin::PluginError;
 
 /// What went wrong.
 #[derive(Debug)]

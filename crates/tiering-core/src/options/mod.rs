@@ -1,50 +1,10 @@
-//! Tier chain files (`docs/ARCHITECTURE.md`, "Plugins and chains") and the helpers tier
-//! factories use to read their options.
-//!
-//! ```toml
-//! [primary]
-//! type = "cpu"
-//! capacity = "2GiB"
-//!
-//! [[secondary]]
-//! type = "disk"
-//! path = "${tmpdir}/kvtier-${pid}"
-//! capacity = "64GiB"
-//! admission = "after_first_reuse"           # the default for local storage
-//! backpressure = { high_water_per_mib = "1s", low_water_per_mib = "500ms" }
-//!
-//! [[secondary]]
-//! type = "my-tier"
-//! library = "target/release/libmy_tier.so"   # dynamic; omit for a linked-in tier
-//!
-//! [control_plane]
-//! thread = true
-//! idle_wait = "1ms"
-//!
-//! [cost]                          # optional: load-versus-recompute decisions
-//! recompute_per_token = "250ns"
-//! tokens_per_chunk = 16
-//! ```
-//!
-//! [`ChainConfig::parse`] checks the chain's own structure; [`ChainConfig::resolve`] finds every
-//! type (loading libraries); [`ChainConfig::build`] constructs the tiers and the manager. Each
-//! tier checks its own options (with [`parse_options`]). A relative `library` path is relative to
-//! the working directory. In a chain read from a file ([`ChainConfig::load`]), a tier's relative
-//! `path` is relative to the chain file's directory, and `path = ""` is that directory.
-//! [`ChainConfig::validate`] checks a chain without building it, reporting every error.
+//! The helpers tier factories use to read their options: [`parse_options`] turns a tier's TOML
+//! table into a typed struct with errors that name the offending key, and [`ByteSize`] /
+//! [`HumanDuration`] read sizes (`"64GiB"`) and durations (`"500ms"`). Chain files themselves
+//! are the `tiering-config` crate's.
 
-mod builder;
-mod chain;
-mod cost;
-mod error;
-mod gates;
-mod spanned;
 mod units;
-mod validate;
 
-pub use builder::{BuiltChain, ResolvedChain, TierSource};
-pub use chain::{ChainConfig, ControlPlaneSpec, TierPosition, TierSpec};
-pub use error::{ChainError, ChainErrorKind};
 pub use units::{ByteSize, HumanDuration, UnitError};
 
 use serde::de::DeserializeOwned;
@@ -96,7 +56,7 @@ fn culprit_by_removal<T: DeserializeOwned>(options: &toml::Table) -> Option<&str
 }
 
 /// The backquoted words of an error message.
-pub(crate) fn quoted_words(message: &str) -> impl Iterator<Item = &str> {
+pub fn quoted_words(message: &str) -> impl Iterator<Item = &str> {
     message.split('`').skip(1).step_by(2)
 }
 
@@ -191,9 +151,6 @@ fn describe(value: &toml::Value) -> String {
         toml::Value::Table(_) => "a table".to_owned(),
     }
 }
-
-#[cfg(test)]
-mod chain_tests;
 
 #[cfg(test)]
 mod tests {

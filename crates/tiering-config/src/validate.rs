@@ -8,18 +8,18 @@ use std::path::{Component, Path, PathBuf};
 use super::builder::{TierSource, locate};
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
-use super::units::ByteSize;
-use crate::error::TierError;
-use crate::registry::Registry;
+use tiering_core::error::TierError;
+use tiering_core::options::ByteSize;
+use tiering_core::registry::Registry;
 
 /// The largest capacity a tier without a backing device of its own (a network tier) may claim.
 const CAPACITY_BOUND: u64 = 1 << 50;
 
 impl ChainConfig {
     /// Every error of the chain, in file order: an unknown or misplaced tier type, every error
-    /// the type's validate-only hook ([`TierRegistration::validate`](crate::TierRegistration::validate),
+    /// the type's validate-only hook ([`TierRegistration::validate`](tiering_core::TierRegistration::validate),
     /// or for a tier library its validate entry,
-    /// [`LoadedLibrary::validate_options`](crate::plugin::LoadedLibrary::validate_options), which
+    /// [`LoadedLibrary::validate_options`](tiering_plugin::LoadedLibrary::validate_options), which
     /// loads the library but builds no tier) finds in its options, a `capacity` of zero or larger than the machine (physical
     /// memory for the primary, the filesystem under `path` for a tier with a path, 1 PiB
     /// otherwise), two tiers with one name, two tiers on one `path`. Nothing is built.

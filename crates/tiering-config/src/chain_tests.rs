@@ -7,10 +7,12 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use super::*;
-use crate::registry::{PrimaryContext, Registry, SecondaryContext};
-use crate::request::{Locality, Medium};
-use crate::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
-use crate::tier::{PrimaryTier, SecondaryTier};
+use tiering_core::error::TierError;
+use tiering_core::options::{ByteSize, parse_options};
+use tiering_core::registry::{PrimaryContext, Registry, SecondaryContext};
+use tiering_core::request::{Locality, Medium};
+use tiering_core::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
+use tiering_core::tier::{PrimaryTier, SecondaryTier};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -49,9 +51,9 @@ fn failing(options: &toml::Table, _: &SecondaryContext) -> Result<Box<dyn Second
     Err(TierError::Config("this tier always fails to start".into()))
 }
 
-crate::register_tier!(primary "chain-test-memory" => mem_primary);
-crate::register_tier!(secondary "chain-test-scripted" => scripted);
-crate::register_tier!(secondary "chain-test-failing" => failing);
+tiering_core::register_tier!(primary "chain-test-memory" => mem_primary);
+tiering_core::register_tier!(secondary "chain-test-scripted" => scripted);
+tiering_core::register_tier!(secondary "chain-test-failing" => failing);
 
 fn handle(name: &str) -> ScriptedTierHandle {
     SCRIPTED
@@ -67,7 +69,7 @@ fn parse(text: &str) -> Result<ChainConfig, ChainError> {
     ChainConfig::parse("chain.toml", text)
 }
 
-fn build(text: &str) -> Result<crate::TieringManager, ChainError> {
+fn build(text: &str) -> Result<tiering_core::TieringManager, ChainError> {
     parse(text)?.build(Registry::global().unwrap(), 128)
 }
 
@@ -136,7 +138,7 @@ on_tier_failure = "fail"
     assert_eq!(mc.reporters, 2);
     assert_eq!(mc.tier_timeout, Duration::from_secs(3));
     assert_eq!(mc.worker_deadline, Duration::from_millis(750));
-    assert_eq!(mc.on_tier_failure, crate::OnTierFailure::Fail);
+    assert_eq!(mc.on_tier_failure, tiering_core::OnTierFailure::Fail);
     assert_eq!(
         c.secondaries[1].describe(),
         "[[secondary]] #2 (type \"chain-test-scripted\")"
@@ -302,7 +304,7 @@ fn library_errors_are_located_at_the_library_key() {
     assert!(
         matches!(
             *e.kind,
-            ChainErrorKind::Plugin(crate::plugin::PluginError::NotFound { .. })
+            ChainErrorKind::Plugin(tiering_plugin::PluginError::NotFound { .. })
         ),
         "{e}"
     );
@@ -319,7 +321,7 @@ fn resolved_chains_print_their_sources() {
     let r = c.resolve(Registry::global().unwrap()).unwrap();
     let text = r.to_string();
     assert!(
-        text.contains("[primary] type \"chain-test-memory\" — linked in (crate tiering-core)"),
+        text.contains("[primary] type \"chain-test-memory\" — linked in (crate tiering-config)"),
         "{text}"
     );
     assert!(text.contains("name = \"p\""), "{text}");
@@ -489,7 +491,7 @@ fn promotion_backoff_is_a_control_plane_setting() {
     let d = parse("[primary]\ntype = \"a\"\n").unwrap().manager_config();
     assert_eq!(
         d.promotion_backoff,
-        crate::manager::PromotionBackoffConfig::default()
+        tiering_core::manager::PromotionBackoffConfig::default()
     );
     let c = parse(
         "[primary]\ntype = \"a\"\n[control_plane]\npromotion_backoff = \"250ms\"\npromotion_backoff_max = \"5s\"\n",
@@ -568,8 +570,8 @@ fn medium_and_locality_override_a_secondary_tiers_declaration() {
 
 #[test]
 fn a_built_chain_applies_the_overrides_to_lookups_and_filters() {
-    use crate::offloading::OffloadingManager;
-    use crate::request::{ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
+    use tiering_core::offloading::OffloadingManager;
+    use tiering_core::request::{ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
     let mut m = build(
         "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\
          [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"described-a\"\nmedium = \"cpu\"\nlocality = \"remote\"\n\
@@ -586,7 +588,7 @@ fn a_built_chain_applies_the_overrides_to_lookups_and_filters() {
         ]
     );
     // Both tiers hold the key; a filter on CPU reaches only the overridden one.
-    let k = crate::OffloadKey::from_u64(7);
+    let k = tiering_core::OffloadKey::from_u64(7);
     handle("described-a").insert(k, vec![1; 128]);
     handle("described-b").insert(k, vec![2; 128]);
     let cpu_only = ReqContext::builder(RequestId::local("f"))
@@ -599,7 +601,7 @@ fn a_built_chain_applies_the_overrides_to_lookups_and_filters() {
     step.on_new_request(&cpu_only).unwrap();
     assert_eq!(
         step.lookup(&k, &cpu_only).unwrap(),
-        crate::LookupResult::HitPending
+        tiering_core::LookupResult::HitPending
     );
     drop(step);
     assert_eq!(handle("described-a").count("submit_load"), 1);

@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
-use super::quoted_words;
-use crate::admission::AdmissionConfig;
-use crate::error::{TierError, panic_message};
-use crate::manager::{ManagerConfig, TierGateConfig, TieringManager};
-use crate::plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
-use crate::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
-use crate::tier::{PrimaryTier, SecondaryTier};
-use crate::waker::ControlWaker;
+use tiering_core::admission::AdmissionConfig;
+use tiering_core::error::{TierError, panic_message};
+use tiering_core::manager::{ManagerConfig, TierGateConfig, TieringManager};
+use tiering_core::options::quoted_words;
+use tiering_core::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
+use tiering_core::tier::{PrimaryTier, SecondaryTier};
+use tiering_core::waker::ControlWaker;
+use tiering_plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 
 /// Where a tier type of the chain comes from.
 #[derive(Clone, Copy, Debug)]
@@ -116,7 +116,7 @@ impl ChainConfig {
                         PluginError::FingerprintMismatch {
                             path: path.clone(),
                             found: lib.fingerprint().to_owned(),
-                            expected: crate::plugin::BUILD_FINGERPRINT.to_owned(),
+                            expected: tiering_plugin::BUILD_FINGERPRINT.to_owned(),
                         },
                     ));
                 }
@@ -267,7 +267,7 @@ impl ResolvedChain<'_> {
                 }),
             };
             // The chain's `medium` / `locality` keys, whatever the tier's type.
-            let made = made.map(|t| crate::tier::Redescribed::wrap(t, spec.medium, spec.locality));
+            let made = made.map(|t| tiering_core::tier::Redescribed::wrap(t, spec.medium, spec.locality));
             let made = made.and_then(|t| {
                 let name = t.info().name;
                 if names.insert(name.clone()) {

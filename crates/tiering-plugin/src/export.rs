@@ -23,15 +23,15 @@ use super::ffi::{
     FfiParent, FfiReq, FfiSink, FfiStaticStr, FfiStats, FfiStatus, FfiStr, PluginDescriptor, TierState,
     TierVTable, job_kind, lookup, status,
 };
-use crate::arena::{ChunkArena, RowGrant, RowRead, RowWrite};
-use crate::error::{ControlPlaneFailure, ManagerError, TierError};
-use crate::job::{JobId, JobKind, JobResult, TransferJob};
-use crate::key::OffloadKey;
-use crate::outcome::{LookupResult, OffloadPolicy};
-use crate::registry::{OptionsValidator, SecondaryContext, SecondaryFactory};
-use crate::request::{ReqContext, RequestId};
-use crate::tier::{ParentManager, SecondaryTier};
-use crate::waker::ControlWaker;
+use tiering_core::arena::{ChunkArena, RowGrant, RowRead, RowWrite};
+use tiering_core::error::{ControlPlaneFailure, ManagerError, TierError};
+use tiering_core::job::{JobId, JobKind, JobResult, TransferJob};
+use tiering_core::key::OffloadKey;
+use tiering_core::outcome::{LookupResult, OffloadPolicy};
+use tiering_core::registry::{OptionsValidator, SecondaryContext, SecondaryFactory};
+use tiering_core::request::{ReqContext, RequestId};
+use tiering_core::tier::{ParentManager, SecondaryTier};
+use tiering_core::waker::ControlWaker;
 
 /// The `create` function an entry point puts in its vtable.
 pub type CreateFn = unsafe extern "C" fn(
@@ -313,7 +313,7 @@ pub unsafe fn create(
 /// `validate` for a library whose options `validator` checks (the same hook as
 /// `register_tier!`'s `validate = …`). Called by the code [`export_tier!`](crate::export_tier)
 /// generates. Each problem goes out with the top-level key its message quotes in backquotes
-/// (what [`parse_options`](crate::config::parse_options) writes), or no key.
+/// (what [`parse_options`](tiering_core::options::parse_options) writes), or no key.
 ///
 /// # Safety
 /// `options_toml` is valid for the call; the sinks are callable during it.
@@ -337,7 +337,7 @@ pub unsafe fn validate(
                 TierError::Config(m) => m,
                 other => other.to_string(),
             };
-            let key = crate::config::quoted_words(&message)
+            let key = tiering_core::options::quoted_words(&message)
                 .find(|w| options.contains_key(*w))
                 .unwrap_or("");
             let item = FfiConfigError {
@@ -778,13 +778,13 @@ impl ParentManager for ParentAdapter<'_> {
 
 /// Exports a secondary tier type from a `cdylib`, so a host can load it with
 /// `library = "…"` in a chain file. The factory has the same signature as for
-/// [`register_tier!`](crate::register_tier), so one function serves both; so does the optional
+/// [`register_tier!`](tiering_core::register_tier), so one function serves both; so does the optional
 /// validate-only hook, which lets `kvtier check` check the tier's options without building it
 /// (tier ABI 5; without it, only `kvtier check --build` checks them):
 ///
 /// ```ignore
 /// tiering_core::register_tier!(secondary "my-tier" => build, validate = validate);
-/// tiering_core::export_tier!("my-tier" => build, validate = validate);
+/// tiering_plugin::export_tier!("my-tier" => build, validate = validate);
 /// ```
 ///
 /// Use it once per library, at module level. It exports the ABI version static and the entry
@@ -800,14 +800,14 @@ macro_rules! export_tier {
         $crate::export_tier!(@entry $name, $factory, |d| {
             // Named so it cannot shadow the hook's own name in `$validator`.
             unsafe extern "C" fn __kvtier_validate_entry(
-                options: $crate::plugin::ffi::FfiStr,
-                out: $crate::plugin::ffi::FfiSink<$crate::plugin::ffi::FfiConfigError>,
-                err: $crate::plugin::ffi::ErrSink,
-            ) -> $crate::plugin::ffi::FfiStatus {
-                let validator: $crate::registry::OptionsValidator = $validator;
+                options: $crate::ffi::FfiStr,
+                out: $crate::ffi::FfiSink<$crate::ffi::FfiConfigError>,
+                err: $crate::ffi::ErrSink,
+            ) -> $crate::ffi::FfiStatus {
+                let validator: $crate::__private::OptionsValidator = $validator;
                 // SAFETY: the host calls `validate` under the descriptor's contract, which is
                 // exactly `plugin::export::validate`'s.
-                unsafe { $crate::plugin::export::validate(validator, options, out, err) }
+                unsafe { $crate::export::validate(validator, options, out, err) }
             }
             d.with_validate(__kvtier_validate_entry)
         });
@@ -816,24 +816,24 @@ macro_rules! export_tier {
         /// The kvtier tier ABI version this library implements (read by the loader first).
         #[allow(non_upper_case_globals)]
         #[unsafe(no_mangle)]
-        pub static kvtier_tier_abi_version: u32 = $crate::plugin::ffi::ABI_VERSION;
+        pub static kvtier_tier_abi_version: u32 = $crate::ffi::ABI_VERSION;
 
         /// The kvtier tier entry point: returns this library's descriptor.
         #[unsafe(no_mangle)]
-        pub extern "C" fn kvtier_tier_entry() -> *const $crate::plugin::ffi::PluginDescriptor {
+        pub extern "C" fn kvtier_tier_entry() -> *const $crate::ffi::PluginDescriptor {
             unsafe extern "C" fn create(
-                options: $crate::plugin::ffi::FfiStr,
-                ctx: *const $crate::plugin::ffi::FfiFactoryCtx,
-                out: *mut $crate::plugin::ffi::TierState,
-                err: $crate::plugin::ffi::ErrSink,
-            ) -> $crate::plugin::ffi::FfiStatus {
-                let factory: $crate::registry::SecondaryFactory = $factory;
+                options: $crate::ffi::FfiStr,
+                ctx: *const $crate::ffi::FfiFactoryCtx,
+                out: *mut $crate::ffi::TierState,
+                err: $crate::ffi::ErrSink,
+            ) -> $crate::ffi::FfiStatus {
+                let factory: $crate::__private::SecondaryFactory = $factory;
                 // SAFETY: the host calls `create` under the vtable's contract, which is exactly
                 // `plugin::export::create`'s.
-                unsafe { $crate::plugin::export::create(factory, options, ctx, out, err) }
+                unsafe { $crate::export::create(factory, options, ctx, out, err) }
             }
-            static DESCRIPTOR: $crate::plugin::ffi::PluginDescriptor = {
-                let $d = $crate::plugin::export::descriptor($name, create);
+            static DESCRIPTOR: $crate::ffi::PluginDescriptor = {
+                let $d = $crate::export::descriptor($name, create);
                 $finish
             };
             &DESCRIPTOR

@@ -13,8 +13,8 @@
 use std::time::Duration;
 
 use super::error::ChainErrorKind;
-use super::units::HumanDuration;
-use crate::admission::{AdmissionConfig, BackpressureConfig};
+use tiering_core::admission::{AdmissionConfig, BackpressureConfig};
+use tiering_core::options::HumanDuration;
 
 const BACKPRESSURE_KEYS: &str =
     "enabled, alpha, high_water_per_mib, low_water_per_mib, warmup, probe_interval";

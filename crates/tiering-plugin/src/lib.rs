@@ -1,3 +1,5 @@
+//! # tiering-plugin
+//!
 //! Secondary tiers in shared libraries (`cdylib`), loaded at run time.
 //!
 //! A tier library links its own copy of tiering-core, so no Rust type may cross between it and
@@ -5,13 +7,13 @@
 //! The library exports two symbols: a `u32` static holding the ABI version, which the loader
 //! reads before it calls anything, and an entry function returning a static descriptor (ABI
 //! version, tiering-core version, build fingerprint, tier type name, and a vtable covering the
-//! whole [`SecondaryTier`](crate::SecondaryTier) contract). [`export_tier!`](crate::export_tier)
+//! whole [`SecondaryTier`](tiering_core::SecondaryTier) contract). [`export_tier!`](crate::export_tier)
 //! generates both from an ordinary factory; the library's author writes only a normal
 //! `SecondaryTier`.
 //!
 //! - Rows: jobs cross as key/row-id arrays. The library builds a *view* of the host's arena
 //!   (same memory, same row locks) and adopts the row grants the host gave up, so its tier
-//!   receives a real [`TransferJob`](crate::TransferJob) whose grants lock the host's rows.
+//!   receives a real [`TransferJob`](tiering_core::TransferJob) whose grants lock the host's rows.
 //! - Panics: caught on both sides of every call and turned into errors.
 //! - Checking options: a library may export a validate-only hook (ABI 5, `export_tier!(… ,
 //!   validate = f)`), which `kvtier check` calls through
@@ -19,7 +21,9 @@
 //!   and run; they have no such entry.
 //! - Lifetime: libraries are never unloaded.
 //!
-//! All `unsafe` of the boundary is in this module (plus the arena's raw-grant functions).
+//! All `unsafe` of the boundary is in this crate (plus the arena's raw-grant functions). An
+//! engine that links its tiers statically does not depend on it, so it never builds `libloading`;
+//! `tiering-config` reaches it for chains whose tiers name a `library`.
 
 mod convert;
 pub mod export;
@@ -27,6 +31,13 @@ pub mod ffi;
 mod host;
 mod loader;
 mod log;
+
+/// What [`export_tier!`] expands to names these through `$crate`, so a tier library needs only
+/// this crate in scope.
+#[doc(hidden)]
+pub mod __private {
+    pub use tiering_core::registry::{OptionsValidator, SecondaryFactory};
+}
 
 use std::path::PathBuf;
 
