@@ -14,6 +14,9 @@ pub mod command;
 pub mod fetch_rtt;
 mod raw_file;
 pub mod redis;
+mod tier_config;
+mod tier_figures;
+mod tier_harness;
 pub mod tiers;
 
 pub use command::{BenchCommand, run_command};
@@ -21,8 +24,10 @@ pub use fetch_rtt::{
     ControlPlaneMode, CopyWorkerArgs, FetchRttConfig, FetchRttReport, Flow, ModeResult, TargetCheck,
     copy_worker, fetch_rtt,
 };
-pub use redis::{LookupLatency, RedisTarget};
-pub use tiers::{DiskTarget, TierBenchConfig, TierBenchReport, TierBenchRow, bench_tiers};
+pub use redis::LookupLatency;
+pub use tier_config::{DiskTarget, RedisTarget, TierBenchConfig};
+pub use tier_figures::TierBenchRow;
+pub use tiers::{TierBenchReport, bench_tiers};
 
 /// Why a benchmark could not run.
 #[derive(Debug, thiserror::Error)]

@@ -23,18 +23,10 @@ use tier_redis::{KeyScheme, RedisTier, RedisTierOptions};
 use tiering_core::{ControlWaker, LookupResult, OffloadKey, PrimaryTier, ReqContext, SecondaryTier};
 
 use super::BenchError;
-use super::tiers::{Bench, Meter, TierBenchRow, row};
+use super::tier_config::RedisTarget;
+use super::tier_figures::{Meter, TierBenchRow, row};
+use super::tier_harness::Bench;
 use crate::sim::fill_chunk;
-
-/// A Redis tier of the chain, with the options it was built from (the reference connects to
-/// the same server).
-#[derive(Clone, Debug)]
-pub struct RedisTarget {
-    /// The tier's name.
-    pub name: String,
-    /// Its options.
-    pub options: RedisTierOptions,
-}
 
 /// Lookup latency of one tier: first call (`Retry`) to answer.
 #[derive(Clone, Debug, Serialize)]

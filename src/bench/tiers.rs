@@ -16,96 +16,21 @@
 //! - Remote tiers (peers) move data only between nodes: `kvtier bench fetch-rtt` measures them.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tier_disk::IoShape;
-use tiering_core::{
-    ChunkArena, ChunkId, ControlWaker, JobId, JobKind, JobOutcome, JobResult, Locality, Medium, OffloadKey,
-    PrimaryTier, ReqContext, RowGrant, SecondaryTier, TransferJob,
-};
+use tiering_core::{ControlWaker, Locality, Medium, PrimaryTier, SecondaryTier};
 
 use super::BenchError;
 use super::raw_file::RawFile;
-use super::redis::{LookupLatency, RedisTarget};
+use super::redis::LookupLatency;
+use super::tier_config::TierBenchConfig;
+use super::tier_figures::{Meter, TierBenchRow, row};
+use super::tier_harness::Bench;
 use crate::host_buffer::{HostBuffer, PAGE_ALIGN};
-use crate::sim::{BuiltTiers, SimRng, chunk_matches, fill_chunk};
-
-/// What to measure.
-#[derive(Clone, Debug, Serialize)]
-pub struct TierBenchConfig {
-    /// Bytes per chunk.
-    pub chunk_bytes: usize,
-    /// Chunks per job (one round moves one batch each way).
-    pub batch_chunks: usize,
-    /// Bytes to move per tier and direction (rounded up to whole batches).
-    pub total_bytes: u64,
-    /// Where the storage reference writes its scratch file (a storage tier's own directory is
-    /// the fair choice).
-    pub scratch_dir: PathBuf,
-    /// Longest wait for one job.
-    pub job_timeout: Duration,
-    /// Seed for the chunk keys (fresh keys per run, so a persistent tier stores new data).
-    pub seed: u64,
-    /// The chain's Redis tiers, measured against a raw pipeline to the same server.
-    #[serde(skip)]
-    pub redis: Vec<RedisTarget>,
-    /// The chain's disk tiers: their reference makes the same calls as they do.
-    #[serde(skip)]
-    pub disk: Vec<DiskTarget>,
-}
-
-/// A disk tier of the chain and what shapes its I/O.
-#[derive(Clone, Debug)]
-pub struct DiskTarget {
-    /// The tier's name.
-    pub name: String,
-    /// Its I/O threads (calls in flight).
-    pub io_threads: usize,
-    /// Its slab's size: past it the tier overwrites slots, so the reference rewrites too.
-    pub capacity: u64,
-    /// Whether it reserves its slab with `fallocate` (the reference then reserves its file).
-    pub preallocate: bool,
-}
-
-impl Default for TierBenchConfig {
-    fn default() -> Self {
-        Self {
-            chunk_bytes: 256 * 1024,
-            batch_chunks: 32,
-            total_bytes: 256 << 20,
-            scratch_dir: std::env::temp_dir(),
-            job_timeout: Duration::from_secs(30),
-            seed: 0,
-            redis: Vec::new(),
-            disk: Vec::new(),
-        }
-    }
-}
-
-/// One measured figure.
-#[derive(Clone, Debug, Serialize)]
-pub struct TierBenchRow {
-    /// The tier.
-    pub tier: String,
-    /// `store` (into the tier) or `load` (out of it).
-    pub op: &'static str,
-    /// Bytes moved.
-    pub bytes: u64,
-    /// Throughput through the tier, GiB/s.
-    pub gib_per_s: f64,
-    /// The reference measured next to it.
-    pub reference: String,
-    /// The reference's throughput, GiB/s.
-    pub reference_gib_per_s: f64,
-    /// Tier ÷ reference, over all the bytes.
-    pub ratio: f64,
-    /// The median over rounds of tier ÷ reference, each round's pair measured back to back:
-    /// steadier than `ratio` when the machine's load drifts during the run.
-    pub paired_ratio: f64,
-}
+use crate::sim::{BuiltTiers, fill_chunk};
 
 /// Every figure, plus the tiers that were not measured and why.
 #[derive(Clone, Debug, Serialize)]
@@ -155,64 +80,6 @@ impl fmt::Display for TierBenchReport {
     }
 }
 
-/// Accumulates bytes and time for one figure.
-#[derive(Default)]
-pub(super) struct Meter {
-    bytes: u64,
-    time: Duration,
-    /// Each round's time, in order (rounds move equal bytes on both sides of a row).
-    rounds: Vec<Duration>,
-}
-
-impl Meter {
-    pub(super) fn add(&mut self, bytes: u64, time: Duration) {
-        self.bytes += bytes;
-        self.time += time;
-        self.rounds.push(time);
-    }
-
-    fn gib_per_s(&self) -> f64 {
-        let s = self.time.as_secs_f64();
-        if s <= 0.0 {
-            0.0
-        } else {
-            self.bytes as f64 / s / f64::from(1u32 << 30)
-        }
-    }
-}
-
-/// The median over rounds of the reference's time ÷ the tier's (a throughput ratio).
-fn paired_ratio(tier: &Meter, reference: &Meter) -> f64 {
-    let mut ratios: Vec<f64> = (tier.rounds.iter().zip(&reference.rounds))
-        .filter(|(t, _)| !t.is_zero())
-        .map(|(t, r)| r.as_secs_f64() / t.as_secs_f64())
-        .collect();
-    if ratios.is_empty() {
-        return 0.0;
-    }
-    ratios.sort_by(f64::total_cmp);
-    let mid = ratios.len() / 2;
-    if ratios.len() % 2 == 1 {
-        ratios[mid]
-    } else {
-        f64::midpoint(ratios[mid - 1], ratios[mid])
-    }
-}
-
-pub(super) fn row(tier: &str, op: &'static str, m: &Meter, reference: &str, r: &Meter) -> TierBenchRow {
-    let (a, b) = (m.gib_per_s(), r.gib_per_s());
-    TierBenchRow {
-        tier: tier.to_owned(),
-        op,
-        bytes: m.bytes,
-        gib_per_s: a,
-        reference: reference.to_owned(),
-        reference_gib_per_s: b,
-        ratio: if b > 0.0 { a / b } else { 0.0 },
-        paired_ratio: paired_ratio(m, r),
-    }
-}
-
 /// Measures every tier of `tiers` and shuts them down.
 ///
 /// # Errors
@@ -243,14 +110,7 @@ pub fn bench_tiers(tiers: BuiltTiers, cfg: &TierBenchConfig) -> Result<TierBench
     }
     let batch_bytes = (batch * cfg.chunk_bytes) as u64;
     let rounds = cfg.total_bytes.div_ceil(batch_bytes).max(1);
-    let mut bench = Bench {
-        arena,
-        ctx: ReqContext::local("kvtier-bench"),
-        rng: SimRng::new(cfg.seed ^ std::process::id() as u64),
-        batch,
-        rounds,
-        cfg,
-    };
+    let mut bench = Bench::new(arena, batch, rounds, cfg);
     let mut rows = Vec::new();
     let mut skipped = Vec::new();
     let mut lookups = Vec::new();
@@ -306,29 +166,7 @@ fn copy_by_chunk(dst: &mut [u8], src: &[u8], chunk: usize) {
     }
 }
 
-pub(super) struct Bench<'a> {
-    pub(super) arena: Arc<ChunkArena>,
-    pub(super) ctx: ReqContext,
-    rng: SimRng,
-    pub(super) batch: usize,
-    pub(super) rounds: u64,
-    pub(super) cfg: &'a TierBenchConfig,
-}
-
 impl Bench<'_> {
-    pub(super) fn fresh_keys(&mut self) -> Vec<OffloadKey> {
-        (0..self.batch)
-            .map(|_| OffloadKey::from_u64(self.rng.next_u64()))
-            .collect()
-    }
-
-    pub(super) fn tier_err(tier: &str, message: impl Into<String>) -> BenchError {
-        BenchError::Tier {
-            tier: tier.to_owned(),
-            message: message.into(),
-        }
-    }
-
     /// Primary: engine-side store and load through the tier's bookkeeping and arena rows.
     fn primary(&mut self, primary: &mut dyn PrimaryTier) -> Result<Vec<TierBenchRow>, BenchError> {
         let name = primary.info().name;
@@ -502,132 +340,5 @@ impl Bench<'_> {
             row(&name, "store", &store, &reference.label("write"), &raw_w),
             row(&name, "load", &load, &reference.label("read"), &raw_r),
         ])
-    }
-
-    /// Stores the primary rows `rows` (pinned for reading, holding `keys`) into `tier` as job
-    /// `job_id`, then releases the pins; returns the time of the store job alone.
-    pub(super) fn store_pinned(
-        &self,
-        name: &str,
-        tier: &mut dyn SecondaryTier,
-        primary: &mut dyn PrimaryTier,
-        (keys, rows): (&[OffloadKey], &[ChunkId]),
-        job_id: u64,
-        waker: &ControlWaker,
-    ) -> Result<Duration, BenchError> {
-        let job = TransferJob {
-            id: JobId(job_id),
-            kind: JobKind::Store,
-            keys: keys.to_vec(),
-            chunk_ids: rows.to_vec(),
-            req: self.ctx.clone(),
-            rows: RowGrant::Read(self.arena.read_rows(rows)?),
-        };
-        let t = Instant::now();
-        tier.submit_store(job);
-        let r = self.await_job(tier, JobId(job_id), waker)?;
-        let store_time = t.elapsed();
-        primary
-            .complete_read(keys, &self.ctx)
-            .map_err(|e| Self::tier_err(name, e.to_string()))?;
-        if r.outcome != JobOutcome::Ok {
-            return Err(Self::tier_err(name, format!("store job failed: {:?}", r.outcome)));
-        }
-        Ok(store_time)
-    }
-
-    /// Loads `keys` back from `tier` into freshly reserved primary rows (the primary forgot
-    /// them), as job `job_id`; checks every byte and returns the time of the load job alone.
-    pub(super) fn load_back_verified(
-        &self,
-        name: &str,
-        tier: &mut dyn SecondaryTier,
-        primary: &mut dyn PrimaryTier,
-        keys: &[OffloadKey],
-        job_id: u64,
-        waker: &ControlWaker,
-    ) -> Result<Duration, BenchError> {
-        let out = primary
-            .prepare_write(keys, &self.ctx)
-            .ok_or_else(|| Self::tier_err(name, "the primary has no room to load a batch"))?;
-        let job = TransferJob {
-            id: JobId(job_id),
-            kind: JobKind::Promotion,
-            keys: out.keys_to_store.clone(),
-            chunk_ids: out.chunk_ids.clone(),
-            req: self.ctx.clone(),
-            rows: RowGrant::Write(self.arena.write_rows(&out.chunk_ids)?),
-        };
-        let t = Instant::now();
-        tier.submit_load(job);
-        let r = self.await_job(tier, JobId(job_id), waker)?;
-        let load_time = t.elapsed();
-        let ok = r.outcome == JobOutcome::Ok;
-        primary.complete_write(&out.keys_to_store, &self.ctx, ok);
-        if !ok {
-            return Err(Self::tier_err(name, format!("load job failed: {:?}", r.outcome)));
-        }
-        for (c, k) in out.chunk_ids.iter().zip(&out.keys_to_store) {
-            if !chunk_matches(k, &self.arena.read_row(*c)?) {
-                return Err(Self::tier_err(
-                    name,
-                    format!("chunk {k} came back with different bytes"),
-                ));
-            }
-        }
-        Ok(load_time)
-    }
-
-    /// Waits for job `id`'s result, asleep on `waker` (set on the tier) between polls.
-    pub(super) fn await_job(
-        &self,
-        tier: &mut dyn SecondaryTier,
-        id: JobId,
-        waker: &ControlWaker,
-    ) -> Result<JobResult, BenchError> {
-        let deadline = Instant::now() + self.cfg.job_timeout;
-        let mut out = Vec::new();
-        loop {
-            tier.poll_finished(&mut out);
-            if let Some(pos) = out.iter().position(|r| r.id == id) {
-                return Ok(out.swap_remove(pos));
-            }
-            let now = Instant::now();
-            if now > deadline {
-                return Err(Self::tier_err(
-                    &tier.info().name,
-                    format!("{id} not reported within {:?}", self.cfg.job_timeout),
-                ));
-            }
-            // A tier that never fires its waker still gets polled every millisecond.
-            waker.wait((deadline - now).min(Duration::from_millis(1)));
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn meter(ms: &[u64]) -> Meter {
-        let mut m = Meter::default();
-        for &t in ms {
-            m.add(1 << 20, Duration::from_millis(t));
-        }
-        m
-    }
-
-    #[test]
-    fn the_paired_ratio_is_the_median_of_per_round_ratios() {
-        // The tier took 2 ms per round, the reference 1 ms, except one round where a stall
-        // hit the reference: the total ratio moves, the paired median does not.
-        let tier = meter(&[2, 2, 2, 2, 2]);
-        let reference = meter(&[1, 1, 1, 1, 50]);
-        let r = row("t", "store", &tier, "ref", &reference);
-        assert!((r.paired_ratio - 0.5).abs() < 1e-9, "{}", r.paired_ratio);
-        assert!(r.ratio > 5.0, "{}", r.ratio);
-        // An even count takes the midpoint of the middle two.
-        assert!((paired_ratio(&meter(&[1, 1, 1, 1]), &meter(&[1, 1, 3, 3])) - 2.0).abs() < 1e-9);
-        assert!(paired_ratio(&Meter::default(), &Meter::default()).abs() < f64::EPSILON);
     }
 }
