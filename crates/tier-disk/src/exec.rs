@@ -156,15 +156,9 @@ fn read_run(
 /// Runs one submission to completion and settles its keys; its I/O call waits for a permit of
 /// the I/O gate in the run's epoch (a run still waiting when the gate moves on is cancelled
 /// instead). Returns the bytes moved and how long the I/O took, when it succeeded.
-pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u64, Duration)> {
+pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Option<(u64, Duration)> {
     let load = run.is_load();
-    let Run {
-        part,
-        mut items,
-        queued,
-        epoch,
-    } = run;
-    let bytes = (items.len() * shared.slab.layout().chunk_bytes) as u64;
+    let bytes = (run.items.len() * shared.slab.layout().chunk_bytes) as u64;
     // An emulated slow device: the delay is part of the I/O time the meters see.
     let delay = shared.io_delay;
     if !delay.is_zero() {
@@ -172,25 +166,18 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
     }
     if load {
         let read = catch_unwind(AssertUnwindSafe(|| {
-            read_run(shared, scratch, &part.job().keys, &mut items, epoch)
+            read_run(shared, scratch, &run.part.job().keys, &mut run.items, run.epoch)
         }))
         .unwrap_or_else(|_| Err(panicked()));
         let read = match read {
             Ok(Some((verdicts, took))) => Ok((verdicts, took)),
             Ok(None) => {
-                cancel(
-                    shared,
-                    Run {
-                        part,
-                        items,
-                        queued,
-                        epoch,
-                    },
-                );
+                cancel(shared, run);
                 return None;
             }
             Err(e) => Err(e),
         };
+        let Run { part, items, .. } = run;
         let sample = read.as_ref().ok().map(|(_, took)| (bytes, *took + delay));
         let verdicts: Vec<Result<(), LoadError>> = match read {
             Ok((v, _)) => v.into_iter().map(|r| r.map_err(LoadError::Defect)).collect(),
@@ -236,25 +223,18 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, run: Run) -> Option<(u
         sample
     } else {
         let written = catch_unwind(AssertUnwindSafe(|| {
-            write_run(shared, scratch, &part.job().keys, &items, epoch)
+            write_run(shared, scratch, &run.part.job().keys, &run.items, run.epoch)
         }))
         .unwrap_or_else(|_| Err(panicked()));
         let (written, took) = match written {
             Ok(Some(took)) => (Ok(()), took + delay),
             Ok(None) => {
-                cancel(
-                    shared,
-                    Run {
-                        part,
-                        items,
-                        queued,
-                        epoch,
-                    },
-                );
+                cancel(shared, run);
                 return None;
             }
             Err(e) => (Err(e), Duration::ZERO),
         };
+        let Run { part, items, .. } = run;
         // The primary rows are no longer needed; the manager's pins last until the result.
         let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
         // The run went in slot order; its keys enter the LRU order in the job's key order.

@@ -59,6 +59,9 @@ pub struct SlotLocation {
 /// behind rather than waited for.
 const STOP_WAIT: Duration = Duration::from_secs(10);
 
+/// The kit's check of a submitted job: `accept_store` or `accept_load`.
+type Accept<R> = fn(TransferJob, usize, Option<&'static str>) -> Result<Accepted<R>, Rejected>;
+
 /// The persistent, bounded disk tier. See the crate documentation.
 pub struct DiskTier {
     shared: Arc<Shared>,
@@ -318,6 +321,18 @@ impl DiskTier {
         )
     }
 
+    /// Checks a submitted job with `accept` (`accept_store` or `accept_load`) and opens its
+    /// ticket; `None` when it was refused (and is reported failed already).
+    fn admit<R>(&self, job: TransferJob, accept: Accept<R>) -> Option<(Ticket, Accepted<R>)> {
+        match accept(job, self.shared.slab.layout().chunk_bytes, self.refusal()) {
+            Ok(job) => Some((self.ledger.open(job.id), job)),
+            Err(rejected) => {
+                self.fail_now(rejected);
+                None
+            }
+        }
+    }
+
     /// Reports a job as failed without doing anything (its grants are dropped already).
     fn fail_now(&self, job: Rejected) {
         self.shared.log.warn(
@@ -406,12 +421,9 @@ impl SecondaryTier for DiskTier {
     }
 
     fn submit_store(&mut self, job: TransferJob) {
-        let chunk_bytes = self.shared.slab.layout().chunk_bytes;
-        let Accepted { id, kind, keys, rows } = match accept_store(job, chunk_bytes, self.refusal()) {
-            Ok(job) => job,
-            Err(rejected) => return self.fail_now(rejected),
+        let Some((ticket, Accepted { id, kind, keys, rows })) = self.admit(job, accept_store) else {
+            return;
         };
-        let ticket = self.ledger.open(id);
         let mut outcomes = vec![KeyOutcome::Pending; keys.len()];
         let mut tasks = Vec::with_capacity(keys.len());
         let mut evicted = Vec::new();
@@ -470,12 +482,9 @@ impl SecondaryTier for DiskTier {
     }
 
     fn submit_load(&mut self, job: TransferJob) {
-        let chunk_bytes = self.shared.slab.layout().chunk_bytes;
-        let Accepted { id, kind, keys, rows } = match accept_load(job, chunk_bytes, self.refusal()) {
-            Ok(job) => job,
-            Err(rejected) => return self.fail_now(rejected),
+        let Some((ticket, Accepted { kind, keys, rows, .. })) = self.admit(job, accept_load) else {
+            return;
         };
-        let ticket = self.ledger.open(id);
         let mut outcomes = vec![KeyOutcome::Pending; keys.len()];
         let mut tasks = Vec::with_capacity(keys.len());
         {
