@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::ChunkId;
+use crate::chunk_id::ChunkId;
 
 /// Errors from creating, opening or pinning an arena, or granting its rows.
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use super::ChunkArena;
-use crate::ChunkId;
+use crate::chunk_id::ChunkId;
 
 /// Shared read access to one arena row; released on drop.
 pub struct RowRead {

@@ -57,6 +57,7 @@ use std::sync::atomic::AtomicU32;
 
 use memmap2::MmapRaw;
 
+mod chunk_id;
 mod error;
 mod file_lock;
 mod grant;
@@ -68,9 +69,7 @@ mod row_lock;
 mod tests;
 mod view;
 
-/// Index of a row (chunk slot) in a [`ChunkArena`].
-pub type ChunkId = u32;
-
+pub use chunk_id::ChunkId;
 pub use error::{ArenaError, HeaderProblem};
 pub use grant::{RowGrant, RowRead, RowWrite};
 pub use layout::{MAX_VIEWS, page_size};

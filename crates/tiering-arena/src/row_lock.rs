@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use super::layout::{READERS_MAX, WRITER};
 use super::{ArenaError, ChunkArena, Role, RowRead, RowWrite};
-use crate::ChunkId;
+use crate::chunk_id::ChunkId;
 
 impl ChunkArena {
     /// The reader ledger of view slot `slot`.

@@ -27,8 +27,11 @@ use std::path::Path;
 use crate::arena::ChunkArena;
 use crate::key::OffloadKey;
 
+mod reports;
 mod server;
 mod wire;
+
+pub(crate) use reports::{CompletionQueue, WorkerEvent};
 
 pub(crate) use server::ChannelServer;
 use wire::WIRE_KEY;

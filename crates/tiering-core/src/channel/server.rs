@@ -6,8 +6,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 
+use super::reports::{CompletionQueue, WorkerEvent};
 use super::wire::{HEADER, Message, decode_header, decode_payload};
-use crate::manager::{CompletionQueue, WorkerEvent};
 use crate::waker::{ControlWaker, FdWatch};
 
 /// Bytes read from one connection per [`ChannelServer::drain`]: a flooding worker cannot keep

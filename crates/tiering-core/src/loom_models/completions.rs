@@ -12,10 +12,10 @@ use loom::thread;
 
 use super::{FOREVER, explore};
 use crate::arena::ChunkArena;
+use crate::channel::CompletionQueue;
 use crate::error::TierError;
 use crate::event::OffloadingEvent;
 use crate::key::OffloadKey;
-use crate::manager::CompletionQueue;
 use crate::manager::completions::StoreCompletionSender;
 use crate::manager::control::{ControlLoop, ControlTurn, ExitSignal};
 use crate::manager::{ManagerConfig, TieringState};

@@ -61,7 +61,7 @@ use crate::waker::ControlWaker;
 
 pub use backoff::PromotionBackoffConfig;
 pub use completions::StoreCompletionSender;
-pub(crate) use completions::{CompletionQueue, WorkerEvent};
+
 pub use config::{ManagerConfig, OnTierFailure, TierGateConfig};
 use control::Shared;
 pub use cost::{CostConfig, RecomputeCost};

@@ -19,9 +19,10 @@ use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
-use super::completions::{CompletionQueue, StoreLedger};
+use super::completions::StoreLedger;
 use super::config::{ManagerConfig, OnTierFailure};
 use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
+use crate::channel::CompletionQueue;
 
 /// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
 /// up several times per engine call, and SipHash over the id string showed in profiles.

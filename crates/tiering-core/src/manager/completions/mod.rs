@@ -3,7 +3,7 @@
 //! peer waiting for those chunks is answered while the model runs.
 //!
 //! Workers report in process through a [`StoreCompletionSender`] or from other processes over
-//! the [completion channel](crate::channel); both land in one [`CompletionQueue`] that the
+//! the [completion channel](crate::channel); both land in one [`CompletionQueue`](crate::channel::CompletionQueue) that the
 //! control thread drains. The [`ledger`] reconciles the reports per key.
 
 pub(crate) mod ledger;
@@ -11,7 +11,6 @@ mod sender;
 
 use std::time::Instant;
 
-use crate::sync::Mutex;
 use crate::tier::PrimaryTier as _;
 
 use crate::error::ManagerError;
@@ -19,27 +18,11 @@ use crate::key::OffloadKey;
 use crate::request::ReqContext;
 
 use super::state::TieringState;
+use crate::channel::WorkerEvent;
 use ledger::{ReportTally, Verdict};
 
 pub(crate) use ledger::StoreLedger;
 pub use sender::StoreCompletionSender;
-
-/// Something a copy worker told the manager.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum WorkerEvent {
-    /// Rank `rank` finished copying `keys` into their rows (or failed to).
-    Stored {
-        rank: u32,
-        keys: Vec<OffloadKey>,
-        success: bool,
-    },
-    /// Rank `rank` connected.
-    Joined { rank: u32 },
-    /// Rank `rank` disconnected; `clean` when it said goodbye first.
-    Left { rank: u32, clean: bool },
-    /// A message that was malformed or came from a foreign arena was rejected.
-    Rejected,
-}
 
 /// Keys to apply with their success flag and store batch (parallel vectors, so a report of
 /// one store hands its keys to the primary as one slice).
@@ -68,22 +51,6 @@ impl ApplyList {
 pub(crate) struct IgnoredReportNotes {
     reported: bool,
     failure: bool,
-}
-
-/// The queue workers push to; shared by the senders, the channel and the manager state.
-#[derive(Default)]
-pub(crate) struct CompletionQueue {
-    items: Mutex<Vec<WorkerEvent>>,
-}
-
-impl CompletionQueue {
-    pub(crate) fn push(&self, event: WorkerEvent) {
-        self.items.lock().push(event);
-    }
-
-    pub(crate) fn take(&self) -> Vec<WorkerEvent> {
-        std::mem::take(&mut *self.items.lock())
-    }
 }
 
 impl TieringState {

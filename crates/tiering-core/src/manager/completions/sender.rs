@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::key::OffloadKey;
 use crate::waker::ControlWaker;
 
-use super::{CompletionQueue, WorkerEvent};
+use crate::channel::{CompletionQueue, WorkerEvent};
 
 /// Reports finished device→primary stores to the manager from any thread of the engine's
 /// process (typically its device-copy worker), without waiting for a scheduler step. Obtained
