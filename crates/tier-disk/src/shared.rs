@@ -238,21 +238,18 @@ impl JobFinisher<DiskJob, KeyOutcome> for Shared {
                 KeyOutcome::Pending | KeyOutcome::Unsynced(_) => false,
             };
         }
-        let c = &self.counters.tier;
-        c.failures.add(succeeded.iter().filter(|s| !**s).count() as u64);
-        let chunk = self.slab.layout().chunk_bytes as u64;
-        let bytes = if job.kind == JobKind::Store {
-            let n = written.len() as u64;
-            c.stores.add(n);
-            c.bytes_written.add(n * chunk);
-            self.event(written, false);
-            n * chunk
+        let ok = succeeded.iter().filter(|s| **s).count() as u64;
+        // A store moved the keys it wrote (not those it already held); a load, every good key.
+        let moved = if job.kind == JobKind::Store {
+            written.len() as u64
         } else {
-            let n = succeeded.iter().filter(|s| **s).count() as u64;
-            c.loads.add(n);
-            c.bytes_read.add(n * chunk);
-            n * chunk
+            ok
         };
+        let bytes = moved * self.slab.layout().chunk_bytes as u64;
+        self.counters
+            .tier
+            .count_job(job.kind, moved, succeeded.len() as u64 - ok, bytes);
+        self.event(written, false);
         ticket.complete_keys(&job.keys, &succeeded, bytes);
     }
 }

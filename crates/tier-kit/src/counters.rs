@@ -5,6 +5,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use tiering_core::JobKind;
+
 /// The kit's cumulative counters, updated without locks.
 #[derive(Debug, Default)]
 pub struct KitCounters {
@@ -136,6 +138,21 @@ pub struct TierCounters {
 }
 
 impl TierCounters {
+    /// Counts a finished job of `kind`: its `failed` keys into `failures`, and the `moved` keys
+    /// it stored or loaded, with their payload `bytes`, into `stores` and `bytes_written` (a
+    /// store) or `loads` and `bytes_read` (a promotion). A key the tier already held counts as
+    /// neither. A [`crate::JobFinisher`] calls it before reporting the job, whose result is
+    /// visible at once.
+    pub fn count_job(&self, kind: JobKind, moved: u64, failed: u64, bytes: u64) {
+        self.failures.add(failed);
+        let (keys, payload) = match kind {
+            JobKind::Store => (&self.stores, &self.bytes_written),
+            JobKind::Promotion => (&self.loads, &self.bytes_read),
+        };
+        keys.add(moved);
+        payload.add(bytes);
+    }
+
     /// A tier's stats named `name` with these counters filled in and `extra` added to its
     /// `extra` map (the gauges — resident and capacity chunks — are the tier's to set).
     #[must_use]
@@ -176,5 +193,18 @@ mod tests {
             ("t", 3, 0, 4096)
         );
         assert_eq!(s.extra.get("queued"), Some(&2.0));
+    }
+
+    #[test]
+    fn a_finished_job_counts_by_its_direction() {
+        let c = TierCounters::default();
+        c.count_job(JobKind::Store, 3, 1, 3 * 64);
+        c.count_job(JobKind::Promotion, 2, 2, 2 * 64);
+        c.count_job(JobKind::Store, 0, 0, 0);
+        let s = c.stats("t", []);
+        assert_eq!(
+            (s.stores, s.bytes_written, s.loads, s.bytes_read, s.failures),
+            (3, 192, 2, 128, 3)
+        );
     }
 }

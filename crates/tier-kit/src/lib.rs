@@ -40,8 +40,9 @@
 //!   rejected submissions, shared by the three (each builder takes it) and read with
 //!   [`KitCounters::snapshot`] for `stats`. [`TierCounters`] are the counters every tier's
 //!   `TierStats` carries (hits, misses, stores, loads, evictions, failures, bytes), each a
-//!   lock-free [`Counter`]; [`TierCounters::stats`] fills a `TierStats` with them and the
-//!   tier's extras.
+//!   lock-free [`Counter`]; [`TierCounters::count_job`] counts a finished job by its
+//!   direction (what a finisher does before it reports), and [`TierCounters::stats`] fills a
+//!   `TierStats` with them and the tier's extras.
 //! - [`accept_store`] / [`accept_load`] — the checks of a submitted job (the tier's own
 //!   refusal, `TransferJob::defect`, grants of the right direction), giving the job's keys and
 //!   typed rows ([`Accepted`]) or what reporting it failed needs ([`Rejected`]).
