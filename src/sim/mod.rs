@@ -32,11 +32,11 @@ pub mod profile;
 mod report;
 mod rng;
 mod session;
+mod store_ledger;
 mod trace;
 mod workload;
 
 use std::io::IsTerminal;
-use std::path::Path;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
@@ -54,42 +54,10 @@ pub use report::{Baseline, CopyJobs, Identity, PathRow, Percentiles, Report, Sou
 pub use rng::{SimRng, Zipf};
 pub use session::{Session, run_offload_off};
 pub use trace::{load_trace, parse_trace};
-pub use workload::{RequestSpec, WorkloadKind, WorkloadSpec};
+pub use workload::{RequestSpec, Workload, WorkloadKind, WorkloadSpec};
 
-use engine::{Engine, blocks_for};
+use engine::{Engine, check_workload};
 use offload::Offload;
-
-/// A named list of requests to run.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Workload {
-    /// What the requests are (`chat`, `trace FILE`, …), for the report.
-    pub label: String,
-    /// The requests, in arrival order.
-    pub requests: Vec<RequestSpec>,
-}
-
-impl Workload {
-    /// A generated workload.
-    #[must_use]
-    pub fn generate(spec: &WorkloadSpec) -> Self {
-        Self {
-            label: format!("{} ({} requests, seed {})", spec.kind, spec.requests, spec.seed),
-            requests: spec.generate(),
-        }
-    }
-
-    /// A workload replayed from a JSONL trace (see [`parse_trace`] for the format).
-    ///
-    /// # Errors
-    /// The file cannot be read, or a line is invalid (the error names it).
-    pub fn from_trace(path: &Path, seed: u64) -> Result<Self, SimError> {
-        let requests = load_trace(path, seed)?;
-        Ok(Self {
-            label: format!("trace {} ({} requests)", path.display(), requests.len()),
-            requests,
-        })
-    }
-}
 
 /// A chain of one CPU tier (`tier_cpu::CpuTier`) of `capacity_bytes` with the given eviction
 /// policy, and no secondary tier.
@@ -103,29 +71,6 @@ pub fn cpu_chain(capacity_bytes: u64, eviction: PolicyKind) -> impl Fn(usize) ->
             ManagerConfig::default(),
         ))
     }
-}
-
-fn check_workload(cfg: &SimConfig, workload: &Workload) -> Result<(), SimError> {
-    if workload.requests.is_empty() {
-        return Err(SimError::EmptyWorkload);
-    }
-    for r in &workload.requests {
-        if r.prompt.is_empty() || r.output.is_empty() {
-            return Err(SimError::InvalidSetting {
-                name: "workload",
-                reason: format!("request {} has an empty prompt or output", r.name),
-            });
-        }
-        let needed = blocks_for(r.prompt.len() + r.output.len(), cfg.tokens_per_chunk);
-        if needed > cfg.device_blocks {
-            return Err(SimError::RequestTooLarge {
-                request: r.name.clone(),
-                needed,
-                available: cfg.device_blocks,
-            });
-        }
-    }
-    Ok(())
 }
 
 fn progress_bar(cfg: &SimConfig, len: u64) -> ProgressBar {

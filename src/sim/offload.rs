@@ -19,7 +19,7 @@ use tiering_core::{
 
 use super::cpu_clock::thread_cpu_time;
 use super::error::SimError;
-use super::nodes::{StoreLedger, Storer};
+use super::store_ledger::{StoreLedger, Storer};
 
 /// Which tier served a chunk that the engine did not recompute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use tiering_core::{ChunkArena, ManagerStats, OffloadingEvent};
 
 use super::chain::ChainFactory;
-use super::engine::Engine;
+use super::config::SimConfig;
+use super::engine::{Engine, check_workload};
 use super::error::SimError;
 use super::metrics::RunMetrics;
 use super::offload::Offload;
-use super::{SimConfig, Workload, check_workload};
+use super::workload::Workload;
 
 /// A built chain and the engine settings it runs under; see the module documentation.
 pub struct Session {

@@ -25,7 +25,7 @@ use serde::Deserialize;
 
 use super::error::SimError;
 use super::rng::SimRng;
-use super::workload::RequestSpec;
+use super::workload::{RequestSpec, Workload};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -47,6 +47,20 @@ struct Record {
 
 /// Longest prompt or output a trace line may ask for, so a typo cannot allocate gigabytes.
 const MAX_TOKENS: usize = 1 << 20;
+
+impl Workload {
+    /// A workload replayed from a JSONL trace (see [`parse_trace`] for the format).
+    ///
+    /// # Errors
+    /// The file cannot be read, or a line is invalid (the error names it).
+    pub fn from_trace(path: &Path, seed: u64) -> Result<Self, SimError> {
+        let requests = load_trace(path, seed)?;
+        Ok(Self {
+            label: format!("trace {} ({} requests)", path.display(), requests.len()),
+            requests,
+        })
+    }
+}
 
 /// Reads and parses a trace file.
 ///

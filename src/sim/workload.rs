@@ -1,6 +1,8 @@
-//! Seeded, reproducible workloads: multi-turn `chat`, `shared-prefix` and `scan`.
+//! Workloads: named lists of requests ([`Workload`]), generated here — seeded and reproducible:
+//! multi-turn `chat`, `shared-prefix` and `scan` — or replayed from a trace
+//! ([`Workload::from_trace`], with the trace format in `super::trace`).
 //!
-//! A workload is a list of [`RequestSpec`]s: arrival time, prompt token ids and the token ids the
+//! A request ([`RequestSpec`]) is an arrival time, prompt token ids and the token ids the
 //! model will generate. Output tokens are fixed up front so a chat session's next turn contains
 //! exactly what the previous turn produced, and its chunk keys match.
 
@@ -11,6 +13,26 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::rng::{SimRng, Zipf};
+
+/// A named list of requests to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// What the requests are (`chat`, `trace FILE`, …), for the report.
+    pub label: String,
+    /// The requests, in arrival order.
+    pub requests: Vec<RequestSpec>,
+}
+
+impl Workload {
+    /// A generated workload.
+    #[must_use]
+    pub fn generate(spec: &WorkloadSpec) -> Self {
+        Self {
+            label: format!("{} ({} requests, seed {})", spec.kind, spec.requests, spec.seed),
+            requests: spec.generate(),
+        }
+    }
+}
 
 /// One request of a workload.
 #[derive(Clone, Debug, PartialEq)]

@@ -32,13 +32,14 @@ use super::error::SimError;
 use super::hash::{chunk_keys, fill_chunk};
 use super::metrics::RunMetrics;
 use super::offload::{Offload, Source};
-use super::workload::RequestSpec;
+use super::workload::{RequestSpec, Workload};
 
 mod model;
 mod schedule;
-
-use schedule::INITIAL_WAIT_PAYOFF;
 mod store;
+mod wait_payoff;
+
+use wait_payoff::WaitPayoff;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
@@ -100,8 +101,36 @@ fn request_context(id: String, source: Option<&str>) -> ReqContext {
 }
 
 /// Blocks a request of `tokens` tokens occupies.
-pub(crate) fn blocks_for(tokens: usize, tokens_per_chunk: usize) -> usize {
+fn blocks_for(tokens: usize, tokens_per_chunk: usize) -> usize {
     tokens.div_ceil(tokens_per_chunk)
+}
+
+/// Whether the engine can run every request of `workload` under `cfg`: there is a request, each
+/// has a prompt and an output, and each fits the device's blocks whole.
+///
+/// # Errors
+/// An empty workload, a request with an empty prompt or output, or one too large for the device.
+pub(crate) fn check_workload(cfg: &SimConfig, workload: &Workload) -> Result<(), SimError> {
+    if workload.requests.is_empty() {
+        return Err(SimError::EmptyWorkload);
+    }
+    for r in &workload.requests {
+        if r.prompt.is_empty() || r.output.is_empty() {
+            return Err(SimError::InvalidSetting {
+                name: "workload",
+                reason: format!("request {} has an empty prompt or output", r.name),
+            });
+        }
+        let needed = blocks_for(r.prompt.len() + r.output.len(), cfg.tokens_per_chunk);
+        if needed > cfg.device_blocks {
+            return Err(SimError::RequestTooLarge {
+                request: r.name.clone(),
+                needed,
+                available: cfg.device_blocks,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// One run of the engine over a workload, with or without a manager.
@@ -120,9 +149,8 @@ pub(crate) struct Engine<'a> {
     step_loads: Vec<u64>,
     /// Copies the model already waited for this step; the manager hears of them next step.
     landed: Vec<CopyDone>,
-    /// How often waiting for lookups or promotions served more chunks (a moving average over
-    /// requests that waited, starting at `INITIAL_WAIT_PAYOFF`).
-    wait_payoff: f64,
+    /// How often waiting for lookups or promotions served more chunks.
+    wait_payoff: WaitPayoff,
     /// When the modelled device link is free again, per direction (loads, stores).
     link_free: [f64; 2],
     prefill_now: Vec<usize>,
@@ -211,7 +239,7 @@ impl<'a> Engine<'a> {
             step_loads: Vec::new(),
             landed: Vec::new(),
             link_free: [0.0; 2],
-            wait_payoff: INITIAL_WAIT_PAYOFF,
+            wait_payoff: WaitPayoff::default(),
             prefill_now: Vec::new(),
             new_this_step: Vec::new(),
             next_arrival: 0,

@@ -75,7 +75,7 @@ impl Engine<'_> {
         }
         if self.reqs[r].waiting_since.take().is_some() {
             let paid_off = hits > self.reqs[r].hits_before_wait;
-            self.wait_payoff += WAIT_PAYOFF_WEIGHT * (f64::from(u8::from(paid_off)) - self.wait_payoff);
+            self.wait_payoff.record(paid_off);
         }
         let prefill = self.reqs[r].prompt_len - (d + hits) * self.tpc;
         if !self.prefill_now.is_empty() && prefill > *budget {
@@ -183,7 +183,7 @@ impl Engine<'_> {
         let since = *req.waiting_since.get_or_insert(now);
         let tokens = u32::try_from(at_stake * self.tpc).unwrap_or(u32::MAX);
         let saving = (self.cfg.prefill_per_token * tokens).as_secs_f64();
-        let expected = saving * self.wait_payoff.max(MIN_WAIT_PAYOFF);
+        let expected = saving * self.wait_payoff.credited();
         now - since + self.cfg.step_base.as_secs_f64() <= expected
     }
 
@@ -227,16 +227,6 @@ impl Engine<'_> {
         self.prefill_now.push(r);
     }
 }
-
-/// Weight of one request's outcome in `Engine::wait_payoff`.
-const WAIT_PAYOFF_WEIGHT: f64 = 0.1;
-
-/// The payoff credited before any request waited: even odds.
-pub(super) const INITIAL_WAIT_PAYOFF: f64 = 0.5;
-
-/// The lowest payoff a wait is credited with, so a tier that had only misses is still waited
-/// for when the saving at stake is large (and its recovery can be noticed).
-const MIN_WAIT_PAYOFF: f64 = 0.05;
 
 enum Admit {
     Admitted,
