@@ -12,8 +12,11 @@ scripts/install-test-deps.sh
 
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --all-features --no-fail-fast
+  # The chain builder of an engine that links its tiers statically (no tier-library loader).
+  cargo nextest run -p tiering-config --no-default-features
 else
   cargo test --workspace --all-features --no-fail-fast
+  cargo test -p tiering-config --no-default-features
 fi
 scripts/python-tests.sh
 scripts/vllm-tests.sh

@@ -16,6 +16,7 @@ use tiering_core::options::quoted_words;
 use tiering_core::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
 use tiering_core::tier::{PrimaryTier, SecondaryTier};
 use tiering_core::waker::ControlWaker;
+#[cfg(feature = "libraries")]
 use tiering_plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 
 /// Where a tier type of the chain comes from.
@@ -29,6 +30,7 @@ pub enum TierSource {
         factory: TierFactory,
     },
     /// A loaded tier library.
+    #[cfg(feature = "libraries")]
     Library(&'static LoadedLibrary),
 }
 
@@ -36,6 +38,7 @@ impl fmt::Display for TierSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Linked { crate_name, .. } => write!(f, "linked in (crate {crate_name})"),
+            #[cfg(feature = "libraries")]
             Self::Library(lib) => write!(
                 f,
                 "library {} (tiering-core {}; built as `{}`)",
@@ -99,28 +102,7 @@ impl ChainConfig {
     ) -> Result<TierSource, ChainError> {
         {
             let source = if let Some(path) = &spec.library {
-                let lib = load_library(path).map_err(|e| self.library_error(spec, e))?;
-                if lib.type_name() != spec.tier_type {
-                    return Err(self.library_error(
-                        spec,
-                        PluginError::WrongType {
-                            path: path.clone(),
-                            found: lib.type_name().to_owned(),
-                            expected: spec.tier_type.clone(),
-                        },
-                    ));
-                }
-                if spec.same_build && !lib.same_build_as_host() {
-                    return Err(self.library_error(
-                        spec,
-                        PluginError::FingerprintMismatch {
-                            path: path.clone(),
-                            found: lib.fingerprint().to_owned(),
-                            expected: tiering_plugin::BUILD_FINGERPRINT.to_owned(),
-                        },
-                    ));
-                }
-                TierSource::Library(lib)
+                self.resolve_library(spec, path)?
             } else {
                 let Some(reg) = registry.get(&spec.tier_type) else {
                     let known = registry
@@ -160,6 +142,43 @@ impl ChainConfig {
         }
     }
 
+    /// Loads and checks the tier library `path` that `spec` names.
+    #[cfg(feature = "libraries")]
+    fn resolve_library(&self, spec: &TierSpec, path: &std::path::Path) -> Result<TierSource, ChainError> {
+        let lib = load_library(path).map_err(|e| self.library_error(spec, e))?;
+        if lib.type_name() != spec.tier_type {
+            return Err(self.library_error(
+                spec,
+                PluginError::WrongType {
+                    path: path.to_path_buf(),
+                    found: lib.type_name().to_owned(),
+                    expected: spec.tier_type.clone(),
+                },
+            ));
+        }
+        if spec.same_build && !lib.same_build_as_host() {
+            return Err(self.library_error(
+                spec,
+                PluginError::FingerprintMismatch {
+                    path: path.to_path_buf(),
+                    found: lib.fingerprint().to_owned(),
+                    expected: tiering_plugin::BUILD_FINGERPRINT.to_owned(),
+                },
+            ));
+        }
+        Ok(TierSource::Library(lib))
+    }
+
+    /// Refuses the tier library `spec` names: this build has no loader.
+    #[cfg(not(feature = "libraries"))]
+    fn resolve_library(&self, spec: &TierSpec, _path: &std::path::Path) -> Result<TierSource, ChainError> {
+        Err(ChainError::file(&self.source, ChainErrorKind::LibrariesDisabled)
+            .at_line(Some(spec.key_line("library").unwrap_or(spec.line)))
+            .in_tier(&spec.describe())
+            .with_key("library"))
+    }
+
+    #[cfg(feature = "libraries")]
     fn library_error(&self, spec: &TierSpec, e: PluginError) -> ChainError {
         ChainError::file(&self.source, ChainErrorKind::Plugin(e))
             .at_line(Some(spec.key_line("library").unwrap_or(spec.line)))
@@ -258,6 +277,7 @@ impl ResolvedChain<'_> {
                         )))
                     })
                     .map_err(ChainErrorKind::Tier),
+                #[cfg(feature = "libraries")]
                 TierSource::Library(lib) => PluginTier::create(lib, &spec.options, &ctx)
                     .map(|t| Box::new(t) as Box<dyn SecondaryTier>)
                     .map_err(ChainErrorKind::Plugin),

@@ -297,6 +297,7 @@ fn duplicate_tier_names_are_refused() {
 }
 
 #[test]
+#[cfg(feature = "libraries")]
 fn library_errors_are_located_at_the_library_key() {
     let e = build_err(
         "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"x\"\nlibrary = \"/nonexistent/libx.so\"\n",
@@ -312,6 +313,25 @@ fn library_errors_are_located_at_the_library_key() {
     assert!(
         e.to_string().contains("/nonexistent/libx.so does not exist"),
         "{e}"
+    );
+}
+
+#[test]
+#[cfg(not(feature = "libraries"))]
+fn without_the_libraries_feature_a_library_tier_is_refused_at_its_key() {
+    let text = "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n[[secondary]]\ntype = \"x\"\nlibrary = \"/nonexistent/libx.so\"\n";
+    let e = build_err(text);
+    assert!(matches!(*e.kind, ChainErrorKind::LibrariesDisabled), "{e}");
+    assert_eq!(e.line, Some(6));
+    assert_eq!(e.key.as_deref(), Some("library"));
+    assert!(e.to_string().contains("without its `libraries` feature"), "{e}");
+    // `kvtier check`'s path reports the same error.
+    let errors = parse(text).unwrap().validate(Registry::global().unwrap());
+    assert!(
+        errors
+            .iter()
+            .any(|e| matches!(*e.kind, ChainErrorKind::LibrariesDisabled)),
+        "{errors:?}"
     );
 }
 

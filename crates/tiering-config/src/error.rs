@@ -5,6 +5,7 @@ use std::fmt;
 
 use tiering_core::error::TierError;
 use tiering_core::registry::RegistryError;
+#[cfg(feature = "libraries")]
 use tiering_plugin::PluginError;
 
 /// What went wrong.
@@ -40,7 +41,11 @@ pub enum ChainErrorKind {
     /// Two crates registered the same type.
     Registry(RegistryError),
     /// A tier library could not be loaded or used.
+    #[cfg(feature = "libraries")]
     Plugin(PluginError),
+    /// The chain names a tier `library`, but this build has no tier-library loader (the
+    /// `libraries` feature of tiering-config is off).
+    LibrariesDisabled,
     /// The tier's factory refused its options or failed.
     Tier(TierError),
     /// Two tiers of the chain report the same name.
@@ -74,7 +79,11 @@ impl fmt::Display for ChainErrorKind {
                 "tier type `{tier_type}` is a {registered_as} tier and cannot be used here"
             ),
             Self::Registry(e) => e.fmt(f),
+            #[cfg(feature = "libraries")]
             Self::Plugin(e) => e.fmt(f),
+            Self::LibrariesDisabled => f.write_str(
+                "this build cannot load tier libraries: tiering-config was built without its `libraries` feature",
+            ),
             Self::Tier(e) => e.fmt(f),
             Self::DuplicateName(n) => write!(
                 f,

@@ -34,6 +34,7 @@ impl ChainConfig {
         for spec in self.tiers() {
             match self.resolve_tier(spec, registry) {
                 Err(e) => errors.push(e),
+                #[cfg(feature = "libraries")]
                 Ok(TierSource::Library(lib)) => match lib.validate_options(&spec.options) {
                     // No validate entry: only building the tier checks its options.
                     None => {}
