@@ -5,7 +5,7 @@
 //! (`SecondaryTier::poll_finished`), to say whether work is in flight (`has_pending_work`), to
 //! wait for it (`drain_jobs`) and to stop its threads (`shutdown`, `Drop`). That plumbing is the
 //! same in every tier; this crate is it, so a tier author writes only what is particular to the
-//! storage. `tier-redis` and `examples/tier-example` are built on it. The contracts themselves
+//! storage. `tier-disk`, `tier-redis` and `examples/tier-example` are built on it. The contracts themselves
 //! are `tiering_core::SecondaryTier`'s doc comments and `docs/tier-author-guide.md`.
 //!
 //! ## The pieces
