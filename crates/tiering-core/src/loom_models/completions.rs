@@ -114,7 +114,7 @@ impl Fixture {
         // As `start_control_thread` does: from now on the control thread applies worker reports.
         state.control_thread_live = true;
         Arc::new(Self {
-            queue: Arc::clone(&state.completion_queue),
+            queue: Arc::clone(state.completions.queue()),
             state: sync::Mutex::new(state),
             stop: sync::AtomicBool::new(false),
             waker: ControlWaker::new(),
@@ -255,7 +255,7 @@ fn loom_completions_engine_and_worker_apply_once() {
             "the later report was absorbed"
         );
         assert_eq!(
-            state.ledger.tracked_keys(),
+            state.completions.tracked_keys(),
             0,
             "every report arrived: nothing kept"
         );
@@ -321,6 +321,6 @@ fn loom_completions_two_ranks_and_the_engine_apply_once() {
         fx.assert_pending_stores(0);
         let state = fx.state.lock();
         assert_eq!(state.counters.duplicate_store_reports, 1);
-        assert_eq!(state.ledger.tracked_keys(), 0);
+        assert_eq!(state.completions.tracked_keys(), 0);
     });
 }

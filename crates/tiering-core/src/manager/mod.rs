@@ -147,7 +147,7 @@ impl TieringManager {
     /// without waiting for a step (off-step mode; see [`ManagerConfig::off_step`]).
     #[must_use]
     pub fn store_completion_sender(&self) -> StoreCompletionSender {
-        let queue = Arc::clone(&self.shared.state.lock().completion_queue);
+        let queue = Arc::clone(self.shared.state.lock().completions.queue());
         StoreCompletionSender::new(queue, self.shared.waker.clone())
     }
 
@@ -159,7 +159,7 @@ impl TieringManager {
     /// The socket cannot be bound, or a channel is already open.
     pub fn open_completion_channel(&self, path: &Path) -> Result<(), ManagerError> {
         let mut guard = self.shared.state.lock();
-        let result = if guard.channel.is_some() {
+        let result = if guard.completions.has_channel() {
             Err(ManagerError::Channel(
                 "a completion channel is already open".to_owned(),
             ))
@@ -170,7 +170,7 @@ impl TieringManager {
                 self.shared.config.reporters,
                 self.shared.waker.clone(),
             )
-            .map(|server| guard.channel = Some(server))
+            .map(|server| guard.completions.set_channel(server))
             .map_err(|e| ManagerError::Channel(format!("cannot bind {}: {e}", path.display())))
         };
         MutexGuard::unlock_fair(guard);
@@ -337,7 +337,7 @@ impl TieringManager {
         let Some(mut guard) = self.lock_for_teardown(timeout)? else {
             return Err(ManagerError::ShutdownTimedOut(timeout));
         };
-        if let Some(channel) = guard.channel.take() {
+        if let Some(channel) = guard.completions.take_channel() {
             // Reports that arrived before the stop still count.
             channel.stop();
         }

@@ -73,7 +73,7 @@ impl TieringState {
             return;
         }
         if let Some(state) = self.requests.remove(rid) {
-            self.ledger.forget_request(rid);
+            self.completions.forget_request(rid);
             self.notify_finished(&state);
         }
     }

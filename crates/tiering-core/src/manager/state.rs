@@ -19,10 +19,9 @@ use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
-use super::completions::StoreLedger;
+use super::completions::Completions;
 use super::config::{ManagerConfig, OnTierFailure};
 use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
-use crate::channel::CompletionQueue;
 
 /// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
 /// up several times per engine call, and SipHash over the id string showed in profiles.
@@ -90,14 +89,8 @@ pub struct TieringState {
     pub(crate) control_thread_live: bool,
     pub(crate) counters: ManagerCounters,
     pub(crate) results: Vec<JobResult>,
-    /// Reports queued by copy workers (in process or over the channel).
-    pub(crate) completion_queue: Arc<CompletionQueue>,
-    /// The completion channel of worker processes, when open; read where the queue is applied.
-    pub(crate) channel: Option<crate::channel::ChannelServer>,
-    /// Per-key record of prepared device→primary stores and who reported them.
-    pub(crate) ledger: StoreLedger,
-    /// What was said about worker reports ignored in on-step mode.
-    pub(crate) ignored_report_notes: super::completions::IgnoredReportNotes,
+    /// The copy workers' and the engine's store reports and the ledger reconciling them.
+    pub(crate) completions: Completions,
     /// Sweeps also submit the promotions that serving peers reserved (off-step mode).
     pub(crate) off_step: bool,
     pub(crate) on_tier_failure: OnTierFailure,
@@ -232,10 +225,7 @@ impl TieringState {
             control_thread_live: false,
             counters,
             results: Vec::new(),
-            completion_queue: Arc::new(CompletionQueue::default()),
-            channel: None,
-            ledger: StoreLedger::new(config.off_step, config.reporters, config.worker_deadline),
-            ignored_report_notes: super::completions::IgnoredReportNotes::default(),
+            completions: Completions::new(config),
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,
             deferred_failure: None,
@@ -270,7 +260,7 @@ impl TieringState {
     /// or from a copy worker).
     #[must_use]
     pub fn unmatched_store_reports(&self) -> usize {
-        self.ledger.tracked_keys()
+        self.completions.tracked_keys()
     }
 
     /// Requests the manager is tracking (announced and not yet finalized).
@@ -340,7 +330,7 @@ impl TieringState {
 
     /// The earliest deadline a present opted-in tier or the ledger asked to be woken at.
     pub(crate) fn next_deadline(&mut self) -> Option<std::time::Instant> {
-        let mut earliest = self.ledger.next_deadline();
+        let mut earliest = self.completions.next_deadline();
         for idx in 0..self.tiers.len() {
             if !self.tiers[idx].on_control_plane {
                 continue;

@@ -10,7 +10,11 @@ use crate::key::{KeySet, OffloadKey};
 use crate::outcome::{LookupResult, PrepareStoreOutput};
 use crate::request::{ReqContext, RequestId};
 use crate::tier::PrimaryTier as _;
+use std::time::Instant;
 
+use crate::channel::WorkerEvent;
+
+use super::completions;
 use super::state::{JobMeta, TieringState};
 use super::tier_call::Op;
 
@@ -214,7 +218,7 @@ impl TieringState {
             return Ok(None);
         };
         if !out.keys_to_store.is_empty() {
-            self.open_store_batch(ctx, &out.keys_to_store);
+            self.completions.open_batch(ctx, &out.keys_to_store);
         }
         let Some(state) = self.requests.get_mut(rid) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
@@ -286,6 +290,103 @@ impl TieringState {
             self.cascade_existing(&rid, &keys);
             self.maybe_finalize(&rid);
         }
+    }
+
+    /// The engine's `complete_store`: applies every key no worker has completed yet, absorbs
+    /// the rest (counting disagreeing flags). In off-step mode the workers' queued reports are
+    /// applied first.
+    pub(crate) fn complete_store_unlocked(
+        &mut self,
+        keys: &[OffloadKey],
+        ctx: &ReqContext,
+        success: bool,
+    ) -> Result<(), ManagerError> {
+        if self.completions.dual() {
+            // What workers reported before the engine learnt that the copy finished is applied
+            // first, so a rank's report is never overtaken by the engine's report of the same
+            // copy. That matters for failures: vLLM cannot fail a job, so its connector reports
+            // success for every store, and only the worker knows a copy failed.
+            self.apply_queued_completions();
+        }
+        let rid = ctx.id();
+        let Some(req) = self.requests.get(rid) else {
+            return Err(ManagerError::UnknownRequest(rid.clone()));
+        };
+        let has_pending = req.pending_stores > 0;
+        let Some(report) = self
+            .completions
+            .engine_report(keys, success, has_pending, &mut self.counters)
+        else {
+            return Err(ManagerError::NoPendingStore(rid.clone()));
+        };
+        report.apply.for_each_group(|batch, ok, group| {
+            self.apply_store_group(batch, ok, group, report.taken);
+        });
+        for batch in self.completions.settle_after_engine(&report.settle) {
+            self.end_store_batch(batch);
+        }
+        Ok(())
+    }
+
+    /// Applies every report workers queued since the last call, and fails the keys of ranks
+    /// that disconnected and did not come back within the deadline.
+    pub(crate) fn apply_queued_completions(&mut self) {
+        for event in self.completions.take_worker_events() {
+            if let WorkerEvent::Stored { rank, keys, success } = event {
+                if let Some(apply) = self
+                    .completions
+                    .worker_report(rank, &keys, success, &mut self.counters)
+                {
+                    self.apply_store_keys(&apply);
+                }
+            } else {
+                self.completions.worker_event(&event, &mut self.counters);
+            }
+        }
+        for (rank, keys) in self.completions.expired_worker_keys(Instant::now()) {
+            let failed = completions::lost_worker(rank, keys, &self.arena, &mut self.counters);
+            if !failed.is_empty() {
+                self.apply_store_keys(&failed);
+            }
+        }
+    }
+
+    /// Applies reported keys of open store batches (primary `complete_store`, cascade on
+    /// success), grouped by store batch.
+    fn apply_store_keys(&mut self, keys: &[(OffloadKey, bool)]) {
+        let apply = self.completions.apply_list(keys);
+        apply.for_each_group(|batch, ok, group| self.apply_store_group(batch, ok, group, false));
+    }
+
+    /// Applies `group` of store batch `batch` with `ok`: the primary completes the store, a
+    /// success cascades to every secondary, and the batch ends once all its keys are settled.
+    /// `taken`: as `EngineReport::taken`.
+    fn apply_store_group(&mut self, batch: u64, ok: bool, group: &[OffloadKey], taken: bool) {
+        let Some(ctx) = self.completions.batch_ctx(batch).cloned() else {
+            return;
+        };
+        self.primary.complete_store(group, &ctx, ok);
+        if ok {
+            self.telemetry
+                .device_stores(group.len(), self.arena.chunk_bytes());
+            for idx in 0..self.tiers.len() {
+                self.cascade_to(idx, group, &ctx);
+            }
+        }
+        if self.completions.applied(batch, ok, group, taken) {
+            self.end_store_batch(batch);
+        }
+    }
+
+    /// Every key of a store batch is settled: the request has one store fewer pending.
+    fn end_store_batch(&mut self, batch: u64) {
+        let Some(ctx) = self.completions.batch_ctx(batch).cloned() else {
+            return;
+        };
+        if let Some(state) = self.requests.get_mut(ctx.id()) {
+            state.pending_stores = state.pending_stores.saturating_sub(1);
+        }
+        self.maybe_finalize(ctx.id());
     }
 }
 

@@ -36,7 +36,7 @@ impl TieringState {
                 s.finished.then(|| id.clone())
             })
             .collect();
-        self.ledger.clear();
+        self.completions.clear();
         for rid in finished {
             if let Some(state) = self.requests.remove(&rid) {
                 self.notify_finished(&state);

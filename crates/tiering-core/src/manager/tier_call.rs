@@ -1,7 +1,8 @@
 //! The panic boundary: every call the manager makes into a tier goes through this module, on
 //! the scheduler thread, the control thread and the helper threads that bound blocking calls.
 //!
-//! - A secondary tier is called through [`TieringState::tier_call`]: a panic becomes a
+//! - A secondary tier is called through `TieringState::tier_call` (in `super::faults`, with
+//!   the policy it applies): a panic becomes a
 //!   [`TierError::Panicked`] naming the tier and the call, and `[control_plane] on_tier_failure`
 //!   decides what follows: `quarantine` (the default) takes the tier out of the chain at once and
 //!   the call goes on without it (a lookup walks on to the next tier; the engine sees a miss, not
@@ -57,10 +58,7 @@ use crate::key::OffloadKey;
 use crate::outcome::{ChunkId, LookupResult, PrepareStoreOutput};
 use crate::request::{ReqContext, TierInfo};
 use crate::stats::TierStats;
-use crate::tier::{PrimaryTier, SecondaryTier};
-
-use super::config::OnTierFailure;
-use super::state::TieringState;
+use crate::tier::PrimaryTier;
 
 /// Runs `f`, returning its panic's message instead of unwinding. The one `catch_unwind` of tier
 /// calls (see the module docs for why `AssertUnwindSafe` is sound here).
@@ -249,124 +247,6 @@ pub(crate) fn lock_unless_hung<G>(
         if let Some(guard) = try_lock_for(wait) {
             return Ok(Some(guard));
         }
-    }
-}
-
-impl TieringState {
-    /// Calls secondary tier `idx` through the panic boundary. `Ok(Some(r))`: it returned `r`.
-    /// `Ok(None)`: the tier is absent (quarantined, or serving peers right now), or it panicked
-    /// and was quarantined now — the caller goes on without it. `Err`: it panicked under the
-    /// `fail` policy; the error names the tier and the call, and the tier stays in the chain.
-    pub(crate) fn tier_call<R>(
-        &mut self,
-        idx: usize,
-        op: Op,
-        f: impl FnOnce(&mut dyn SecondaryTier) -> R,
-    ) -> Result<Option<R>, ManagerError> {
-        let Some(tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.as_mut()) else {
-            return Ok(None);
-        };
-        let mark = self.calls.enter(idx, op);
-        let outcome = catch(|| f(tier.as_mut()));
-        self.calls.leave(mark);
-        match outcome {
-            Ok(r) => Ok(Some(r)),
-            Err(message) => self.tier_panicked(idx, op, message).map(|()| None),
-        }
-    }
-
-    /// [`TieringState::tier_call`] for a caller that cannot return the error: under `fail` it is
-    /// kept for the step's next engine call.
-    pub(crate) fn tier_call_or_defer<R>(
-        &mut self,
-        idx: usize,
-        op: Op,
-        f: impl FnOnce(&mut dyn SecondaryTier) -> R,
-    ) -> Option<R> {
-        match self.tier_call(idx, op, f) {
-            Ok(r) => r,
-            Err(e) => {
-                self.deferred_failure.get_or_insert(e);
-                None
-            }
-        }
-    }
-
-    /// Applies the failure policy to a panic of tier `idx` in `op` (caught by the caller, which
-    /// has put the tier back in its slot). `Err` under `fail`.
-    pub(crate) fn tier_panicked(&mut self, idx: usize, op: Op, message: String) -> Result<(), ManagerError> {
-        self.apply_panic_policy(
-            idx,
-            TierError::Panicked {
-                call: op.name(),
-                message,
-            },
-        )
-    }
-
-    /// The failure policy for a panic of tier `idx`, described by `panic` (a
-    /// [`TierError::Panicked`]; a tier may also return one, e.g. a library tier reporting a panic
-    /// its boundary caught earlier). `Err` under `fail`.
-    pub(crate) fn apply_panic_policy(&mut self, idx: usize, panic: TierError) -> Result<(), ManagerError> {
-        let error = ManagerError::tier(&self.tier_name(idx), panic);
-        self.counters.tier_panics += 1;
-        match self.on_tier_failure {
-            OnTierFailure::Quarantine => {
-                tracing::error!(error = %error, "a tier panicked; it is quarantined");
-                self.quarantine(idx, &error.to_string());
-                Ok(())
-            }
-            OnTierFailure::Fail => {
-                tracing::error!(error = %error, "a tier panicked; returned to the engine (on_tier_failure = fail)");
-                Err(error)
-            }
-        }
-    }
-
-    /// The manager's failure once it has failed: set by a primary panic or by a panic of the
-    /// manager's own code (checked by every engine call).
-    pub(crate) fn failure(&mut self) -> Option<ManagerError> {
-        if self.failed.is_none()
-            && let Some(reason) = self.primary.failure()
-        {
-            tracing::error!(%reason, "the primary tier panicked: the manager fails");
-            self.failed = Some(ManagerError::Failed(Arc::from(reason.as_str())));
-        }
-        self.failed.clone()
-    }
-
-    /// The outer boundary of an engine call (a `Step` method, a handle hook, a reset): refuses it
-    /// once the manager has failed, runs it, and fails the manager if it panicked (the panic came
-    /// from the manager's own code: tier calls are caught inside) or if the primary panicked
-    /// during it.
-    pub(crate) fn engine_call<R>(
-        &mut self,
-        call: &'static str,
-        f: impl FnOnce(&mut Self) -> Result<R, ManagerError>,
-    ) -> Result<R, ManagerError> {
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        let r = match catch(|| f(&mut *self)) {
-            Ok(r) => r,
-            Err(message) => return Err(self.fail_after_panic(call, &message)),
-        };
-        if let Some(e) = self.failure() {
-            return Err(e);
-        }
-        r
-    }
-
-    /// Fails the manager for good after a panic of its own code in `call`.
-    pub(crate) fn fail_after_panic(&mut self, call: &str, message: &str) -> ManagerError {
-        if let Some(e) = self.failure() {
-            return e;
-        }
-        let reason = format!("the manager panicked in {call}: {message}");
-        tracing::error!(%reason, "the manager fails");
-        let e = ManagerError::Failed(Arc::from(reason.as_str()));
-        self.failed = Some(e.clone());
-        e
     }
 }
 

@@ -3,30 +3,32 @@
 //! peer waiting for those chunks is answered while the model runs.
 //!
 //! Workers report in process through a [`StoreCompletionSender`] or from other processes over
-//! the [completion channel](crate::channel); both land in one [`CompletionQueue`](crate::channel::CompletionQueue) that the
-//! control thread drains. The [`ledger`] reconciles the reports per key.
+//! the [completion channel](crate::channel); both land in one [`CompletionQueue`] that the
+//! control thread drains. The [`ledger`] reconciles the reports per key. [`Completions`] owns
+//! all of it and says which keys to apply; applying them (the primary's `complete_store`, the
+//! cascade, the request's end) needs the rest of the state and is the orchestrator's
+//! (`super::store`).
 
 pub(crate) mod ledger;
 mod sender;
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::tier::PrimaryTier as _;
-
-use crate::error::ManagerError;
+use crate::arena::ChunkArena;
+use crate::channel::{ChannelServer, CompletionQueue, WorkerEvent};
 use crate::key::OffloadKey;
-use crate::request::ReqContext;
+use crate::request::{ReqContext, RequestId};
+use crate::stats::ManagerCounters;
 
-use super::state::TieringState;
-use crate::channel::WorkerEvent;
-use ledger::{ReportTally, Verdict};
+use super::config::ManagerConfig;
+use ledger::{ReportTally, StoreLedger, Verdict};
 
-pub(crate) use ledger::StoreLedger;
 pub use sender::StoreCompletionSender;
 
 /// Keys to apply with their success flag and store batch (parallel vectors, so a report of
 /// one store hands its keys to the primary as one slice).
-struct ApplyList {
+pub(crate) struct ApplyList {
     keys: Vec<OffloadKey>,
     meta: Vec<(bool, u64)>,
 }
@@ -43,43 +45,113 @@ impl ApplyList {
         self.keys.push(key);
         self.meta.push((ok, batch));
     }
+
+    /// Calls `apply(batch, success, keys)` once per (batch, success) group, in first-seen
+    /// order, so one cascade job covers the keys of one store. The usual report (every key of
+    /// one store with one flag) is handed over as it is, without regrouping.
+    pub(crate) fn for_each_group(&self, mut apply: impl FnMut(u64, bool, &[OffloadKey])) {
+        let Some(&first) = self.meta.first() else {
+            return;
+        };
+        if self.meta.iter().all(|m| *m == first) {
+            apply(first.1, first.0, &self.keys);
+            return;
+        }
+        let mut groups: Vec<((bool, u64), Vec<OffloadKey>)> = Vec::new();
+        for (k, m) in self.keys.iter().zip(&self.meta) {
+            match groups.iter_mut().find(|(g, _)| g == m) {
+                Some(g) => g.1.push(*k),
+                None => groups.push((*m, vec![*k])),
+            }
+        }
+        for ((ok, batch), group) in groups {
+            apply(batch, ok, &group);
+        }
+    }
+}
+
+/// What the engine's report of a store asks the orchestrator to do.
+pub(crate) struct EngineReport {
+    /// Keys to apply now.
+    pub(crate) apply: ApplyList,
+    /// Keys a worker already applied, which the engine's report settles once `apply` is done.
+    pub(crate) settle: Vec<OffloadKey>,
+    /// The applied keys' records were already taken out of the ledger (engine-only mode), so
+    /// their batch only counts them settled.
+    pub(crate) taken: bool,
 }
 
 /// Whether the manager already said it ignores copy workers' reports (on-step mode): once
 /// each, instead of a line per report.
 #[derive(Default)]
-pub(crate) struct IgnoredReportNotes {
+struct IgnoredReportNotes {
     reported: bool,
     failure: bool,
 }
 
-impl TieringState {
+/// The store reports and their reconciliation: the queue copy workers report into, the
+/// completion channel of worker processes, the store ledger, and what was said about ignored
+/// reports.
+pub(crate) struct Completions {
+    /// Shared with every [`StoreCompletionSender`] and read into by the channel.
+    queue: Arc<CompletionQueue>,
+    /// Open once the engine asks for it; drained where the queue is applied.
+    channel: Option<ChannelServer>,
+    ledger: StoreLedger,
+    ignored_report_notes: IgnoredReportNotes,
+}
+
+impl Completions {
+    /// No report yet; the ledger keeps records for workers only in off-step mode.
+    pub(crate) fn new(config: &ManagerConfig) -> Self {
+        Self {
+            queue: Arc::new(CompletionQueue::default()),
+            channel: None,
+            ledger: StoreLedger::new(config.off_step, config.reporters, config.worker_deadline),
+            ignored_report_notes: IgnoredReportNotes::default(),
+        }
+    }
+
+    /// The queue copy workers report into (for a [`StoreCompletionSender`]).
+    pub(crate) fn queue(&self) -> &Arc<CompletionQueue> {
+        &self.queue
+    }
+
+    /// Whether the completion channel is open.
+    pub(crate) fn has_channel(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// Keeps the opened completion channel; its reports are read where the queue is applied.
+    pub(crate) fn set_channel(&mut self, channel: ChannelServer) {
+        self.channel = Some(channel);
+    }
+
+    /// Takes the channel out, to stop it at shutdown.
+    pub(crate) fn take_channel(&mut self) -> Option<ChannelServer> {
+        self.channel.take()
+    }
+
+    /// Off-step mode: workers report too, and the engine's report settles a key.
+    pub(crate) fn dual(&self) -> bool {
+        self.ledger.dual
+    }
+
     /// Opens the ledger records of a prepared store.
-    pub(crate) fn open_store_batch(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) {
+    pub(crate) fn open_batch(&mut self, ctx: &ReqContext, keys: &[OffloadKey]) {
         self.ledger.open_batch(ctx, keys);
     }
 
-    /// The engine's `complete_store`: applies every key no worker has completed yet, absorbs
-    /// the rest (counting disagreeing flags). In off-step mode the workers' queued reports are
-    /// applied first.
-    pub(crate) fn complete_store_unlocked(
+    /// Reconciles the engine's report of `keys`: which to apply, which a worker applied
+    /// already. `None` when no key is tracked and the request has no store pending
+    /// (`has_pending`): the report names no store, and nothing was counted.
+    pub(crate) fn engine_report(
         &mut self,
         keys: &[OffloadKey],
-        ctx: &ReqContext,
         success: bool,
-    ) -> Result<(), ManagerError> {
-        if self.ledger.dual {
-            // What workers reported before the engine learnt that the copy finished is applied
-            // first, so a rank's report is never overtaken by the engine's report of the same
-            // copy. That matters for failures: vLLM cannot fail a job, so its connector reports
-            // success for every store, and only the worker knows a copy failed.
-            self.apply_queued_completions();
-        }
-        let rid = ctx.id();
-        let Some(req) = self.requests.get(rid) else {
-            return Err(ManagerError::UnknownRequest(rid.clone()));
-        };
-        let has_pending = req.pending_stores > 0;
+        has_pending: bool,
+        counters: &mut ManagerCounters,
+    ) -> Option<EngineReport> {
         let mut tally = ReportTally::default();
         let mut apply = ApplyList::with_capacity(keys.len());
         let mut settle = Vec::new();
@@ -113,23 +185,124 @@ impl TieringState {
             }
         }
         if tracked == 0 && !has_pending {
-            return Err(ManagerError::NoPendingStore(rid.clone()));
+            return None;
         }
-        self.note_tally(&tally, "engine");
-        let taken = !self.ledger.dual;
-        self.apply_grouped(&apply, taken);
-        let done: Vec<u64> = settle
-            .iter()
-            .filter_map(|k| self.ledger.settle_after_engine(k))
-            .collect();
-        for batch in done {
-            self.end_store_batch(batch);
-        }
-        Ok(())
+        note_tally(counters, &tally, "engine");
+        Some(EngineReport {
+            apply,
+            settle,
+            taken: !self.ledger.dual,
+        })
     }
 
-    fn ignore_worker_report(&mut self, rank: u32, keys: usize, success: bool) {
-        self.counters.ignored_worker_reports += keys as u64;
+    /// The engine reported `keys`, which a worker had applied: the batches that ended with
+    /// them.
+    pub(crate) fn settle_after_engine(&mut self, keys: &[OffloadKey]) -> Vec<u64> {
+        keys.iter()
+            .filter_map(|k| self.ledger.settle_after_engine(k))
+            .collect()
+    }
+
+    /// The request and options of store batch `batch`, while it is open.
+    pub(crate) fn batch_ctx(&self, batch: u64) -> Option<&ReqContext> {
+        self.ledger.batch_ctx(batch)
+    }
+
+    /// `group` of store batch `batch` was applied with `ok`; whether that ended the batch.
+    /// `taken`: as [`EngineReport::taken`].
+    pub(crate) fn applied(&mut self, batch: u64, ok: bool, group: &[OffloadKey], taken: bool) -> bool {
+        if taken {
+            self.ledger.settled_taken(batch, group.len())
+        } else {
+            let mut ended = false;
+            for k in group {
+                ended |= self.ledger.mark_applied(k, ok).is_some();
+            }
+            ended
+        }
+    }
+
+    /// `keys` with their flags, as an [`ApplyList`] of the ones an open batch holds.
+    pub(crate) fn apply_list(&self, keys: &[(OffloadKey, bool)]) -> ApplyList {
+        let mut apply = ApplyList::with_capacity(keys.len());
+        for &(k, ok) in keys {
+            if let Some(batch) = self.ledger.batch_of(&k) {
+                apply.push(k, ok, batch);
+            }
+        }
+        apply
+    }
+
+    /// Every event workers queued since the last call (the channel's read in first), oldest
+    /// first.
+    pub(crate) fn take_worker_events(&mut self) -> Vec<WorkerEvent> {
+        if let Some(channel) = &mut self.channel {
+            channel.drain(&self.queue);
+        }
+        self.queue.take()
+    }
+
+    /// Notes a worker event that is not a store report (`WorkerEvent::Stored` goes through
+    /// [`Completions::worker_report`]).
+    pub(crate) fn worker_event(&mut self, event: &WorkerEvent, counters: &mut ManagerCounters) {
+        match *event {
+            WorkerEvent::Stored { .. } => {}
+            WorkerEvent::Joined { rank } => self.ledger.worker_joined(rank),
+            WorkerEvent::Left { rank, clean } => {
+                if clean {
+                    self.ledger.worker_joined(rank);
+                } else {
+                    tracing::warn!(
+                        rank,
+                        "a copy worker disconnected without goodbye; its unreported stores fail after the deadline"
+                    );
+                    self.ledger.worker_gone(rank, Instant::now());
+                }
+            }
+            WorkerEvent::Rejected => counters.completion_messages_rejected += 1,
+        }
+    }
+
+    /// Reconciles worker `rank`'s report of `keys`: the keys to apply now, with their flags.
+    /// `None` in on-step mode, where the report is acknowledged and ignored.
+    pub(crate) fn worker_report(
+        &mut self,
+        rank: u32,
+        keys: &[OffloadKey],
+        success: bool,
+        counters: &mut ManagerCounters,
+    ) -> Option<Vec<(OffloadKey, bool)>> {
+        if !self.ledger.dual {
+            // On-step mode: the engine's `complete_store` is the one report of a store, and the
+            // ledger keeps no record for a worker report to match (it takes each key out when
+            // the engine reports it). A worker that reports anyway (a binding that always
+            // opens the channel) is not a mismatch: acknowledge and count, say so once.
+            self.ignore_worker_report(rank, keys.len(), success, counters);
+            return None;
+        }
+        let mut tally = ReportTally::default();
+        let apply: Vec<(OffloadKey, bool)> = keys
+            .iter()
+            .filter_map(
+                |k| match self.ledger.worker_report(rank, k, success, &mut tally) {
+                    Verdict::Apply(ok) => Some((*k, ok)),
+                    Verdict::Nothing => None,
+                },
+            )
+            .collect();
+        note_tally(counters, &tally, "worker");
+        counters.off_step_store_completions += apply.len() as u64;
+        Some(apply)
+    }
+
+    fn ignore_worker_report(
+        &mut self,
+        rank: u32,
+        keys: usize,
+        success: bool,
+        counters: &mut ManagerCounters,
+    ) {
+        counters.ignored_worker_reports += keys as u64;
         let notes = &mut self.ignored_report_notes;
         if !notes.reported {
             notes.reported = true;
@@ -148,167 +321,79 @@ impl TieringState {
         }
     }
 
-    fn note_tally(&mut self, tally: &ReportTally, source: &str) {
-        self.counters.duplicate_store_reports += tally.absorbed;
-        self.counters.unmatched_worker_reports += tally.unknown;
-        if tally.conflicts > 0 {
-            self.counters.store_report_conflicts += tally.conflicts;
-            tracing::warn!(
-                conflicts = tally.conflicts,
-                second_report = source,
-                "store reports disagree on success; the first report was applied"
-            );
-        }
+    /// The keys of worker ranks that disconnected and did not come back within the deadline,
+    /// per rank.
+    pub(crate) fn expired_worker_keys(&mut self, now: Instant) -> Vec<(u32, Vec<OffloadKey>)> {
+        self.ledger.expired_worker_keys(now)
     }
 
-    /// Applies keys (primary `complete_store`, cascade on success), grouped by store batch.
-    fn apply_store_keys(&mut self, keys: &[(OffloadKey, bool)]) {
-        let mut apply = ApplyList::with_capacity(keys.len());
-        for &(k, ok) in keys {
-            if let Some(batch) = self.ledger.batch_of(&k) {
-                apply.push(k, ok, batch);
-            }
-        }
-        self.apply_grouped(&apply, false);
+    /// Drops the records of a finalized request (they only waited for a late worker report).
+    pub(crate) fn forget_request(&mut self, rid: &RequestId) {
+        self.ledger.forget_request(rid);
     }
 
-    /// Applies `apply` one (batch, success) group at a time, in first-seen order, so one
-    /// cascade job covers the keys of one store. `taken`: the keys' records were already taken
-    /// out of the ledger (engine-only mode), so their batch only counts them settled.
-    fn apply_grouped(&mut self, apply: &ApplyList, taken: bool) {
-        let Some(&first) = apply.meta.first() else {
-            return;
-        };
-        if apply.meta.iter().all(|m| *m == first) {
-            // The usual report: every key of one store with one flag.
-            self.apply_group(first.1, first.0, &apply.keys, taken);
-            return;
-        }
-        let mut groups: Vec<((bool, u64), Vec<OffloadKey>)> = Vec::new();
-        for (k, m) in apply.keys.iter().zip(&apply.meta) {
-            match groups.iter_mut().find(|(g, _)| g == m) {
-                Some(g) => g.1.push(*k),
-                None => groups.push((*m, vec![*k])),
-            }
-        }
-        for ((ok, batch), group) in groups {
-            self.apply_group(batch, ok, &group, taken);
-        }
+    /// Forgets every record (`reset_cache`).
+    pub(crate) fn clear(&mut self) {
+        self.ledger.clear();
     }
 
-    fn apply_group(&mut self, batch: u64, ok: bool, group: &[OffloadKey], taken: bool) {
-        let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
-            return;
-        };
-        self.primary.complete_store(group, &ctx, ok);
-        if ok {
-            self.telemetry
-                .device_stores(group.len(), self.arena.chunk_bytes());
-            for idx in 0..self.tiers.len() {
-                self.cascade_to(idx, group, &ctx);
-            }
-        }
-        let ended = if taken {
-            self.ledger.settled_taken(batch, group.len())
-        } else {
-            let mut ended = false;
-            for k in group {
-                ended |= self.ledger.mark_applied(k, ok).is_some();
-            }
-            ended
-        };
-        if ended {
-            self.end_store_batch(batch);
-        }
+    /// When the ledger wants to be woken (a gone worker's deadline).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.ledger.next_deadline()
     }
 
-    /// Every key of a store batch is settled: the request has one store fewer pending.
-    fn end_store_batch(&mut self, batch: u64) {
-        let Some(ctx) = self.ledger.batch_ctx(batch).cloned() else {
-            return;
-        };
-        if let Some(state) = self.requests.get_mut(ctx.id()) {
-            state.pending_stores = state.pending_stores.saturating_sub(1);
-        }
-        self.maybe_finalize(ctx.id());
+    /// Keys of prepared stores still waiting for a report.
+    pub(crate) fn tracked_keys(&self) -> usize {
+        self.ledger.tracked_keys()
     }
+}
 
-    /// Applies every report workers queued since the last call, and fails the keys of ranks
-    /// that disconnected and did not come back within the deadline.
-    pub(crate) fn apply_queued_completions(&mut self) {
-        if let Some(channel) = &mut self.channel {
-            channel.drain(&self.completion_queue);
-        }
-        for event in self.completion_queue.take() {
-            match event {
-                WorkerEvent::Stored { rank, keys, success } => self.apply_worker_report(rank, &keys, success),
-                WorkerEvent::Joined { rank } => self.ledger.worker_joined(rank),
-                WorkerEvent::Left { rank, clean } => {
-                    if clean {
-                        self.ledger.worker_joined(rank);
-                    } else {
-                        tracing::warn!(
-                            rank,
-                            "a copy worker disconnected without goodbye; its unreported stores fail after the deadline"
-                        );
-                        self.ledger.worker_gone(rank, Instant::now());
-                    }
-                }
-                WorkerEvent::Rejected => self.counters.completion_messages_rejected += 1,
-            }
-        }
-        for (rank, keys) in self.ledger.expired_worker_keys(Instant::now()) {
-            // A worker process that died holding row grants left their lock words set in the
-            // shared mapping; release the locks of views whose process is gone, so the rows can
-            // be written again.
-            match self.arena.reclaim_dead_views() {
-                Ok(r) if r.views > 0 => {
-                    tracing::warn!(
-                        rank,
-                        views = r.views,
-                        rows = r.rows,
-                        "released the row locks of dead worker processes"
-                    );
-                }
-                Ok(_) => {}
-                Err(e) => tracing::error!(rank, error = %e, "cannot reclaim the row locks of dead workers"),
-            }
-            if keys.is_empty() {
-                continue;
-            }
+/// Worker `rank` is gone for good with `keys` unreported: releases the row locks dead worker
+/// processes left set, counts the keys lost, and returns them as failed, to apply.
+pub(crate) fn lost_worker(
+    rank: u32,
+    keys: Vec<OffloadKey>,
+    arena: &ChunkArena,
+    counters: &mut ManagerCounters,
+) -> Vec<(OffloadKey, bool)> {
+    // A worker process that died holding row grants left their lock words set in the shared
+    // mapping; release the locks of views whose process is gone, so the rows can be written
+    // again.
+    match arena.reclaim_dead_views() {
+        Ok(r) if r.views > 0 => {
             tracing::warn!(
                 rank,
-                keys = keys.len(),
-                "failing stores a dead copy worker never reported"
+                views = r.views,
+                rows = r.rows,
+                "released the row locks of dead worker processes"
             );
-            self.counters.worker_lost_store_keys += keys.len() as u64;
-            let failed: Vec<(OffloadKey, bool)> = keys.into_iter().map(|k| (k, false)).collect();
-            self.apply_store_keys(&failed);
         }
+        Ok(_) => {}
+        Err(e) => tracing::error!(rank, error = %e, "cannot reclaim the row locks of dead workers"),
     }
+    if keys.is_empty() {
+        return Vec::new();
+    }
+    tracing::warn!(
+        rank,
+        keys = keys.len(),
+        "failing stores a dead copy worker never reported"
+    );
+    counters.worker_lost_store_keys += keys.len() as u64;
+    keys.into_iter().map(|k| (k, false)).collect()
+}
 
-    fn apply_worker_report(&mut self, rank: u32, keys: &[OffloadKey], success: bool) {
-        if !self.ledger.dual {
-            // On-step mode: the engine's `complete_store` is the one report of a store, and the
-            // ledger keeps no record for a worker report to match (it takes each key out when
-            // the engine reports it). A worker that reports anyway (a binding that always
-            // opens the channel) is not a mismatch: acknowledge and count, say so once.
-            self.ignore_worker_report(rank, keys.len(), success);
-            return;
-        }
-        let mut tally = ReportTally::default();
-        let apply: Vec<(OffloadKey, bool)> = keys
-            .iter()
-            .filter_map(
-                |k| match self.ledger.worker_report(rank, k, success, &mut tally) {
-                    Verdict::Apply(ok) => Some((*k, ok)),
-                    Verdict::Nothing => None,
-                },
-            )
-            .collect();
-        self.note_tally(&tally, "worker");
-        self.counters.off_step_store_completions += apply.len() as u64;
-        self.apply_store_keys(&apply);
+/// Counts one report's effects, and warns when it disagrees with the report applied first.
+fn note_tally(counters: &mut ManagerCounters, tally: &ReportTally, source: &str) {
+    counters.duplicate_store_reports += tally.absorbed;
+    counters.unmatched_worker_reports += tally.unknown;
+    if tally.conflicts > 0 {
+        counters.store_report_conflicts += tally.conflicts;
+        tracing::warn!(
+            conflicts = tally.conflicts,
+            second_report = source,
+            "store reports disagree on success; the first report was applied"
+        );
     }
 }
 
