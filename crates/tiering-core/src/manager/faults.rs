@@ -129,7 +129,7 @@ impl TieringState {
                 self.fail_jobs_of(idx);
             }
             Bounded::TimedOut => {
-                let held = self.jobs.values().filter(|m| m.tier == idx).count();
+                let held = self.jobs.held_by(idx);
                 tracing::error!(
                     tier = %name,
                     timeout = ?self.tier_timeout,

@@ -7,7 +7,8 @@ use crate::key::{KeySet, OffloadKey};
 use crate::tier::PrimaryTier as _;
 
 use super::faults::TierFault;
-use super::state::{JobMeta, TieringState};
+use super::job_table::JobMeta;
+use super::state::TieringState;
 use super::tier_call::{Op, catch};
 
 /// Which tiers a poll or serve pass covers.
@@ -49,7 +50,7 @@ impl TieringState {
     /// policy (`super::tier_call`): quarantined, or returned as a fault under `fail`.
     pub(crate) fn poll_tiers(&mut self, who: Servicer) -> Vec<TierFault> {
         let mut faults = Vec::new();
-        let mut results = std::mem::take(&mut self.results);
+        let mut results = self.jobs.take_result_buffer();
         for idx in 0..self.tiers.len() {
             if !self.serviced_by(idx, who) {
                 continue;
@@ -77,7 +78,7 @@ impl TieringState {
                 faults.push(TierFault::new(idx, e));
             }
         }
-        self.results = results;
+        self.jobs.return_result_buffer(results);
         faults
     }
 
@@ -164,12 +165,7 @@ impl TieringState {
     /// Reports every job of tier `idx` failed: promotions free their reserved rows, store jobs
     /// release their pins. Only for a tier that can no longer touch those rows.
     pub(crate) fn fail_jobs_of(&mut self, idx: usize) -> usize {
-        let ids: Vec<_> = self
-            .jobs
-            .iter()
-            .filter(|(_, m)| m.tier == idx)
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = self.jobs.ids_of(idx);
         for id in &ids {
             self.gates.finished(*id, false, std::time::Duration::ZERO);
             if let Some(meta) = self.jobs.remove(id) {

@@ -18,8 +18,9 @@ use crate::request::ReqContext;
 use crate::tier::PrimaryTier as _;
 
 use super::cost::Verdict;
+use super::job_table::JobMeta;
 use super::jobs::Servicer;
-use super::state::{JobMeta, PendingPromotion, TieringState};
+use super::state::{PendingPromotion, TieringState};
 use super::tier_call::Op;
 
 impl TieringState {
@@ -63,8 +64,7 @@ impl TieringState {
         let tiers = &self.tiers;
         let awaited = self
             .jobs
-            .values()
-            .any(|m| m.kind == JobKind::Promotion && tiers.get(m.tier).is_some_and(|t| t.on_control_plane));
+            .any_promotion_on(|idx| tiers.get(idx).is_some_and(|t| t.on_control_plane));
         if awaited {
             let faults = self.poll_tiers(Servicer::ControlThread);
             self.handle_faults(faults)?;
@@ -242,12 +242,7 @@ impl TieringState {
     /// Chunks of tier `idx`'s promotions in flight or reserved and not yet submitted: the
     /// queue a new promotion waits behind.
     fn promotion_backlog(&self, idx: usize) -> usize {
-        let in_flight: usize = self
-            .jobs
-            .values()
-            .filter(|m| m.tier == idx && m.kind == JobKind::Promotion)
-            .map(|m| m.keys.len())
-            .sum();
+        let in_flight = self.jobs.promoting(idx);
         let reserved: usize = self.pending_promotions[idx].values().map(|p| p.keys.len()).sum();
         in_flight + reserved
     }
@@ -281,19 +276,15 @@ impl TieringState {
                         continue;
                     }
                 };
-                let id = self.next_job_id();
                 let chunk = self.arena.chunk_bytes() as u64;
                 let backlog = (self.promotion_backlog(idx) + p.keys.len()) as u64 * chunk;
+                let id = self.jobs.register(JobMeta {
+                    tier: idx,
+                    kind: JobKind::Promotion,
+                    keys: p.keys.clone(),
+                    ctx: p.ctx.clone(),
+                });
                 self.cost.submitted(id, idx, backlog, Instant::now());
-                self.jobs.insert(
-                    id,
-                    JobMeta {
-                        tier: idx,
-                        kind: JobKind::Promotion,
-                        keys: p.keys.clone(),
-                        ctx: p.ctx.clone(),
-                    },
-                );
                 self.counters.promotion_jobs += 1;
                 let job = TransferJob {
                     id,

@@ -30,6 +30,7 @@ pub(crate) mod control;
 mod cost;
 mod faults;
 mod gates;
+mod job_table;
 mod jobs;
 mod load_source;
 mod lookup;

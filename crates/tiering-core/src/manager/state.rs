@@ -12,7 +12,6 @@ use std::sync::Arc;
 use indexmap::IndexMap;
 
 use crate::arena::ChunkArena;
-use crate::job::{JobId, JobKind, JobResult};
 use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
 use crate::request::{ReqContext, RequestId, TierInfo};
 use crate::stats::ManagerCounters;
@@ -21,6 +20,7 @@ use crate::waker::ControlWaker;
 
 use super::completions::Completions;
 use super::config::{ManagerConfig, OnTierFailure};
+use super::job_table::JobTable;
 use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
 
 /// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
@@ -37,14 +37,6 @@ pub(crate) struct TierSlot {
     pub(crate) on_control_plane: bool,
     /// Why the tier left the chain, once it did.
     pub(crate) quarantined: Option<String>,
-}
-
-/// A registered primary↔secondary job.
-pub(crate) struct JobMeta {
-    pub(crate) tier: usize,
-    pub(crate) kind: JobKind,
-    pub(crate) keys: Vec<OffloadKey>,
-    pub(crate) ctx: ReqContext,
 }
 
 /// Promotions reserved for one (tier, request) and not yet submitted.
@@ -76,8 +68,8 @@ pub struct TieringState {
     pub(crate) primary: GuardedPrimary,
     pub(crate) arena: Arc<ChunkArena>,
     pub(crate) tiers: Vec<TierSlot>,
-    pub(crate) jobs: HashMap<JobId, JobMeta>,
-    pub(crate) next_job: u64,
+    /// The jobs handed to tiers and not yet finished.
+    pub(crate) jobs: JobTable,
     pub(crate) pending_promotions: Vec<IndexMap<RequestId, PendingPromotion>>,
     pub(crate) requests: RequestMap<RequestState>,
     /// The scheduler's once-per-step poll gate.
@@ -88,7 +80,6 @@ pub struct TieringState {
     /// Set while the control-plane thread runs: it alone polls and serves the opted-in tiers.
     pub(crate) control_thread_live: bool,
     pub(crate) counters: ManagerCounters,
-    pub(crate) results: Vec<JobResult>,
     /// The copy workers' and the engine's store reports and the ledger reconciling them.
     pub(crate) completions: Completions,
     /// Sweeps also submit the promotions that serving peers reserved (off-step mode).
@@ -216,15 +207,13 @@ impl TieringState {
             arena,
             calls: Arc::new(TierCalls::new(names)),
             tiers: slots,
-            jobs: HashMap::new(),
-            next_job: 0,
+            jobs: JobTable::default(),
             pending_promotions: (0..n).map(|_| IndexMap::new()).collect(),
             requests: RequestMap::default(),
             polled_this_step: false,
             promotions_polled_this_step: false,
             control_thread_live: false,
             counters,
-            results: Vec::new(),
             completions: Completions::new(config),
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,
@@ -306,12 +295,6 @@ impl TieringState {
     /// Whether the scheduler thread (not the control thread) polls and serves tier `idx`.
     pub(crate) fn scheduler_owns(&self, idx: usize) -> bool {
         !(self.control_thread_live && self.tiers[idx].on_control_plane)
-    }
-
-    pub(crate) fn next_job_id(&mut self) -> JobId {
-        let id = JobId(self.next_job);
-        self.next_job += 1;
-        id
     }
 
     pub(crate) fn tier_name(&self, idx: usize) -> String {

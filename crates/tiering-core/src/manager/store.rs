@@ -15,7 +15,8 @@ use std::time::Instant;
 use crate::channel::WorkerEvent;
 
 use super::completions;
-use super::state::{JobMeta, TieringState};
+use super::job_table::JobMeta;
+use super::state::TieringState;
 use super::tier_call::Op;
 
 impl TieringState {
@@ -52,16 +53,12 @@ impl TieringState {
                 return Err(ManagerError::primary(TierError::Arena(e)));
             }
         };
-        let id = self.next_job_id();
-        self.jobs.insert(
-            id,
-            JobMeta {
-                tier: idx,
-                kind: JobKind::Store,
-                keys: keys.to_vec(),
-                ctx: ctx.clone(),
-            },
-        );
+        let id = self.jobs.register(JobMeta {
+            tier: idx,
+            kind: JobKind::Store,
+            keys: keys.to_vec(),
+            ctx: ctx.clone(),
+        });
         Ok(TransferJob {
             id,
             kind: JobKind::Store,
