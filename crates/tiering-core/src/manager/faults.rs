@@ -137,8 +137,7 @@ impl TieringState {
                     "quarantined tier did not stop in time; the rows of its jobs stay pinned"
                 );
                 // Promotions that were only reserved never reached the tier: free them.
-                let pending = std::mem::take(&mut self.pending_promotions[idx]);
-                for (_, p) in pending {
+                for p in self.pending_promotions.take(idx) {
                     self.primary.complete_write(&p.keys, &p.ctx, false);
                     self.cost.forget(&p.keys);
                 }

@@ -183,8 +183,7 @@ impl TieringState {
             }
         }
         // Reserved but never submitted promotions of this tier free their rows too.
-        let pending = std::mem::take(&mut self.pending_promotions[idx]);
-        for (_, p) in pending {
+        for p in self.pending_promotions.take(idx) {
             self.primary.complete_write(&p.keys, &p.ctx, false);
             self.cost.forget(&p.keys);
             self.forget_load_sources(&p.ctx, &p.keys, idx);

@@ -20,7 +20,7 @@ use crate::tier::PrimaryTier as _;
 use super::cost::Verdict;
 use super::job_table::JobMeta;
 use super::jobs::Servicer;
-use super::state::{PendingPromotion, TieringState};
+use super::state::TieringState;
 use super::tier_call::Op;
 
 impl TieringState {
@@ -176,9 +176,7 @@ impl TieringState {
         let (deadline, answer) = if self.cost.recompute().is_some() {
             let chunk = self.arena.chunk_bytes() as u64;
             let backlog = (self.promotion_backlog(idx) as u64 + 1) * chunk;
-            let reserved = self.pending_promotions[idx]
-                .get(ctx.id())
-                .map_or(0, |p| p.keys.len());
+            let reserved = self.pending_promotions.reserved_for(idx, ctx.id());
             match self.cost.decide(idx, backlog, reserved, Instant::now()) {
                 Verdict::Promote(deadline) => (deadline, LookupResult::HitPending),
                 Verdict::Probe(deadline) => (Some(deadline), LookupResult::Miss),
@@ -205,15 +203,8 @@ impl TieringState {
                 LookupResult::Retry | LookupResult::Miss => LookupResult::Miss,
             };
         }
-        let entry = self.pending_promotions[idx]
-            .entry(ctx.id().clone())
-            .or_insert_with(|| PendingPromotion {
-                ctx: ctx.clone(),
-                keys: Vec::new(),
-                chunk_ids: Vec::new(),
-            });
-        entry.keys.extend_from_slice(&out.keys_to_store);
-        entry.chunk_ids.extend_from_slice(&out.chunk_ids);
+        self.pending_promotions
+            .reserve(idx, ctx, &out.keys_to_store, &out.chunk_ids);
         for k in &out.keys_to_store {
             self.cost.started(idx, *k, deadline);
         }
@@ -243,24 +234,23 @@ impl TieringState {
     /// queue a new promotion waits behind.
     fn promotion_backlog(&self, idx: usize) -> usize {
         let in_flight = self.jobs.promoting(idx);
-        let reserved: usize = self.pending_promotions[idx].values().map(|p| p.keys.len()).sum();
+        let reserved = self.pending_promotions.reserved_on(idx);
         in_flight + reserved
     }
 
     /// Whether any promotion is reserved and not yet submitted.
     pub(crate) fn has_unsubmitted_promotions(&self) -> bool {
-        self.pending_promotions.iter().any(|m| !m.is_empty())
+        self.pending_promotions.any()
     }
 
     /// Submits one promotion job per (tier, request) with reserved keys, in first-lookup order.
     pub(crate) fn flush_promotions(&mut self) -> Result<(), ManagerError> {
         let mut first_err = None;
         for idx in 0..self.tiers.len() {
-            if self.tiers[idx].tier.is_none() || self.pending_promotions[idx].is_empty() {
+            if self.tiers[idx].tier.is_none() || self.pending_promotions.none_on(idx) {
                 continue;
             }
-            let pending = std::mem::take(&mut self.pending_promotions[idx]);
-            for (_, p) in pending {
+            for p in self.pending_promotions.take(idx) {
                 if p.keys.is_empty() {
                     continue;
                 }

@@ -35,6 +35,7 @@ mod jobs;
 mod load_source;
 mod lookup;
 mod observe;
+mod pending_promotions;
 mod requests;
 mod retry_wait;
 mod serve;

@@ -9,8 +9,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use indexmap::IndexMap;
-
 use crate::arena::ChunkArena;
 use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
 use crate::request::{ReqContext, RequestId, TierInfo};
@@ -21,6 +19,7 @@ use crate::waker::ControlWaker;
 use super::completions::Completions;
 use super::config::{ManagerConfig, OnTierFailure};
 use super::job_table::JobTable;
+use super::pending_promotions::PendingPromotions;
 use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
 
 /// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
@@ -37,13 +36,6 @@ pub(crate) struct TierSlot {
     pub(crate) on_control_plane: bool,
     /// Why the tier left the chain, once it did.
     pub(crate) quarantined: Option<String>,
-}
-
-/// Promotions reserved for one (tier, request) and not yet submitted.
-pub(crate) struct PendingPromotion {
-    pub(crate) ctx: ReqContext,
-    pub(crate) keys: Vec<OffloadKey>,
-    pub(crate) chunk_ids: Vec<u32>,
 }
 
 /// Per-request orchestration state.
@@ -70,7 +62,8 @@ pub struct TieringState {
     pub(crate) tiers: Vec<TierSlot>,
     /// The jobs handed to tiers and not yet finished.
     pub(crate) jobs: JobTable,
-    pub(crate) pending_promotions: Vec<IndexMap<RequestId, PendingPromotion>>,
+    /// Promotions reserved in lookups and not yet submitted.
+    pub(crate) pending_promotions: PendingPromotions,
     pub(crate) requests: RequestMap<RequestState>,
     /// The scheduler's once-per-step poll gate.
     pub(crate) polled_this_step: bool,
@@ -208,7 +201,7 @@ impl TieringState {
             calls: Arc::new(TierCalls::new(names)),
             tiers: slots,
             jobs: JobTable::default(),
-            pending_promotions: (0..n).map(|_| IndexMap::new()).collect(),
+            pending_promotions: PendingPromotions::new(n),
             requests: RequestMap::default(),
             polled_this_step: false,
             promotions_polled_this_step: false,
@@ -238,11 +231,7 @@ impl TieringState {
     /// Promotions reserved but not yet submitted.
     #[must_use]
     pub fn reserved_promotions(&self) -> usize {
-        self.pending_promotions
-            .iter()
-            .flat_map(IndexMap::values)
-            .map(|p| p.keys.len())
-            .sum()
+        self.pending_promotions.total()
     }
 
     /// Keys of prepared stores the ledger still tracks (waiting for a report from the engine

@@ -22,9 +22,7 @@ impl TieringState {
             // A tier still owns rows: resetting the primary now could hand them to someone else.
             return Err(ManagerError::ResetLeftJobs(self.jobs.len()));
         }
-        for map in &mut self.pending_promotions {
-            map.clear();
-        }
+        self.pending_promotions.clear();
         self.cost.clear_watches();
         let finished: Vec<RequestId> = self
             .requests
