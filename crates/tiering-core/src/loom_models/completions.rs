@@ -179,7 +179,7 @@ impl Fixture {
     /// The request has `n` stores pending.
     fn assert_pending_stores(&self, n: u32) {
         let state = self.state.lock();
-        let pending = state.requests.get(self.ctx.id()).map(|r| r.pending_stores);
+        let pending = state.requests.pending_stores(self.ctx.id());
         assert_eq!(pending, Some(n));
     }
 }

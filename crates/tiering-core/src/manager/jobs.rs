@@ -146,7 +146,7 @@ impl TieringState {
             self.backoff.succeeded(idx);
         } else {
             self.primary.complete_write(&failed, &meta.ctx, false);
-            self.forget_load_sources(&meta.ctx, &failed, idx);
+            self.requests.forget_load_sources(meta.ctx.id(), &failed, idx);
             // Remembered, so the next lookup of these keys does not start the same promotion.
             let health = self
                 .tier_call_or_defer(idx, Op::Health, |t| t.health())
@@ -174,7 +174,7 @@ impl TieringState {
                         self.cost.dropped(*id, &meta.keys);
                         self.counters.failed_promotion_keys += meta.keys.len() as u64;
                         self.primary.complete_write(&meta.keys, &meta.ctx, false);
-                        self.forget_load_sources(&meta.ctx, &meta.keys, idx);
+                        self.requests.forget_load_sources(meta.ctx.id(), &meta.keys, idx);
                     }
                     JobKind::Store => {
                         let _ = self.release_store_job(&meta);
@@ -186,7 +186,7 @@ impl TieringState {
         for p in self.pending_promotions.take(idx) {
             self.primary.complete_write(&p.keys, &p.ctx, false);
             self.cost.forget(&p.keys);
-            self.forget_load_sources(&p.ctx, &p.keys, idx);
+            self.requests.forget_load_sources(p.ctx.id(), &p.keys, idx);
         }
         ids.len()
     }

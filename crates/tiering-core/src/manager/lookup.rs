@@ -20,6 +20,7 @@ use crate::tier::PrimaryTier as _;
 use super::cost::Verdict;
 use super::job_table::JobMeta;
 use super::jobs::Servicer;
+use super::load_source::LoadSource;
 use super::state::TieringState;
 use super::tier_call::Op;
 
@@ -208,7 +209,8 @@ impl TieringState {
         for k in &out.keys_to_store {
             self.cost.started(idx, *k, deadline);
         }
-        self.record_load_sources(ctx, &out.keys_to_store, idx);
+        self.requests
+            .record_load_sources(ctx.id(), &out.keys_to_store, idx);
         answer
     }
 
@@ -261,7 +263,7 @@ impl TieringState {
                         // Free the reservations rather than write into a row in use.
                         self.primary.complete_write(&p.keys, &p.ctx, false);
                         self.cost.forget(&p.keys);
-                        self.forget_load_sources(&p.ctx, &p.keys, idx);
+                        self.requests.forget_load_sources(p.ctx.id(), &p.keys, idx);
                         first_err.get_or_insert(ManagerError::primary(TierError::Arena(e)));
                         continue;
                     }
@@ -290,5 +292,24 @@ impl TieringState {
             }
         }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// See [`Step::load_source`](super::Step::load_source): the tier recorded for `key` in the
+    /// request's table entry, else the primary.
+    pub(crate) fn load_source_unlocked(&self, key: &OffloadKey, ctx: &ReqContext) -> LoadSource {
+        let recorded = self
+            .requests
+            .load_source(ctx.id(), key)
+            .filter(|&idx| idx < self.tiers.len());
+        match recorded {
+            Some(idx) => LoadSource {
+                secondary: Some(idx),
+                info: self.tiers[idx].info.clone(),
+            },
+            None => LoadSource {
+                secondary: None,
+                info: self.primary.info(),
+            },
+        }
     }
 }

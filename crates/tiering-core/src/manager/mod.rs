@@ -36,6 +36,7 @@ mod load_source;
 mod lookup;
 mod observe;
 mod pending_promotions;
+mod request_table;
 mod requests;
 mod retry_wait;
 mod serve;

@@ -6,12 +6,10 @@
 //! [`Step`](super::Step), the control thread through its own guard. The public methods here are
 //! read-only diagnostics, for tests and reports.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::arena::ChunkArena;
-use crate::key::{KeyBuildHasher, KeyMap, OffloadKey};
-use crate::request::{ReqContext, RequestId, TierInfo};
+use crate::request::TierInfo;
 use crate::stats::ManagerCounters;
 use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
@@ -20,11 +18,8 @@ use super::completions::Completions;
 use super::config::{ManagerConfig, OnTierFailure};
 use super::job_table::JobTable;
 use super::pending_promotions::PendingPromotions;
+use super::request_table::RequestTable;
 use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
-
-/// A map keyed by request id, hashed with the crate's fast hasher: the manager looks a request
-/// up several times per engine call, and SipHash over the id string showed in profiles.
-pub(crate) type RequestMap<V> = HashMap<RequestId, V, KeyBuildHasher>;
 
 /// One secondary tier in the chain. `tier` is `None` while the tier is serving peers (taken out
 /// of the state for the call, which keeps it out of every fan-out) and for good once it is
@@ -38,22 +33,6 @@ pub(crate) struct TierSlot {
     pub(crate) quarantined: Option<String>,
 }
 
-/// Per-request orchestration state.
-pub(crate) struct RequestState {
-    pub(crate) ctx: ReqContext,
-    /// Prepared device→primary stores (batches) not yet fully completed.
-    pub(crate) pending_stores: u32,
-    pub(crate) finished: bool,
-    /// Tiers that asked for `RequestLevel`.
-    pub(crate) request_level: Vec<usize>,
-    /// Keys whose write was in flight when a request-level cascade wanted them.
-    pub(crate) parked: Vec<OffloadKey>,
-    /// The origin tier of a peer request, remembered so a deferred finalization still skips it.
-    pub(crate) exclude: Option<usize>,
-    /// The secondary tier each key promoted for this request came from (`load_source`).
-    pub(crate) load_sources: KeyMap<usize>,
-}
-
 /// All mutable orchestrator state (see the module docs).
 pub struct TieringState {
     /// The primary behind the panic boundary (`super::tier_call`).
@@ -64,7 +43,8 @@ pub struct TieringState {
     pub(crate) jobs: JobTable,
     /// Promotions reserved in lookups and not yet submitted.
     pub(crate) pending_promotions: PendingPromotions,
-    pub(crate) requests: RequestMap<RequestState>,
+    /// The requests announced and not yet finalized.
+    pub(crate) requests: RequestTable,
     /// The scheduler's once-per-step poll gate.
     pub(crate) polled_this_step: bool,
     /// Whether this step already polled the control thread's tiers for a promotion it waits
@@ -202,7 +182,7 @@ impl TieringState {
             tiers: slots,
             jobs: JobTable::default(),
             pending_promotions: PendingPromotions::new(n),
-            requests: RequestMap::default(),
+            requests: RequestTable::default(),
             polled_this_step: false,
             promotions_polled_this_step: false,
             control_thread_live: false,

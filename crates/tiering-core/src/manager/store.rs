@@ -81,10 +81,7 @@ impl TieringState {
         if self.tiers[idx].tier.is_none() || keys.is_empty() {
             return;
         }
-        let routed = self
-            .requests
-            .get(ctx.id())
-            .is_some_and(|r| r.request_level.contains(&idx));
+        let routed = self.requests.routes_to(ctx.id(), idx);
         if routed {
             self.submit_cascade(idx, keys, ctx, Gated::No);
             return;
@@ -193,7 +190,7 @@ impl TieringState {
         let faults = self.gated_poll();
         self.handle_faults(faults)?;
         let rid = ctx.id();
-        let Some(request_level) = self.requests.get(rid).map(|s| !s.request_level.is_empty()) else {
+        let Some(request_level) = self.requests.is_request_level(rid) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
         };
         self.gates.on_access(keys, Access::Offered);
@@ -217,11 +214,13 @@ impl TieringState {
         if !out.keys_to_store.is_empty() {
             self.completions.open_batch(ctx, &out.keys_to_store);
         }
-        let Some(state) = self.requests.get_mut(rid) else {
-            return Err(ManagerError::UnknownRequest(rid.clone()));
+        let known = if out.keys_to_store.is_empty() {
+            self.requests.contains(rid)
+        } else {
+            self.requests.store_prepared(rid)
         };
-        if !out.keys_to_store.is_empty() {
-            state.pending_stores += 1;
+        if !known {
+            return Err(ManagerError::UnknownRequest(rid.clone()));
         }
         if request_level && !resident.is_empty() {
             self.cascade_existing(rid, &resident);
@@ -233,10 +232,9 @@ impl TieringState {
     /// the request-level tiers now, in-flight ones are parked until they resolve, absent ones
     /// are dropped.
     fn cascade_existing(&mut self, rid: &RequestId, keys: &[OffloadKey]) {
-        let Some(state) = self.requests.get(rid) else {
+        let Some(ctx) = self.requests.ctx(rid).cloned() else {
             return;
         };
-        let ctx = state.ctx.clone();
         let mut ready = Vec::new();
         let mut parked = Vec::new();
         for key in keys {
@@ -246,16 +244,9 @@ impl TieringState {
                 LookupResult::Miss | LookupResult::Retry => {}
             }
         }
-        let Some(state) = self.requests.get_mut(rid) else {
+        let Some(targets) = self.requests.park(rid, parked) else {
             return;
         };
-        state.parked.extend(parked);
-        let targets: Vec<usize> = state
-            .request_level
-            .iter()
-            .copied()
-            .filter(|&t| Some(t) != state.exclude)
-            .collect();
         if ready.is_empty() {
             return;
         }
@@ -266,24 +257,14 @@ impl TieringState {
 
     /// Whether a request-level cascade waits for keys still in flight.
     pub(crate) fn has_parked_cascades(&self) -> bool {
-        self.requests.values().any(|s| !s.parked.is_empty())
+        self.requests.any_parked()
     }
 
     /// Re-runs the request-level cascade for parked keys (each resolves eventually: a write in
     /// flight ends ready or removed).
     pub(crate) fn flush_parked_cascades(&mut self) {
-        let parked: Vec<RequestId> = self
-            .requests
-            .iter()
-            .filter(|(_, s)| !s.parked.is_empty())
-            .map(|(id, _)| id.clone())
-            .collect();
-        for rid in parked {
-            let keys = self
-                .requests
-                .get_mut(&rid)
-                .map(|s| std::mem::take(&mut s.parked))
-                .unwrap_or_default();
+        for rid in self.requests.with_parked() {
+            let keys = self.requests.take_parked(&rid);
             self.cascade_existing(&rid, &keys);
             self.maybe_finalize(&rid);
         }
@@ -306,10 +287,10 @@ impl TieringState {
             self.apply_queued_completions();
         }
         let rid = ctx.id();
-        let Some(req) = self.requests.get(rid) else {
+        let Some(pending_stores) = self.requests.pending_stores(rid) else {
             return Err(ManagerError::UnknownRequest(rid.clone()));
         };
-        let has_pending = req.pending_stores > 0;
+        let has_pending = pending_stores > 0;
         let Some(report) = self
             .completions
             .engine_report(keys, success, has_pending, &mut self.counters)
@@ -380,9 +361,7 @@ impl TieringState {
         let Some(ctx) = self.completions.batch_ctx(batch).cloned() else {
             return;
         };
-        if let Some(state) = self.requests.get_mut(ctx.id()) {
-            state.pending_stores = state.pending_stores.saturating_sub(1);
-        }
+        self.requests.store_ended(ctx.id());
         self.maybe_finalize(ctx.id());
     }
 }

@@ -2,7 +2,6 @@
 //! each drain bounded by the tier timeout) so no completion is lost and no pin leaks.
 
 use crate::error::ManagerError;
-use crate::request::RequestId;
 use crate::tier::PrimaryTier as _;
 
 use super::faults::{Bounded, run_bounded};
@@ -24,16 +23,7 @@ impl TieringState {
         }
         self.pending_promotions.clear();
         self.cost.clear_watches();
-        let finished: Vec<RequestId> = self
-            .requests
-            .iter_mut()
-            .filter_map(|(id, s)| {
-                s.pending_stores = 0;
-                s.parked.clear();
-                s.load_sources.clear();
-                s.finished.then(|| id.clone())
-            })
-            .collect();
+        let finished = self.requests.reset();
         self.completions.clear();
         for rid in finished {
             if let Some(state) = self.requests.remove(&rid) {
