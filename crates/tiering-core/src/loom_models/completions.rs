@@ -112,7 +112,7 @@ impl Fixture {
             .expect("room for one key");
         assert_eq!(out.keys_to_store.len(), 1);
         // As `start_control_thread` does: from now on the control thread applies worker reports.
-        state.control_thread_live = true;
+        state.tiers.set_control_thread_live(true);
         Arc::new(Self {
             queue: Arc::clone(state.completions.queue()),
             state: sync::Mutex::new(state),

@@ -40,8 +40,8 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(state: TieringState, waker: ControlWaker, config: ManagerConfig) -> Self {
-        let opted_in = state.tiers.iter().any(|s| s.on_control_plane);
-        let calls = Arc::clone(&state.calls);
+        let opted_in = state.tiers.any_on_control_plane();
+        let calls = Arc::clone(state.tiers.calls());
         Self {
             calls,
             state: Arc::new(Mutex::new(state)),
@@ -107,7 +107,7 @@ impl Shared {
         }
         match ControlThread::spawn(Arc::clone(self)) {
             Ok(thread) => {
-                state.control_thread_live = true;
+                state.tiers.set_control_thread_live(true);
                 *control = Some(thread);
             }
             Err(e) => {
@@ -307,7 +307,7 @@ impl TieringState {
 
 /// Falls back to servicing every tier from the scheduler thread.
 fn fall_back_to_step_driven(shared: &Shared, state: &mut TieringState) {
-    state.control_thread_live = false;
+    state.tiers.set_control_thread_live(false);
     shared.thread_enabled.store(false, Ordering::Release);
     tracing::error!("the control-plane thread stops; tiers are serviced at step end from now on");
 }

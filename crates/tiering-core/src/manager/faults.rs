@@ -86,14 +86,10 @@ impl TieringState {
     /// failed, which releases their pins and reserved rows. A tier that does not stop in time
     /// keeps its rows pinned (it may still be writing them) and the error log says how many.
     pub(crate) fn quarantine(&mut self, idx: usize, reason: &str) {
-        let Some(slot) = self.tiers.get_mut(idx) else {
-            return;
-        };
-        if slot.quarantined.is_some() {
+        if !self.tiers.mark_quarantined(idx, reason) {
             return;
         }
-        slot.quarantined = Some(reason.to_owned());
-        tracing::error!(tier = %slot.info.name, %reason, "tier quarantined: it leaves the chain");
+        tracing::error!(tier = %self.tiers.name(idx), %reason, "tier quarantined: it leaves the chain");
         self.retire(idx);
     }
 
@@ -101,16 +97,13 @@ impl TieringState {
     /// down (bounded) and fails its jobs. A tier that is out of its slot right now (serving
     /// peers) is retired when it is put back.
     pub(crate) fn retire(&mut self, idx: usize) {
-        let Some(slot) = self.tiers.get_mut(idx) else {
+        let Some(tier) = self.tiers.take(idx) else {
             return;
         };
-        let name = slot.info.name.clone();
-        let Some(tier) = slot.tier.take() else {
-            return;
-        };
+        let name = self.tiers.name(idx).to_owned();
         self.counters.tiers_quarantined += 1;
-        let calls = std::sync::Arc::clone(&self.calls);
-        match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::Shutdown, |t| {
+        let calls = Arc::clone(self.tiers.calls());
+        match run_bounded(tier, self.tiers.timeout(), (&calls, idx), Op::Shutdown, |t| {
             t.shutdown()
         }) {
             Bounded::Done(tier, result) => {
@@ -132,7 +125,7 @@ impl TieringState {
                 let held = self.jobs.held_by(idx);
                 tracing::error!(
                     tier = %name,
-                    timeout = ?self.tier_timeout,
+                    timeout = ?self.tiers.timeout(),
                     jobs = held,
                     "quarantined tier did not stop in time; the rows of its jobs stay pinned"
                 );
@@ -151,18 +144,18 @@ impl TieringState {
     pub(crate) fn drain_all_bounded(&mut self) -> Result<(), ManagerError> {
         let mut first = None;
         for idx in 0..self.tiers.len() {
-            let Some(tier) = self.tiers[idx].tier.take() else {
+            let Some(tier) = self.tiers.take(idx) else {
                 continue;
             };
-            let name = self.tiers[idx].info.name.clone();
-            let calls = std::sync::Arc::clone(&self.calls);
-            match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::DrainJobs, |t| {
+            let name = self.tiers.name(idx).to_owned();
+            let calls = Arc::clone(self.tiers.calls());
+            match run_bounded(tier, self.tiers.timeout(), (&calls, idx), Op::DrainJobs, |t| {
                 t.drain_jobs();
             }) {
-                Bounded::Done(tier, ()) => self.tiers[idx].tier = Some(tier),
+                Bounded::Done(tier, ()) => self.tiers.put_back(idx, tier),
                 Bounded::Panicked(tier, message) => {
                     // Whatever the policy: a tier that cannot drain cannot be trusted with rows.
-                    self.tiers[idx].tier = Some(tier);
+                    self.tiers.put_back(idx, tier);
                     self.counters.tier_panics += 1;
                     let e = ManagerError::tier(
                         &name,
@@ -178,9 +171,9 @@ impl TieringState {
                     let e = ManagerError::TierTimedOut {
                         tier: name,
                         op: "drain_jobs",
-                        timeout: self.tier_timeout,
+                        timeout: self.tiers.timeout(),
                     };
-                    self.tiers[idx].quarantined = Some(e.to_string());
+                    self.tiers.mark_quarantined(idx, &e.to_string());
                     self.counters.tiers_quarantined += 1;
                     tracing::error!(error = %e, "tier abandoned; the rows of its jobs stay pinned");
                     first.get_or_insert(e);
@@ -202,15 +195,10 @@ impl TieringState {
         op: Op,
         f: impl FnOnce(&mut dyn SecondaryTier) -> R,
     ) -> Result<Option<R>, ManagerError> {
-        let Some(tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.as_mut()) else {
-            return Ok(None);
-        };
-        let mark = self.calls.enter(idx, op);
-        let outcome = catch(|| f(tier.as_mut()));
-        self.calls.leave(mark);
-        match outcome {
-            Ok(r) => Ok(Some(r)),
-            Err(message) => self.tier_panicked(idx, op, message).map(|()| None),
+        match self.tiers.call(idx, op, f) {
+            None => Ok(None),
+            Some(Ok(r)) => Ok(Some(r)),
+            Some(Err(message)) => self.tier_panicked(idx, op, message).map(|()| None),
         }
     }
 

@@ -9,7 +9,7 @@ use crate::tier::PrimaryTier as _;
 use super::faults::TierFault;
 use super::job_table::JobMeta;
 use super::state::TieringState;
-use super::tier_call::{Op, catch};
+use super::tier_call::Op;
 
 /// Which tiers a poll or serve pass covers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,7 +27,7 @@ impl TieringState {
         match who {
             Servicer::Everyone => true,
             Servicer::Scheduler => self.scheduler_owns(idx),
-            Servicer::ControlThread => self.control_thread_live && self.tiers[idx].on_control_plane,
+            Servicer::ControlThread => self.tiers.control_thread_owns(idx),
         }
     }
 
@@ -38,7 +38,7 @@ impl TieringState {
             return Vec::new();
         }
         self.polled_this_step = true;
-        if !self.control_thread_live {
+        if !self.tiers.control_thread_live() {
             self.apply_queued_completions();
         }
         self.poll_tiers(Servicer::Scheduler)
@@ -55,13 +55,13 @@ impl TieringState {
             if !self.serviced_by(idx, who) {
                 continue;
             }
-            let Some(tier) = self.tiers[idx].tier.as_mut() else {
+            results.clear();
+            let Some(polled) = self
+                .tiers
+                .call(idx, Op::PollFinished, |t| t.poll_finished(&mut results))
+            else {
                 continue;
             };
-            results.clear();
-            let mark = self.calls.enter(idx, Op::PollFinished);
-            let polled = catch(|| tier.poll_finished(&mut results));
-            self.calls.leave(mark);
             let mut first = None;
             for r in results.drain(..) {
                 if let Err(e) = self.apply_result(idx, &r) {

@@ -59,13 +59,11 @@ impl TieringState {
     /// those tiers; `docs/ARCHITECTURE.md`, "The control-plane thread".
     fn poll_awaited_promotions(&mut self) -> Result<(), ManagerError> {
         self.promotions_polled_this_step = true;
-        if !self.control_thread_live {
+        if !self.tiers.control_thread_live() {
             return Ok(());
         }
         let tiers = &self.tiers;
-        let awaited = self
-            .jobs
-            .any_promotion_on(|idx| tiers.get(idx).is_some_and(|t| t.on_control_plane));
+        let awaited = self.jobs.any_promotion_on(|idx| tiers.on_control_plane(idx));
         if awaited {
             let faults = self.poll_tiers(Servicer::ControlThread);
             self.handle_faults(faults)?;
@@ -137,10 +135,9 @@ impl TieringState {
         }
         let mut retry = false;
         for idx in 0..self.tiers.len() {
-            let slot = &self.tiers[idx];
             // An absent tier is the one serving this very lookup (skipped by construction) or a
             // quarantined one.
-            if slot.tier.is_none() || !ctx.load_filter().allows_tier(&slot.info) {
+            if !self.tiers.present(idx) || !ctx.load_filter().allows_tier(self.tiers.info(idx)) {
                 continue;
             }
             // A promotion of this key from this tier failed recently, or every promotion from
@@ -249,7 +246,7 @@ impl TieringState {
     pub(crate) fn flush_promotions(&mut self) -> Result<(), ManagerError> {
         let mut first_err = None;
         for idx in 0..self.tiers.len() {
-            if self.tiers[idx].tier.is_none() || self.pending_promotions.none_on(idx) {
+            if !self.tiers.present(idx) || self.pending_promotions.none_on(idx) {
                 continue;
             }
             for p in self.pending_promotions.take(idx) {
@@ -304,7 +301,7 @@ impl TieringState {
         match recorded {
             Some(idx) => LoadSource {
                 secondary: Some(idx),
-                info: self.tiers[idx].info.clone(),
+                info: self.tiers.info(idx).clone(),
             },
             None => LoadSource {
                 secondary: None,

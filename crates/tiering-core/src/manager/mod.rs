@@ -47,6 +47,7 @@ mod store;
 mod teardown;
 mod telemetry;
 mod tier_call;
+mod tier_chain;
 
 use std::path::Path;
 use std::sync::Arc;

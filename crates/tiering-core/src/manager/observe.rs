@@ -23,10 +23,10 @@ impl TieringState {
             let Some(taken) = self.tier_call_or_defer(idx, Op::TakeEvents, |t| t.take_events()) else {
                 continue;
             };
-            let name = &self.tiers[idx].info.name;
+            let name = self.tiers.name(idx);
             events.extend(taken.into_iter().map(|mut e| {
                 if e.ownership.is_none() {
-                    e.ownership = Some(name.clone());
+                    e.ownership = Some(name.to_owned());
                 }
                 e
             }));
@@ -45,14 +45,12 @@ impl TieringState {
                 counters
             },
             primary: self.primary.stats(),
-            secondaries: self
-                .tiers
-                .iter()
-                .zip(tier_stats)
+            secondaries: tier_stats
+                .into_iter()
                 .enumerate()
-                .map(|(idx, (s, stats))| {
-                    let mut stats = stats.unwrap_or_else(|| TierStats::named(&s.info.name));
-                    if s.quarantined.is_some() {
+                .map(|(idx, stats)| {
+                    let mut stats = stats.unwrap_or_else(|| TierStats::named(self.tiers.name(idx)));
+                    if self.tiers.is_quarantined(idx) {
                         stats.extra.insert("quarantined".to_owned(), 1.0);
                     }
                     if self.backoff.suspended(idx) {
@@ -63,7 +61,7 @@ impl TieringState {
                 .collect(),
             jobs_in_flight: self.jobs.len() as u64,
             gates: self.gates.stats(),
-            decisions: self.cost.stats(self.tiers.iter().map(|s| s.info.name.clone())),
+            decisions: self.cost.stats(self.tiers.infos().map(|i| i.name.clone())),
         }
     }
 }

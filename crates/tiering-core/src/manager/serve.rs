@@ -50,10 +50,10 @@ impl TieringState {
     /// error it returns is returned, a panic goes through the failure policy
     /// (`super::tier_call`).
     pub(crate) fn serve_tier(&mut self, idx: usize) -> Result<(), ManagerError> {
-        let Some(mut tier) = self.tiers.get_mut(idx).and_then(|s| s.tier.take()) else {
+        let Some(mut tier) = self.tiers.take(idx) else {
             return Ok(());
         };
-        let mark = self.calls.enter(idx, Op::Serve);
+        let mark = self.tiers.enter(idx, Op::Serve);
         let outcome = catch(|| {
             let mut parent = TierFacingParent {
                 state: &mut *self,
@@ -61,9 +61,9 @@ impl TieringState {
             };
             tier.serve_external_requests(&mut parent)
         });
-        self.calls.leave(mark);
-        self.tiers[idx].tier = Some(tier);
-        if self.tiers[idx].quarantined.is_some() {
+        self.tiers.leave(mark);
+        self.tiers.put_back(idx, tier);
+        if self.tiers.is_quarantined(idx) {
             // Quarantined while it was out of its slot: it leaves now.
             self.retire(idx);
         }
@@ -72,7 +72,7 @@ impl TieringState {
             // A panic the tier caught itself and reports (as a library tier may): a panic all
             // the same.
             Ok(Err(e @ crate::error::TierError::Panicked { .. })) => self.apply_panic_policy(idx, e),
-            Ok(Err(e)) => Err(ManagerError::tier(&self.tiers[idx].info.name, e)),
+            Ok(Err(e)) => Err(ManagerError::tier(self.tiers.name(idx), e)),
             Err(message) => self.tier_panicked(idx, Op::Serve, message),
         }
     }

@@ -19,26 +19,16 @@ use super::config::{ManagerConfig, OnTierFailure};
 use super::job_table::JobTable;
 use super::pending_promotions::PendingPromotions;
 use super::request_table::RequestTable;
-use super::tier_call::{GuardedPrimary, Op, TierCalls, catch};
-
-/// One secondary tier in the chain. `tier` is `None` while the tier is serving peers (taken out
-/// of the state for the call, which keeps it out of every fan-out) and for good once it is
-/// quarantined.
-pub(crate) struct TierSlot {
-    pub(crate) info: TierInfo,
-    pub(crate) tier: Option<Box<dyn SecondaryTier>>,
-    /// The tier opted in to the control thread (`SecondaryTier::needs_control_plane`).
-    pub(crate) on_control_plane: bool,
-    /// Why the tier left the chain, once it did.
-    pub(crate) quarantined: Option<String>,
-}
+use super::tier_call::{GuardedPrimary, Op};
+use super::tier_chain::{Described, TierChain};
 
 /// All mutable orchestrator state (see the module docs).
 pub struct TieringState {
     /// The primary behind the panic boundary (`super::tier_call`).
     pub(crate) primary: GuardedPrimary,
     pub(crate) arena: Arc<ChunkArena>,
-    pub(crate) tiers: Vec<TierSlot>,
+    /// The secondary tiers in lookup-priority order.
+    pub(crate) tiers: TierChain,
     /// The jobs handed to tiers and not yet finished.
     pub(crate) jobs: JobTable,
     /// Promotions reserved in lookups and not yet submitted.
@@ -50,8 +40,6 @@ pub struct TieringState {
     /// Whether this step already polled the control thread's tiers for a promotion it waits
     /// on (see `lookup_unlocked`).
     pub(crate) promotions_polled_this_step: bool,
-    /// Set while the control-plane thread runs: it alone polls and serves the opted-in tiers.
-    pub(crate) control_thread_live: bool,
     pub(crate) counters: ManagerCounters,
     /// The copy workers' and the engine's store reports and the ledger reconciling them.
     pub(crate) completions: Completions,
@@ -65,9 +53,6 @@ pub struct TieringState {
     /// Set for good once the primary tier or the manager's own code panicked: every engine
     /// call returns it (`super::tier_call`).
     pub(crate) failed: Option<crate::error::ManagerError>,
-    /// The secondary tier call in progress, for threads waiting for the lock.
-    pub(crate) calls: Arc<TierCalls>,
-    pub(crate) tier_timeout: std::time::Duration,
     pub(crate) telemetry: super::telemetry::Telemetry,
     /// Admission and backpressure in front of each secondary tier.
     pub(crate) gates: super::gates::Gates,
@@ -102,63 +87,19 @@ impl TieringState {
         let primary = GuardedPrimary::new(primary);
         let arena = Arc::clone(primary.arena());
         let n = secondaries.len();
-        let mut slots = Vec::with_capacity(n);
-        let mut capacities = Vec::with_capacity(n);
-        let mut quarantined = 0;
-        for (idx, mut tier) in secondaries.into_iter().enumerate() {
-            // The call in progress, read after a panic.
-            let op = std::cell::Cell::new(Op::SetWaker);
-            let described = catch(|| {
-                if let Some(w) = waker {
-                    tier.set_waker(w.clone());
-                }
-                op.set(Op::Info);
-                let info = tier.info();
-                op.set(Op::NeedsControlPlane);
-                let on_control_plane = tier.needs_control_plane();
-                op.set(Op::Stats);
-                (info, on_control_plane, tier.stats().capacity_chunks)
-            });
-            match described {
-                Ok((info, on_control_plane, capacity)) => {
-                    capacities.push(capacity);
-                    slots.push(TierSlot {
-                        info,
-                        on_control_plane,
-                        tier: Some(tier),
-                        quarantined: None,
-                    });
-                }
-                Err(message) => {
-                    let name = format!("secondary #{idx}");
-                    let reason = crate::error::ManagerError::tier(
-                        &name,
-                        crate::error::TierError::Panicked {
-                            call: op.get().name(),
-                            message,
-                        },
-                    )
-                    .to_string();
-                    tracing::error!(%reason, "a tier panicked while it was described; it starts quarantined");
-                    // Dropping it may panic too; it is gone either way.
-                    let _ = catch(move || drop(tier));
-                    quarantined += 1;
-                    capacities.push(0);
-                    slots.push(TierSlot {
-                        info: TierInfo::new(&name, None, None),
-                        on_control_plane: false,
-                        tier: None,
-                        quarantined: Some(reason),
-                    });
-                }
-            }
-        }
-        let names: Vec<String> = slots.iter().map(|s| s.info.name.clone()).collect();
+        let (
+            tiers,
+            Described {
+                capacities,
+                quarantined,
+            },
+        ) = TierChain::describe(secondaries, waker, config.tier_timeout);
+        let names: Vec<String> = tiers.infos().map(|i| i.name.clone()).collect();
         let telemetry = super::telemetry::Telemetry::new(&primary.info().name, &names);
-        let described: Vec<(TierInfo, u64)> = slots
-            .iter()
+        let described: Vec<(TierInfo, u64)> = tiers
+            .infos()
             .zip(capacities)
-            .map(|(s, c)| (s.info.clone(), c))
+            .map(|(i, c)| (i.clone(), c))
             .collect();
         let gates = super::gates::Gates::new(&described, config);
         let counters = ManagerCounters {
@@ -178,21 +119,18 @@ impl TieringState {
             step_hits: super::step_hits::StepHits::default(),
             primary,
             arena,
-            calls: Arc::new(TierCalls::new(names)),
-            tiers: slots,
+            tiers,
             jobs: JobTable::default(),
             pending_promotions: PendingPromotions::new(n),
             requests: RequestTable::default(),
             polled_this_step: false,
             promotions_polled_this_step: false,
-            control_thread_live: false,
             counters,
             completions: Completions::new(config),
             off_step: config.off_step,
             on_tier_failure: config.on_tier_failure,
             deferred_failure: None,
             failed: None,
-            tier_timeout: config.tier_timeout,
         }
     }
 
@@ -230,21 +168,14 @@ impl TieringState {
     /// The names of the quarantined tiers with the reason each left the chain.
     #[must_use]
     pub fn quarantined_tiers(&self) -> Vec<(String, String)> {
-        self.tiers
-            .iter()
-            .filter_map(|s| {
-                s.quarantined
-                    .as_ref()
-                    .map(|why| (s.info.name.clone(), why.clone()))
-            })
-            .collect()
+        self.tiers.quarantined()
     }
 
     /// Name, medium and locality of each secondary tier, in chain order, as request tier
     /// filters see them (a chain's `medium` / `locality` keys applied).
     #[must_use]
     pub fn secondary_infos(&self) -> Vec<TierInfo> {
-        self.tiers.iter().map(|s| s.info.clone()).collect()
+        self.tiers.infos().cloned().collect()
     }
 
     /// (tier, key) promotion failures remembered now: lookups of those keys skip those tiers
@@ -263,13 +194,11 @@ impl TieringState {
 
     /// Whether the scheduler thread (not the control thread) polls and serves tier `idx`.
     pub(crate) fn scheduler_owns(&self, idx: usize) -> bool {
-        !(self.control_thread_live && self.tiers[idx].on_control_plane)
+        !self.tiers.control_thread_owns(idx)
     }
 
     pub(crate) fn tier_name(&self, idx: usize) -> String {
-        self.tiers
-            .get(idx)
-            .map_or_else(|| format!("#{idx}"), |s| s.info.name.clone())
+        self.tiers.name_or_index(idx)
     }
 
     /// Publishes the tiers' and the manager's counters as metrics, at most once a second.
@@ -284,7 +213,7 @@ impl TieringState {
     pub(crate) fn next_deadline(&mut self) -> Option<std::time::Instant> {
         let mut earliest = self.completions.next_deadline();
         for idx in 0..self.tiers.len() {
-            if !self.tiers[idx].on_control_plane {
+            if !self.tiers.on_control_plane(idx) {
                 continue;
             }
             if let Some(Some(d)) = self.tier_call_or_defer(idx, Op::NextDeadline, |t| t.next_deadline()) {

@@ -78,7 +78,7 @@ impl TieringState {
     /// not a speculative cascade, and its job lasts until the remote side takes the chunks, so
     /// its duration says nothing about the tier's speed and is no backpressure sample.
     pub(crate) fn cascade_to(&mut self, idx: usize, keys: &[OffloadKey], ctx: &ReqContext) {
-        if self.tiers[idx].tier.is_none() || keys.is_empty() {
+        if !self.tiers.present(idx) || keys.is_empty() {
             return;
         }
         let routed = self.requests.routes_to(ctx.id(), idx);
@@ -106,7 +106,7 @@ impl TieringState {
         }
         match self.create_store_job_unlocked(keys, ctx, idx) {
             Ok(job) => self.submit_cascade_job(idx, job, gated),
-            Err(e) => tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "cascade skipped"),
+            Err(e) => tracing::warn!(tier = %self.tiers.name(idx), error = %e, "cascade skipped"),
         }
     }
 
@@ -140,7 +140,7 @@ impl TieringState {
     /// without side effects and is left out; one in flight is judged again when it lands.
     fn cascade_readmitted(&mut self, keys: &[OffloadKey], ctx: &ReqContext) {
         for idx in 0..self.tiers.len() {
-            if self.tiers[idx].tier.is_none() {
+            if !self.tiers.present(idx) {
                 continue;
             }
             let again = self.gates.readmitted(idx, keys);
@@ -169,7 +169,7 @@ impl TieringState {
                     },
                 ),
                 Err(e) => {
-                    tracing::warn!(tier = %self.tiers[idx].info.name, error = %e, "late cascade skipped");
+                    tracing::warn!(tier = %self.tiers.name(idx), error = %e, "late cascade skipped");
                 }
             }
         }

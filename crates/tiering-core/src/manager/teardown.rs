@@ -56,23 +56,23 @@ impl TieringState {
         }
         let mut last_err = drained.err();
         for idx in 0..self.tiers.len() {
-            let Some(tier) = self.tiers[idx].tier.take() else {
+            let Some(tier) = self.tiers.take(idx) else {
                 continue;
             };
-            let name = self.tiers[idx].info.name.clone();
-            let calls = std::sync::Arc::clone(&self.calls);
-            match run_bounded(tier, self.tier_timeout, (&calls, idx), Op::Shutdown, |t| {
+            let name = self.tiers.name(idx).to_owned();
+            let calls = std::sync::Arc::clone(self.tiers.calls());
+            match run_bounded(tier, self.tiers.timeout(), (&calls, idx), Op::Shutdown, |t| {
                 t.shutdown()
             }) {
-                Bounded::Done(tier, Ok(())) => self.tiers[idx].tier = Some(tier),
+                Bounded::Done(tier, Ok(())) => self.tiers.put_back(idx, tier),
                 Bounded::Done(tier, Err(e)) => {
                     tracing::error!(tier = %name, error = %e, "tier shutdown failed");
-                    self.tiers[idx].tier = Some(tier);
+                    self.tiers.put_back(idx, tier);
                     last_err = Some(ManagerError::tier(&name, e));
                 }
                 Bounded::Panicked(tier, message) => {
                     tracing::error!(tier = %name, panic = %message, "tier panicked while shutting down");
-                    self.tiers[idx].tier = Some(tier);
+                    self.tiers.put_back(idx, tier);
                     self.counters.tier_panics += 1;
                     last_err = Some(ManagerError::tier(
                         &name,
@@ -86,7 +86,7 @@ impl TieringState {
                     let e = ManagerError::TierTimedOut {
                         tier: name,
                         op: Op::Shutdown.name(),
-                        timeout: self.tier_timeout,
+                        timeout: self.tiers.timeout(),
                     };
                     tracing::error!(error = %e, "tier abandoned while shutting down");
                     last_err = Some(e);
