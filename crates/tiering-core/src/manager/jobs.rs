@@ -34,10 +34,9 @@ impl TieringState {
     /// The scheduler's gated poll: at most once per step, covering the tiers the control
     /// thread does not own.
     pub(crate) fn gated_poll(&mut self) -> Vec<TierFault> {
-        if self.polled_this_step {
+        if self.step_polls.poll_tiers() {
             return Vec::new();
         }
-        self.polled_this_step = true;
         if !self.tiers.control_thread_live() {
             self.apply_queued_completions();
         }

@@ -35,11 +35,11 @@ impl TieringState {
     ) -> Result<LookupResult, ManagerError> {
         // The gate is checked here too: a step makes hundreds of lookups, and only its first
         // polls (the call and the empty fault list cost more than the probe at small sizes).
-        if poll && !self.polled_this_step {
+        if poll && !self.step_polls.tiers_polled() {
             let faults = self.gated_poll();
             self.handle_faults(faults)?;
         }
-        if poll && !self.promotions_polled_this_step {
+        if poll && !self.step_polls.promotions_polled() {
             self.refresh_backoff();
             self.recheck_declined_retries();
             self.poll_awaited_promotions()?;
@@ -58,7 +58,7 @@ impl TieringState {
     /// in this step is only submitted at its end. The only call the scheduler thread makes into
     /// those tiers; `docs/ARCHITECTURE.md`, "The control-plane thread".
     fn poll_awaited_promotions(&mut self) -> Result<(), ManagerError> {
-        self.promotions_polled_this_step = true;
+        self.step_polls.poll_promotions();
         if !self.tiers.control_thread_live() {
             return Ok(());
         }

@@ -43,6 +43,7 @@ mod serve;
 pub mod state;
 pub mod step;
 mod step_hits;
+mod step_polls;
 mod store;
 mod teardown;
 mod telemetry;

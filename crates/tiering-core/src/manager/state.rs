@@ -19,6 +19,7 @@ use super::config::{ManagerConfig, OnTierFailure};
 use super::job_table::JobTable;
 use super::pending_promotions::PendingPromotions;
 use super::request_table::RequestTable;
+use super::step_polls::StepPolls;
 use super::tier_call::{GuardedPrimary, Op};
 use super::tier_chain::{Described, TierChain};
 
@@ -35,11 +36,8 @@ pub struct TieringState {
     pub(crate) pending_promotions: PendingPromotions,
     /// The requests announced and not yet finalized.
     pub(crate) requests: RequestTable,
-    /// The scheduler's once-per-step poll gate.
-    pub(crate) polled_this_step: bool,
-    /// Whether this step already polled the control thread's tiers for a promotion it waits
-    /// on (see `lookup_unlocked`).
-    pub(crate) promotions_polled_this_step: bool,
+    /// What the current step already polled (`super::step_polls`).
+    pub(crate) step_polls: StepPolls,
     pub(crate) counters: ManagerCounters,
     /// The copy workers' and the engine's store reports and the ledger reconciling them.
     pub(crate) completions: Completions,
@@ -123,8 +121,7 @@ impl TieringState {
             jobs: JobTable::default(),
             pending_promotions: PendingPromotions::new(n),
             requests: RequestTable::default(),
-            polled_this_step: false,
-            promotions_polled_this_step: false,
+            step_polls: StepPolls::default(),
             counters,
             completions: Completions::new(config),
             off_step: config.off_step,

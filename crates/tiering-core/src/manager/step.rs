@@ -60,8 +60,7 @@ impl Step<'_> {
                 shared.state.try_lock_arc_for(t)
             }) {
                 Ok(Some(mut guard)) => {
-                    guard.polled_this_step = false;
-                    guard.promotions_polled_this_step = false;
+                    guard.step_polls.begin();
                     guard.step_hits.clear();
                     Some(guard)
                 }

@@ -38,8 +38,7 @@ impl TieringState {
         };
         self.gates.reset();
         self.backoff.clear();
-        self.polled_this_step = false;
-        self.promotions_polled_this_step = false;
+        self.step_polls.begin();
         self.step_hits.clear();
         drained.and(processed).map(|()| fenced)
     }
