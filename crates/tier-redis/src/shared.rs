@@ -12,7 +12,10 @@ use redis::Value;
 use tier_kit::{
     Counter, JobFinisher, JobLedger, KitCounters, LaneSpec, Part, Ticket, TierCounters, WakePolicy, WorkQueue,
 };
-use tiering_core::{JobKind, Locality, Medium, OffloadKey, OffloadingEvent, RowRead, RowWrite};
+use tiering_core::{
+    JobKind, Locality, Medium, OffloadKey, OffloadingEvent,
+    arena::{RowRead, RowWrite},
+};
 
 use crate::conn::Endpoint;
 use crate::format::KeyScheme;
@@ -335,20 +338,15 @@ impl JobFinisher<RedisJob, bool> for Shared {
             .collect();
         let n = ok_keys.len() as u64;
         let bytes = n * self.scheme.chunk_bytes() as u64;
-        let c = &self.counters;
-        c.tier.failures.add(job.keys.len() as u64 - n);
-        if job.kind == JobKind::Store {
-            c.tier.stores.add(n);
-            c.tier.bytes_written.add(bytes);
-            if !ok_keys.is_empty() {
+        let failed = job.keys.len() as u64 - n;
+        self.counters.tier.count_job(job.kind, n, failed, bytes);
+        match job.kind {
+            JobKind::Store if !ok_keys.is_empty() => {
                 let e = OffloadingEvent::stored(ok_keys, Some(Medium::Storage), Some(Locality::Remote))
                     .owned_by(self.name.clone());
                 self.events.lock().push(e);
             }
-        } else {
-            c.tier.loads.add(n);
-            c.tier.bytes_read.add(bytes);
-            if n < job.keys.len() as u64 {
+            JobKind::Promotion if failed > 0 => {
                 // A cached `Hit` that could not be loaded is not answered again from the cache:
                 // the next lookup asks the server.
                 let mut p = self.presence.lock();
@@ -357,8 +355,9 @@ impl JobFinisher<RedisJob, bool> for Shared {
                     dropped += u64::from(p.invalidate(k));
                 }
                 drop(p);
-                c.invalidated_presence.add(dropped);
+                self.counters.invalidated_presence.add(dropped);
             }
+            JobKind::Store | JobKind::Promotion => {}
         }
         ticket.complete_keys(&job.keys, &succeeded, bytes);
     }
