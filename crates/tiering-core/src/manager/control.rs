@@ -13,7 +13,7 @@ use crate::error::ControlPlaneFailure;
 use crate::sync;
 use crate::waker::ControlWaker;
 
-use super::config::{ManagerConfig, OnTierFailure};
+use super::config::ManagerConfig;
 use super::faults::TierFault;
 use super::jobs::Servicer;
 use super::state::TieringState;
@@ -277,7 +277,7 @@ impl TieringState {
         self.apply_queued_completions();
         let mut faults = self.poll_tiers(Servicer::ControlThread);
         faults.extend(self.serve_tiers(Servicer::ControlThread));
-        if self.off_step
+        if self.completions.off_step()
             && let Err(e) = self.flush_promotions()
         {
             // Promotions a peer's lookup started go out now, not at the next step end.
@@ -293,7 +293,7 @@ impl TieringState {
         for f in faults {
             tracing::error!(error = %f.error, "control-plane sweep failed");
             let blamed = f.tier < self.tiers.len();
-            if blamed && self.on_tier_failure == OnTierFailure::Quarantine {
+            if blamed && self.failures.quarantines() {
                 self.quarantine(f.tier, &f.error.to_string());
             } else if blamed {
                 stop = true;

@@ -9,7 +9,6 @@ use crate::error::{ManagerError, TierError};
 use crate::tier::PrimaryTier as _;
 use crate::tier::SecondaryTier;
 
-use super::config::OnTierFailure;
 use super::state::TieringState;
 use super::tier_call::{Op, TierCalls, catch};
 
@@ -73,7 +72,7 @@ impl TieringState {
     pub(crate) fn handle_faults(&mut self, faults: Vec<TierFault>) -> Result<(), ManagerError> {
         let mut first = None;
         for f in faults {
-            if self.on_tier_failure == OnTierFailure::Quarantine {
+            if self.failures.quarantines() {
                 self.quarantine(f.tier, &f.error.to_string());
             }
             first.get_or_insert(f.error);
@@ -213,7 +212,7 @@ impl TieringState {
         match self.tier_call(idx, op, f) {
             Ok(r) => r,
             Err(e) => {
-                self.deferred_failure.get_or_insert(e);
+                self.failures.defer(e);
                 None
             }
         }
@@ -237,29 +236,20 @@ impl TieringState {
     pub(crate) fn apply_panic_policy(&mut self, idx: usize, panic: TierError) -> Result<(), ManagerError> {
         let error = ManagerError::tier(&self.tier_name(idx), panic);
         self.counters.tier_panics += 1;
-        match self.on_tier_failure {
-            OnTierFailure::Quarantine => {
-                tracing::error!(error = %error, "a tier panicked; it is quarantined");
-                self.quarantine(idx, &error.to_string());
-                Ok(())
-            }
-            OnTierFailure::Fail => {
-                tracing::error!(error = %error, "a tier panicked; returned to the engine (on_tier_failure = fail)");
-                Err(error)
-            }
+        if self.failures.quarantines() {
+            tracing::error!(error = %error, "a tier panicked; it is quarantined");
+            self.quarantine(idx, &error.to_string());
+            Ok(())
+        } else {
+            tracing::error!(error = %error, "a tier panicked; returned to the engine (on_tier_failure = fail)");
+            Err(error)
         }
     }
 
     /// The manager's failure once it has failed: set by a primary panic or by a panic of the
     /// manager's own code (checked by every engine call).
     pub(crate) fn failure(&mut self) -> Option<ManagerError> {
-        if self.failed.is_none()
-            && let Some(reason) = self.primary.failure()
-        {
-            tracing::error!(%reason, "the primary tier panicked: the manager fails");
-            self.failed = Some(ManagerError::Failed(Arc::from(reason.as_str())));
-        }
-        self.failed.clone()
+        self.failures.failure(self.primary.failure())
     }
 
     /// The outer boundary of an engine call (a `Step` method, a handle hook, a reset): refuses it
@@ -286,13 +276,7 @@ impl TieringState {
 
     /// Fails the manager for good after a panic of its own code in `call`.
     pub(crate) fn fail_after_panic(&mut self, call: &str, message: &str) -> ManagerError {
-        if let Some(e) = self.failure() {
-            return e;
-        }
-        let reason = format!("the manager panicked in {call}: {message}");
-        tracing::error!(%reason, "the manager fails");
-        let e = ManagerError::Failed(Arc::from(reason.as_str()));
-        self.failed = Some(e.clone());
-        e
+        self.failures
+            .fail_after_panic(call, message, self.primary.failure())
     }
 }

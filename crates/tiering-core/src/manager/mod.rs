@@ -28,6 +28,7 @@ pub(crate) mod completions;
 mod config;
 pub(crate) mod control;
 mod cost;
+mod failure_state;
 mod faults;
 mod gates;
 mod job_table;

@@ -15,7 +15,8 @@ use crate::tier::{PrimaryTier, SecondaryTier};
 use crate::waker::ControlWaker;
 
 use super::completions::Completions;
-use super::config::{ManagerConfig, OnTierFailure};
+use super::config::ManagerConfig;
+use super::failure_state::FailureState;
 use super::job_table::JobTable;
 use super::pending_promotions::PendingPromotions;
 use super::request_table::RequestTable;
@@ -41,16 +42,8 @@ pub struct TieringState {
     pub(crate) counters: ManagerCounters,
     /// The copy workers' and the engine's store reports and the ledger reconciling them.
     pub(crate) completions: Completions,
-    /// Sweeps also submit the promotions that serving peers reserved (off-step mode).
-    pub(crate) off_step: bool,
-    pub(crate) on_tier_failure: OnTierFailure,
-    /// A tier failure met inside an engine call that could not return it without misreporting
-    /// the call itself (a cascade submitted from `complete_store`); the step's next call
-    /// returns it.
-    pub(crate) deferred_failure: Option<crate::error::ManagerError>,
-    /// Set for good once the primary tier or the manager's own code panicked: every engine
-    /// call returns it (`super::tier_call`).
-    pub(crate) failed: Option<crate::error::ManagerError>,
+    /// The failure policy, a failure deferred to the step's next call, the manager's own.
+    pub(crate) failures: FailureState,
     pub(crate) telemetry: super::telemetry::Telemetry,
     /// Admission and backpressure in front of each secondary tier.
     pub(crate) gates: super::gates::Gates,
@@ -124,10 +117,7 @@ impl TieringState {
             step_polls: StepPolls::default(),
             counters,
             completions: Completions::new(config),
-            off_step: config.off_step,
-            on_tier_failure: config.on_tier_failure,
-            deferred_failure: None,
-            failed: None,
+            failures: FailureState::new(config.on_tier_failure),
         }
     }
 

@@ -117,11 +117,7 @@ impl Step<'_> {
             return Err(ManagerError::ControlPlane(f));
         }
         let state = self.locked()?;
-        // Checked before taking: moving the (large) error type out on every call showed in
-        // per-lookup profiles.
-        if state.deferred_failure.is_some()
-            && let Some(e) = state.deferred_failure.take()
-        {
+        if let Some(e) = state.failures.take_deferred() {
             return Err(e);
         }
         Ok(state)

@@ -129,7 +129,7 @@ impl TieringState {
             Err(e) => {
                 self.gates.not_submitted(id);
                 tracing::error!(error = %e, "cascade submission failed");
-                self.deferred_failure.get_or_insert(e);
+                self.failures.defer(e);
             }
         }
     }
@@ -279,7 +279,7 @@ impl TieringState {
         ctx: &ReqContext,
         success: bool,
     ) -> Result<(), ManagerError> {
-        if self.completions.dual() {
+        if self.completions.off_step() {
             // What workers reported before the engine learnt that the copy finished is applied
             // first, so a rank's report is never overtaken by the engine's report of the same
             // copy. That matters for failures: vLLM cannot fail a job, so its connector reports

@@ -132,8 +132,10 @@ impl Completions {
         self.channel.take()
     }
 
-    /// Off-step mode: workers report too, and the engine's report settles a key.
-    pub(crate) fn dual(&self) -> bool {
+    /// Off-step mode (`ManagerConfig::off_step`): workers report too, the engine's report
+    /// settles a key, and the control thread applies reports (and submits the promotions
+    /// serving reserved) between steps.
+    pub(crate) fn off_step(&self) -> bool {
         self.ledger.dual
     }
 
