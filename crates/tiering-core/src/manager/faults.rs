@@ -1,6 +1,10 @@
 //! Tier failures: the failure policy (quarantine the tier or report and keep it), and tier calls
 //! that may block (`drain_jobs`, `shutdown`) bounded by a timeout so a hung tier is abandoned
-//! instead of waited on forever. Panics are caught by `super::tier_call`, the one boundary.
+//! instead of waited on forever. Panics are caught by `super::tier_call`, the one boundary; the
+//! calls through it (`TieringState::tier_call`, `engine_call`) are here because what a panic
+//! leads to — a quarantine shuts the tier down, fails its jobs and frees its reserved
+//! promotions — needs most of the state at once. What is remembered about failures is
+//! `super::failure_state`'s.
 
 use std::sync::{Arc, mpsc};
 use std::time::Duration;
@@ -181,9 +185,7 @@ impl TieringState {
         }
         first.map_or(Ok(()), Err)
     }
-}
 
-impl TieringState {
     /// Calls secondary tier `idx` through the panic boundary. `Ok(Some(r))`: it returned `r`.
     /// `Ok(None)`: the tier is absent (quarantined, or serving peers right now), or it panicked
     /// and was quarantined now — the caller goes on without it. `Err`: it panicked under the

@@ -11,17 +11,24 @@
 //! `open_completion_channel`, `set_recompute_cost`, `recompute_cost` and `inspect`, which lock
 //! directly; construction locks once to start the control thread, which locks for each sweep.
 //!
-//! Modules by what they own (`docs/ARCHITECTURE.md`, "The manager's parts"): `config` (the
-//! construction options), [`state`] (the state and its diagnostics), [`step`] (the step guard),
-//! `lookup` (lookups and promotions), `store` (stores and cascades), `completions` (the
-//! engine's and the copy workers' store reports, the store ledger), `requests` (the request
-//! lifecycle), `jobs` (job results), `serve` (serving peers), `control` (the control thread and
-//! its sweep), `gates` (admission and backpressure on cascades), `cost` (load-versus-recompute
-//! decisions), `retry_wait` (whether a tier's `Retry` is worth waiting for), `backoff` (failed
-//! promotions remembered), `load_source` (where a request's hits came from), `observe` (the
-//! read-mostly hooks), `faults` (failure policy, bounded tier calls), `tier_call` (the panic
-//! boundary every tier call goes through, and the record of the call in progress), `teardown`
-//! (reset and shutdown), `telemetry` (metrics).
+//! Modules by what they own (`docs/ARCHITECTURE.md`, "The manager's parts"). The handle and
+//! its state: `config` (the construction options), [`state`] (the composition of the parts and
+//! its diagnostics), [`step`] (the step guard). The parts, each a type with private fields:
+//! `tier_chain` (the secondary tiers' slots), `job_table` (jobs in flight),
+//! `pending_promotions` (promotions reserved and not yet submitted), `request_table` (the
+//! requests tracked), `completions` (the engine's and the copy workers' store reports, the
+//! store ledger), `failure_state` (the failure policy and the failures kept), `step_polls`
+//! (the once-per-step polls), `step_hits` (the primary hits of the step), `gates` (admission
+//! and backpressure on cascades), `cost` (load-versus-recompute decisions), `retry_wait`
+//! (whether a tier's `Retry` is worth waiting for, inside `cost`), `backoff` (failed promotions
+//! remembered), `telemetry` (metrics). The verbs that need several parts at once (the only
+//! modules with `impl TieringState` besides `state`): `lookup` (lookups and promotions), `store`
+//! (stores, store reports applied, cascades), `jobs` (job results), `requests` (the request
+//! lifecycle), `serve` (serving peers), `faults` (failure policy, bounded tier calls),
+//! `control` (the control thread and its sweep), `observe` (the read-mostly hooks), `teardown`
+//! (reset and shutdown). And the boundary and the answer types: `tier_call` (the panic boundary
+//! every tier call goes through, and the record of the call in progress), `load_source` (where
+//! a request's hits came from).
 
 mod backoff;
 pub(crate) mod completions;

@@ -1,10 +1,34 @@
 //! `TieringState`: every piece of mutable orchestrator state, behind the manager's one lock.
 //!
-//! The algorithms are `_unlocked` methods on this type, spread over the modules that own each
-//! concept (lookup, stores, requests, jobs, serving, teardown): they take `&mut TieringState`, so
-//! "the caller holds the lock" is a fact of the type system. The engine reaches them through a
-//! [`Step`](super::Step), the control thread through its own guard. The public methods here are
-//! read-only diagnostics, for tests and reports.
+//! The state is a composition of parts, each a type with private fields and a small API in its
+//! own module: the primary (`super::tier_call::GuardedPrimary`) and its arena, the chain of
+//! secondary tiers ([`TierChain`]), the job table ([`JobTable`]), the reserved promotions
+//! ([`PendingPromotions`]), the request table ([`RequestTable`]), the store reports and their
+//! ledger ([`Completions`]), the failure state ([`FailureState`]), the step's polls
+//! ([`StepPolls`]), the primary hits of the step (`StepHits`), the gates, the cost model, the
+//! promotion back-off, telemetry and the counters. A part never sees another: a method that
+//! needs one takes it as an argument.
+//!
+//! The verbs that need several parts at once are `_unlocked` methods on this type; they take
+//! `&mut TieringState`, so "the caller holds the lock" is a fact of the type system. Only these
+//! orchestration modules add `impl TieringState` (besides this one, which builds the state and
+//! answers diagnostics):
+//! - `lookup`: lookups walk the primary, the chain, the back-off and the cost model, reserve
+//!   promotions, and submit them as jobs;
+//! - `store`: stores open ledger records, and applying a store report completes it in the
+//!   primary, cascades to the chain through the gates, and ends the request's store;
+//! - `jobs`: polling the chain and applying results touches the job table, the primary, the
+//!   gates, the cost model, the back-off and the request table;
+//! - `requests`: a request's announcement and finalization go to every tier and the ledger;
+//! - `serve`: a tier serving peers is handed a parent that borrows the rest of the state;
+//! - `faults`: the panic boundary's policy; a quarantine fails the tier's jobs and frees its
+//!   reserved promotions;
+//! - `control`: the control thread's sweep (reports, polls, serving, off-step promotions);
+//! - `observe`: pending work, events and statistics gather every part;
+//! - `teardown`: reset and shutdown clear or stop every part.
+//!
+//! The engine reaches the verbs through a [`Step`](super::Step), the control thread through its
+//! own guard. The public methods here are read-only diagnostics, for tests and reports.
 
 use std::sync::Arc;
 
@@ -28,6 +52,7 @@ use super::tier_chain::{Described, TierChain};
 pub struct TieringState {
     /// The primary behind the panic boundary (`super::tier_call`).
     pub(crate) primary: GuardedPrimary,
+    /// The primary's arena: the rows jobs are granted, and the chunk size.
     pub(crate) arena: Arc<ChunkArena>,
     /// The secondary tiers in lookup-priority order.
     pub(crate) tiers: TierChain,
@@ -39,11 +64,13 @@ pub struct TieringState {
     pub(crate) requests: RequestTable,
     /// What the current step already polled (`super::step_polls`).
     pub(crate) step_polls: StepPolls,
+    /// The manager's own counters, reported in `stats`.
     pub(crate) counters: ManagerCounters,
     /// The copy workers' and the engine's store reports and the ledger reconciling them.
     pub(crate) completions: Completions,
     /// The failure policy, a failure deferred to the step's next call, the manager's own.
     pub(crate) failures: FailureState,
+    /// Metrics through the `metrics` facade.
     pub(crate) telemetry: super::telemetry::Telemetry,
     /// Admission and backpressure in front of each secondary tier.
     pub(crate) gates: super::gates::Gates,

@@ -298,24 +298,23 @@ impl OffloadingManager for Step<'_> {
             let mut faults = state.gated_poll();
             faults.extend(state.serve_tiers(Servicer::Scheduler));
             let serviced = state.handle_faults(faults);
-            let flushed = state.end_of_step_flush();
+            let flushed = end_of_step_flush(state);
             serviced.and(flushed)
         })
     }
 }
 
-impl TieringState {
-    /// Step-end flush: promotions first (so those started while serving go out this step), then
-    /// parked cascades, then each tier's own step-end hook.
-    fn end_of_step_flush(&mut self) -> Result<(), ManagerError> {
-        let promoted = self.flush_promotions();
-        self.flush_parked_cascades();
-        let mut hooks = Ok(());
-        for idx in 0..self.tiers.len() {
-            if let Err(e) = self.tier_call(idx, Op::OnScheduleEnd, |t| t.on_schedule_end()) {
-                hooks = hooks.and(Err(e));
-            }
+/// Step-end flush: promotions first (so those started while serving go out this step), then
+/// parked cascades, then each tier's own step-end hook. Only the orchestrator's verbs: the step
+/// orders them, it owns no state.
+fn end_of_step_flush(state: &mut TieringState) -> Result<(), ManagerError> {
+    let promoted = state.flush_promotions();
+    state.flush_parked_cascades();
+    let mut hooks = Ok(());
+    for idx in 0..state.tiers.len() {
+        if let Err(e) = state.tier_call(idx, Op::OnScheduleEnd, |t| t.on_schedule_end()) {
+            hooks = hooks.and(Err(e));
         }
-        promoted.and(hooks)
     }
+    promoted.and(hooks)
 }
