@@ -7,8 +7,11 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tier_kit::{Counter, JobFinisher, Part, SplitJob, Ticket, TierCounters};
-use tiering_core::{JobKind, Locality, Medium, OffloadKey, OffloadingEvent, RowRead, RowWrite};
+use tier_kit::{Counter, JobFinisher, JobKeys, Part, SplitJob, Ticket, TierCounters};
+use tiering_core::{
+    JobKind, Locality, Medium, OffloadKey, OffloadingEvent,
+    arena::{RowRead, RowWrite},
+};
 
 use crate::buf::AlignedBuf;
 use crate::gate::IoGate;
@@ -45,14 +48,8 @@ pub(crate) enum KeyOutcome {
     SameAs(usize),
 }
 
-/// What the tier keeps about a submitted store or load while its runs go.
-pub(crate) struct DiskJob {
-    pub(crate) kind: JobKind,
-    pub(crate) keys: Vec<OffloadKey>,
-}
-
 /// A job being cut into runs; it is reported when its last run is settled.
-pub(crate) type DiskSplit = SplitJob<DiskJob, KeyOutcome>;
+pub(crate) type DiskSplit = SplitJob<JobKeys, KeyOutcome>;
 
 /// The row an item copies from (store) or into (load).
 pub(crate) enum TaskOp {
@@ -73,7 +70,7 @@ pub(crate) struct RunItem {
 /// Keys of one job in consecutive slots, all loads or all stores: one vectored read or write.
 pub(crate) struct Run {
     /// The job's share this run carries: settled once with its keys' outcomes.
-    pub(crate) part: Part<DiskJob, KeyOutcome>,
+    pub(crate) part: Part<JobKeys, KeyOutcome>,
     /// In slot order; `items[i].slot == items[0].slot + i`.
     pub(crate) items: Vec<RunItem>,
     /// When it was queued.
@@ -219,10 +216,10 @@ impl Shared {
     }
 }
 
-impl JobFinisher<DiskJob, KeyOutcome> for Shared {
+impl JobFinisher<JobKeys, KeyOutcome> for Shared {
     /// Turns the per-key outcomes into the job's one result: runs the batch `fdatasync` and
     /// flips its slots, counts, emits the store event and reports the ticket.
-    fn finish(&self, job: &DiskJob, mut outcomes: Vec<KeyOutcome>, ticket: Ticket) {
+    fn finish(&self, job: &JobKeys, mut outcomes: Vec<KeyOutcome>, ticket: Ticket) {
         self.flip_unsynced(&mut outcomes);
         let mut succeeded = vec![false; outcomes.len()];
         let mut written = Vec::new();

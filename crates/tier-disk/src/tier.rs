@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tier_kit::{
-    Accepted, JobFinisher, JobLedger, Rejected, SplitJob, Ticket, WorkerPool, accept_load, accept_store,
+    Accepted, JobFinisher, JobKeys, JobLedger, Rejected, SplitJob, Ticket, WorkerPool, accept_load,
+    accept_store,
 };
 use tiering_core::{
     ControlWaker, JobKind, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
@@ -23,7 +24,7 @@ use crate::options::{DiskGeometry, DiskTierOptions};
 use crate::pool::{self, LOADS, STORES};
 use crate::recover;
 use crate::shape;
-use crate::shared::{DiskJob, DiskSplit, KeyOutcome, Run, RunItem, Shared, TaskOp};
+use crate::shared::{DiskSplit, KeyOutcome, Run, RunItem, Shared, TaskOp};
 use crate::slab::Slab;
 
 /// What the start-up scan did with the slab's previous contents.
@@ -66,7 +67,7 @@ type Accept<R> = fn(TransferJob, usize, Option<&'static str>) -> Result<Accepted
 pub struct DiskTier {
     shared: Arc<Shared>,
     /// `shared` again, as what turns a job's per-key outcomes into its result.
-    finisher: Arc<dyn JobFinisher<DiskJob, KeyOutcome>>,
+    finisher: Arc<dyn JobFinisher<JobKeys, KeyOutcome>>,
     /// The jobs' results; it also holds the control plane's waker.
     ledger: JobLedger,
     pool: WorkerPool<Run>,
@@ -211,7 +212,7 @@ impl DiskTier {
             "disk tier opened"
         );
         Ok(Self {
-            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<DiskJob, KeyOutcome>>,
+            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<JobKeys, KeyOutcome>>,
             shared,
             ledger,
             pool,
@@ -315,7 +316,7 @@ impl DiskTier {
     ) -> DiskSplit {
         SplitJob::new(
             ticket,
-            DiskJob { kind, keys },
+            JobKeys { kind, keys },
             outcomes,
             Arc::clone(&self.finisher),
         )

@@ -22,6 +22,8 @@
 //!   the outcomes of its keys; the last one to go hands every outcome to the tier's
 //!   [`JobFinisher`], which counts, emits events and reports the ticket. A part dropped
 //!   unsettled leaves its keys at their initial outcome: start keys at their failure value.
+//!   [`JobKeys`] (the job's direction and keys) is what a split job carries for a finisher
+//!   that needs nothing more.
 //! - [`WorkQueue`] — priority lanes (loads before stores, say), each optionally bounded in
 //!   entries and bytes ([`LaneSpec`]) and optionally served after `n` entries of higher lanes
 //!   passed it ([`LaneSpec::served_after`]: the fairness bound that keeps stores moving under
@@ -121,4 +123,4 @@ pub use counters::{Counter, Counts, KitCounters, TierCounters};
 pub use ledger::{JobLedger, Ticket};
 pub use pool::{JoinReport, PoolBuilder, Worker, WorkerPool, panic_message};
 pub use queue::{LaneDepth, LaneSpec, QueueBuilder, RefusalReason, Refused, WakePolicy, Weight, WorkQueue};
-pub use split::{JobFinisher, Part, SplitJob};
+pub use split::{JobFinisher, JobKeys, Part, SplitJob};

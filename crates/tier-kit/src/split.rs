@@ -13,7 +13,54 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use tiering_core::{JobKind, OffloadKey};
+
 use crate::ledger::Ticket;
+
+/// What a tier keeps about a job while its parts run: its direction and its keys, in order —
+/// what its [`JobFinisher`] counts and reports it by, once the rows are gone. The `T` of a
+/// [`SplitJob`] whose finisher needs nothing more (the outcomes carry the rest); a tier that
+/// keeps more about a job wraps it in a type of its own.
+///
+/// ```
+/// use std::sync::Arc;
+/// use tier_kit::{JobFinisher, JobKeys, JobLedger, SplitJob, Ticket, TierCounters};
+/// use tiering_core::{JobId, JobKind, OffloadKey};
+///
+/// struct Finisher { counters: Arc<TierCounters>, chunk_bytes: u64 }
+///
+/// impl JobFinisher<JobKeys, bool> for Finisher {
+///     fn finish(&self, job: &JobKeys, ok: Vec<bool>, ticket: Ticket) {
+///         let moved = ok.iter().filter(|o| **o).count() as u64;
+///         let bytes = moved * self.chunk_bytes;
+///         // Counted before it is reported: the result is visible at once.
+///         self.counters.count_job(job.kind, moved, job.keys.len() as u64 - moved, bytes);
+///         ticket.complete_keys(&job.keys, &ok, bytes);
+///     }
+/// }
+///
+/// let ledger = JobLedger::default();
+/// let counters = Arc::new(TierCounters::default());
+/// let finisher = Arc::new(Finisher { counters: Arc::clone(&counters), chunk_bytes: 64 });
+/// let keys = vec![OffloadKey::from_u64(1), OffloadKey::from_u64(2)];
+/// let job = SplitJob::new(
+///     ledger.open(JobId(7)),
+///     JobKeys { kind: JobKind::Store, keys },
+///     vec![false; 2], // every key failed until a part settles it
+///     finisher,
+/// );
+/// let part = job.part(vec![0, 1]);
+/// drop(job);
+/// part.settle([(0, true)]); // key 1 keeps its initial outcome
+/// assert_eq!((counters.stores.get(), counters.failures.get()), (1, 1));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobKeys {
+    /// Store or promotion.
+    pub kind: JobKind,
+    /// The job's keys, in the order of its rows: a part's indices and its outcomes refer to them.
+    pub keys: Vec<OffloadKey>,
+}
 
 /// Turns a split job's per-key outcomes into its one result: counters, events, and one of the
 /// ticket's reports. Runs on whichever thread lets go of the job last, possibly while that
@@ -212,6 +259,36 @@ mod tests {
             finisher(),
         ));
         assert_eq!(results(&ledger), vec![JobOutcome::Ok]);
+    }
+
+    #[test]
+    fn a_finisher_over_job_keys_counts_and_reports_by_the_jobs_direction() {
+        use crate::TierCounters;
+        use tiering_core::JobKind;
+
+        let counters = Arc::new(TierCounters::default());
+        let c = Arc::clone(&counters);
+        let finisher: Arc<dyn JobFinisher<JobKeys, bool>> =
+            Arc::new(move |job: &JobKeys, ok: Vec<bool>, ticket: Ticket| {
+                let moved = ok.iter().filter(|o| **o).count() as u64;
+                c.count_job(job.kind, moved, job.keys.len() as u64 - moved, moved * 8);
+                ticket.complete_keys(&job.keys, &ok, moved * 8);
+            });
+        let ledger = JobLedger::default();
+        let k = keys(3);
+        let load = JobKeys {
+            kind: JobKind::Promotion,
+            keys: k.clone(),
+        };
+        let job = SplitJob::new(ledger.open(JobId(1)), load, vec![false; 3], finisher);
+        assert_eq!(job.data().kind, JobKind::Promotion);
+        let part = job.part(vec![0, 2]);
+        drop(job);
+        assert_eq!(part.job().keys, k);
+        part.settle([(0, true), (2, true)]);
+        assert_eq!(results(&ledger), vec![JobOutcome::Partial(vec![k[0], k[2]])]);
+        let s = counters.stats("t", []);
+        assert_eq!((s.loads, s.bytes_read, s.failures, s.stores), (2, 16, 1, 0));
     }
 
     #[test]

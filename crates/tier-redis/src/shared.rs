@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::Value;
 use tier_kit::{
-    Counter, JobFinisher, JobLedger, KitCounters, LaneSpec, Part, Ticket, TierCounters, WakePolicy, WorkQueue,
+    Counter, JobFinisher, JobKeys, JobLedger, KitCounters, LaneSpec, Part, Ticket, TierCounters, WakePolicy,
+    WorkQueue,
 };
 use tiering_core::{
     JobKind, Locality, Medium, OffloadKey, OffloadingEvent,
@@ -41,15 +42,9 @@ pub(crate) struct Counters {
     pub(crate) invalidated_presence: Counter,
 }
 
-/// What the tier keeps about a submitted store or load while its batches run.
-pub(crate) struct RedisJob {
-    pub(crate) kind: JobKind,
-    pub(crate) keys: Vec<OffloadKey>,
-}
-
 /// One batch's share of a job: settled once with its keys' outcomes (`true`: done); dropped
 /// unsettled, its keys fail.
-pub(crate) type JobPart = Part<RedisJob, bool>;
+pub(crate) type JobPart = Part<JobKeys, bool>;
 
 /// A pipelined batch of one job: key indices with their rows.
 pub(crate) enum Batch {
@@ -325,10 +320,10 @@ impl Shared {
     }
 }
 
-impl JobFinisher<RedisJob, bool> for Shared {
+impl JobFinisher<JobKeys, bool> for Shared {
     /// Reports the job's one result, counts it, emits the store event and (for a load that
     /// failed keys) drops their cached presence.
-    fn finish(&self, job: &RedisJob, succeeded: Vec<bool>, ticket: Ticket) {
+    fn finish(&self, job: &JobKeys, succeeded: Vec<bool>, ticket: Ticket) {
         let ok_keys: Vec<OffloadKey> = job
             .keys
             .iter()

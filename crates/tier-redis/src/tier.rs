@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tier_kit::{
-    Accepted, JobFinisher, JobLedger, RefusalReason, Rejected, SplitJob, WorkerPool, accept_load,
+    Accepted, JobFinisher, JobKeys, JobLedger, RefusalReason, Rejected, SplitJob, WorkerPool, accept_load,
     accept_store,
 };
 use tiering_core::{
@@ -17,7 +17,7 @@ use crate::error::RedisTierError;
 use crate::format::{HEADER_LEN, KeyScheme, LayoutId};
 use crate::options::RedisTierOptions;
 use crate::presence::{Answer, Presence};
-use crate::shared::{Batch, JobPart, PresenceCheck, RedisJob, Shared, Timing, Work, lane, work_queue};
+use crate::shared::{Batch, JobPart, PresenceCheck, Shared, Timing, Work, lane, work_queue};
 use crate::split;
 use crate::worker::Worker;
 
@@ -25,7 +25,7 @@ use crate::worker::Worker;
 pub struct RedisTier {
     shared: Arc<Shared>,
     /// `shared` again, as what turns a job's per-key outcomes into its result.
-    finisher: Arc<dyn JobFinisher<RedisJob, bool>>,
+    finisher: Arc<dyn JobFinisher<JobKeys, bool>>,
     workers: WorkerPool<Work>,
     info: TierInfo,
     max_lookup_batch: usize,
@@ -104,7 +104,7 @@ impl RedisTier {
         // master in turn); beyond a few of them a worker is stuck and is left behind.
         let stop_wait = (opts.connect_timeout.get() + opts.io_timeout.get()) * 4;
         Ok(Self {
-            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<RedisJob, bool>>,
+            finisher: Arc::clone(&shared) as Arc<dyn JobFinisher<JobKeys, bool>>,
             shared,
             workers,
             info: TierInfo::new(opts.name.clone(), Some(Medium::Storage), Some(Locality::Remote)),
@@ -149,11 +149,11 @@ impl RedisTier {
     }
 
     /// The job `id` of `kind` over `keys`, every key failed until a batch settles it.
-    fn open_job(&self, id: JobId, kind: JobKind, keys: Vec<OffloadKey>) -> SplitJob<RedisJob, bool> {
+    fn open_job(&self, id: JobId, kind: JobKind, keys: Vec<OffloadKey>) -> SplitJob<JobKeys, bool> {
         let n = keys.len();
         SplitJob::new(
             self.shared.ledger.open(id),
-            RedisJob { kind, keys },
+            JobKeys { kind, keys },
             vec![false; n],
             Arc::clone(&self.finisher),
         )

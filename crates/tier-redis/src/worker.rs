@@ -7,13 +7,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use redis::{RedisError, RedisResult, Value};
-use tiering_core::{OffloadKey, RowRead, RowWrite};
+use tier_kit::JobKeys;
+use tiering_core::{
+    OffloadKey,
+    arena::{RowRead, RowWrite},
+};
 
 use crate::conn::Conn;
 use crate::format::{KeyScheme, ValueArg, ValueDefect};
 use crate::info;
 use crate::packed::PackedPipeline;
-use crate::shared::{Batch, RedisJob, Shared, Work};
+use crate::shared::{Batch, Shared, Work};
 
 /// Encoded `SET` bytes sent per write: small enough that the server starts on a batch's first
 /// values while the worker encodes the rest, large enough that a write's fixed cost is small.
@@ -201,7 +205,7 @@ impl Worker {
     /// server the values are encoded into the worker's buffer and sent every [`SEND_BYTES`],
     /// so the server parses the first values while the worker encodes the next (one
     /// connection, one pipeline: the replies are read after the last value is sent).
-    fn set_all(&mut self, job: &RedisJob, items: Vec<(usize, RowRead)>) -> Option<Vec<Value>> {
+    fn set_all(&mut self, job: &JobKeys, items: Vec<(usize, RowRead)>) -> Option<Vec<Value>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
         if self.packs()? {
@@ -238,7 +242,7 @@ impl Worker {
         self.io("SET", false, |conn, _| conn.pipeline(cmds))
     }
 
-    fn store(&mut self, job: &RedisJob, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
+    fn store(&mut self, job: &JobKeys, items: Vec<(usize, RowRead)>) -> Vec<(usize, bool)> {
         let indices: Vec<usize> = items.iter().map(|(i, _)| *i).collect();
         let replies = self.set_all(job, items);
         let now = Instant::now();
@@ -274,7 +278,7 @@ impl Worker {
     /// received, in order (fewer than the items when the round trip failed part way). On a
     /// standalone server each reply is checked and copied as it arrives, while the server
     /// still sends the next ones.
-    fn get_all(&mut self, job: &RedisJob, items: &mut [(usize, RowWrite)]) -> Vec<Result<(), ValueDefect>> {
+    fn get_all(&mut self, job: &JobKeys, items: &mut [(usize, RowWrite)]) -> Vec<Result<(), ValueDefect>> {
         let shared = Arc::clone(&self.shared);
         let scheme = &shared.scheme;
         let mut checked = Vec::with_capacity(items.len());
@@ -308,7 +312,7 @@ impl Worker {
         checked
     }
 
-    fn load(&mut self, job: &RedisJob, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
+    fn load(&mut self, job: &JobKeys, mut items: Vec<(usize, RowWrite)>) -> Vec<(usize, bool)> {
         let checked = self.get_all(job, &mut items);
         let mut out = Vec::with_capacity(items.len());
         let mut bad = Vec::new();
