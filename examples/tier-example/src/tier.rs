@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use serde::Deserialize;
-use tier_kit::{JobLedger, LaneSpec, Ticket, WorkQueue, WorkerPool};
+use tier_kit::{JobLedger, LaneSpec, Ticket, TierCounters, WorkQueue, WorkerPool};
 use tiering_core::options::{ByteSize, parse_options};
 use tiering_core::{
     ControlWaker, JobKind, JobOutcome, JobResult, Locality, LookupResult, Medium, OffloadKey,
-    OffloadingEvent, ParentManager, ReqContext, RequestId, SecondaryContext, SecondaryTier, TierError,
-    TierInfo, TierStats, TransferJob,
+    OffloadingEvent, ParentManager, ReqContext, RequestId, SecondaryTier, TierError, TierInfo, TierStats,
+    TransferJob, registry::SecondaryContext,
 };
 
 use crate::peer::{PeerAnswer, PeerQuery};
@@ -50,7 +50,6 @@ fn default_name() -> String {
 struct State {
     store: LruStore,
     events: Vec<OffloadingEvent>,
-    stats: TierStats,
     inbound: VecDeque<(PeerQuery, PathBuf)>,
 }
 
@@ -58,6 +57,8 @@ struct Shared {
     state: Mutex<State>,
     /// The jobs' results; it also holds the control plane's waker.
     ledger: JobLedger,
+    /// What `stats` reports: hits, misses, stores, loads, evictions, failures, bytes.
+    counters: TierCounters,
     name: String,
 }
 
@@ -76,6 +77,7 @@ struct Inbox {
 /// A bounded in-memory LRU secondary tier. See the crate docs.
 pub struct ExampleTier {
     info: TierInfo,
+    capacity_chunks: u64,
     shared: Arc<Shared>,
     worker: WorkerPool<Job>,
     inbox: Option<Inbox>,
@@ -90,18 +92,16 @@ impl ExampleTier {
         let chunks = usize::try_from(options.capacity.bytes() / ctx.chunk_bytes.max(1) as u64)
             .unwrap_or(usize::MAX)
             .max(1);
-        let mut stats = TierStats::named(&options.name);
-        stats.capacity_chunks = chunks as u64;
         let ledger = JobLedger::default();
         ledger.set_waker(ctx.waker.clone());
         let shared = Arc::new(Shared {
             state: Mutex::new(State {
                 store: LruStore::new(chunks),
                 events: Vec::new(),
-                stats,
                 inbound: VecDeque::new(),
             }),
             ledger,
+            counters: TierCounters::default(),
             name: options.name.clone(),
         });
         let queue = Arc::new(WorkQueue::builder().lane(LaneSpec::unbounded()).build());
@@ -116,6 +116,7 @@ impl ExampleTier {
         };
         Ok(Self {
             info: TierInfo::new(&options.name, Some(Medium::Cpu), Some(Locality::Local)),
+            capacity_chunks: chunks as u64,
             shared,
             worker,
             inbox,
@@ -126,7 +127,7 @@ impl ExampleTier {
         let ticket = self.shared.ledger.open(job.id);
         if let Err(refused) = self.worker.queue().submit(0, (job, ticket)) {
             // Shut down: the job still has to be reported, as a failure.
-            self.shared.state.lock().stats.failures += 1;
+            self.shared.counters.failures.add(1);
             refused.work.1.fail();
         }
     }
@@ -263,9 +264,10 @@ fn run_job(shared: &Shared, mut job: TransferJob, ticket: Ticket) {
                     stored.push(key);
                 }
             }
-            st.stats.stores += stored.len() as u64;
-            st.stats.bytes_written += bytes;
-            st.stats.evictions += evicted.len() as u64;
+            // Counted before the job is reported: its result is visible at once.
+            let counters = &shared.counters;
+            counters.count_job(JobKind::Store, stored.len() as u64, 0, bytes);
+            counters.evictions.add(evicted.len() as u64);
             if !evicted.is_empty() {
                 let e = OffloadingEvent::removed(evicted, Some(Medium::Cpu), Some(Locality::Local));
                 st.events.push(e.owned_by(&shared.name));
@@ -291,11 +293,10 @@ fn run_job(shared: &Shared, mut job: TransferJob, ticket: Ticket) {
                 }
                 ok.push(done);
             }
-            let loaded = ok.iter().filter(|&&b| b).count() as u64;
-            st.stats.loads += loaded;
-            st.stats.bytes_read += bytes;
-            st.stats.failures += ok.len() as u64 - loaded;
             drop(st);
+            let loaded = ok.iter().filter(|&&b| b).count() as u64;
+            let counters = &shared.counters;
+            counters.count_job(JobKind::Promotion, loaded, ok.len() as u64 - loaded, bytes);
             ticket.complete_keys(&job.keys, &ok, bytes);
         }
     }
@@ -316,12 +317,11 @@ impl SecondaryTier for ExampleTier {
     }
 
     fn lookup(&mut self, key: &OffloadKey, _ctx: &ReqContext) -> LookupResult {
-        let mut st = self.shared.state.lock();
-        if st.store.chunks().contains(key) {
-            st.stats.hits += 1;
+        if self.shared.state.lock().store.chunks().contains(key) {
+            self.shared.counters.hits.add(1);
             LookupResult::Hit
         } else {
-            st.stats.misses += 1;
+            self.shared.counters.misses.add(1);
             LookupResult::Miss
         }
     }
@@ -379,10 +379,10 @@ impl SecondaryTier for ExampleTier {
     }
 
     fn stats(&self) -> TierStats {
-        let st = self.shared.state.lock();
-        let mut s = st.stats.clone();
+        let mut s = self.shared.counters.stats(&self.info.name, []);
         s.failures += self.shared.ledger.counters().snapshot().abandoned;
-        s.resident_chunks = st.store.chunks().len() as u64;
+        s.capacity_chunks = self.capacity_chunks;
+        s.resident_chunks = self.shared.state.lock().store.chunks().len() as u64;
         s
     }
 
@@ -422,7 +422,10 @@ pub fn build(options: &toml::Table, ctx: &SecondaryContext) -> Result<Box<dyn Se
 
 #[cfg(test)]
 mod tests {
-    use tiering_core::{ChunkArena, ChunkId, JobId, RowGrant};
+    use tiering_core::{
+        JobId,
+        arena::{ChunkArena, ChunkId, RowGrant},
+    };
 
     use super::*;
 
