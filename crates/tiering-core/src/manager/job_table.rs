@@ -14,8 +14,11 @@ use crate::request::ReqContext;
 pub(crate) struct JobMeta {
     /// The secondary tier the job was handed to.
     pub(crate) tier: usize,
+    /// A store (cascade or peer) or a promotion: what its end releases.
     pub(crate) kind: JobKind,
+    /// The chunks it copies.
     pub(crate) keys: Vec<OffloadKey>,
+    /// The request it copies them for (the primary's pins and reservations are per request).
     pub(crate) ctx: ReqContext,
 }
 

@@ -9,7 +9,9 @@ use crate::request::{ReqContext, RequestId};
 
 /// Promotions reserved for one (tier, request) and not yet submitted.
 pub(crate) struct PendingPromotion {
+    /// The request the promotion is for (the job is submitted in its name).
     pub(crate) ctx: ReqContext,
+    /// The chunks to promote, in lookup order.
     pub(crate) keys: Vec<OffloadKey>,
     /// The primary rows reserved for `keys`, parallel to them.
     pub(crate) chunk_ids: Vec<u32>,

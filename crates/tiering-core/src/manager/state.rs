@@ -2,10 +2,10 @@
 //!
 //! The state is a composition of parts, each a type with private fields and a small API in its
 //! own module: the primary (`super::tier_call::GuardedPrimary`) and its arena, the chain of
-//! secondary tiers ([`TierChain`]), the job table ([`JobTable`]), the reserved promotions
-//! ([`PendingPromotions`]), the request table ([`RequestTable`]), the store reports and their
-//! ledger ([`Completions`]), the failure state ([`FailureState`]), the step's polls
-//! ([`StepPolls`]), the primary hits of the step (`StepHits`), the gates, the cost model, the
+//! secondary tiers (`TierChain`), the job table (`JobTable`), the reserved promotions
+//! (`PendingPromotions`), the request table (`RequestTable`), the store reports and their
+//! ledger (`Completions`), the failure state (`FailureState`), the step's polls
+//! (`StepPolls`), the primary hits of the step (`StepHits`), the gates, the cost model, the
 //! promotion back-off, telemetry and the counters. A part never sees another: a method that
 //! needs one takes it as an argument.
 //!

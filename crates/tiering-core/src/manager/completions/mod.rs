@@ -34,6 +34,7 @@ pub(crate) struct ApplyList {
 }
 
 impl ApplyList {
+    /// Room for `n` keys without growing (a report's keys are usually all applied).
     fn with_capacity(n: usize) -> Self {
         Self {
             keys: Vec::with_capacity(n),
@@ -41,6 +42,7 @@ impl ApplyList {
         }
     }
 
+    /// Adds `key`, to apply with `ok` in store batch `batch`.
     fn push(&mut self, key: OffloadKey, ok: bool, batch: u64) {
         self.keys.push(key);
         self.meta.push((ok, batch));
@@ -297,6 +299,8 @@ impl Completions {
         Some(apply)
     }
 
+    /// Counts a worker report ignored in on-step mode, and says so once (and once more for a
+    /// failed copy, which the operator may want to know about).
     fn ignore_worker_report(
         &mut self,
         rank: u32,
