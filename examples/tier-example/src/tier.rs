@@ -297,7 +297,11 @@ fn run_job(shared: &Shared, mut job: TransferJob, ticket: Ticket) {
             let loaded = ok.iter().filter(|&&b| b).count() as u64;
             let counters = &shared.counters;
             counters.count_job(JobKind::Promotion, loaded, ok.len() as u64 - loaded, bytes);
-            ticket.complete_keys(&job.keys, &ok, bytes);
+            // The rows go back before the job is reported: once the host sees the result it may
+            // grant them to the engine.
+            let keys = std::mem::take(&mut job.keys);
+            drop(job);
+            ticket.complete_keys(&keys, &ok, bytes);
         }
     }
 }
