@@ -1,11 +1,11 @@
 //! `kvtier check`'s validation: every tier of a chain checked by its type's validate-only hook
-//! ([`tiering_core::TierRegistration::validate`] for a linked type, the library's validate entry
+//! ([`tiering_core::registry::TierRegistration::validate`] for a linked type, the library's validate entry
 //! for a tier library — which loads the library but builds no tier) — no allocation, no files,
 //! no sockets — plus the chain-level checks (types, roles, capacities, names, paths), all errors
 //! reported with file:line:key.
 
 use tiering_config::{ChainConfig, ChainError};
-use tiering_core::Registry;
+use tiering_core::registry::Registry;
 use tiering_plugin::load_library;
 
 /// What checking one chain found.

@@ -59,7 +59,7 @@ idle_wait = "1ms"
 
 fn build(text: &str) -> TieringManager {
     let chain = ChainConfig::parse("itest.toml", text).unwrap();
-    match chain.build(tiering_core::Registry::global().unwrap(), CHUNK) {
+    match chain.build(tiering_core::registry::Registry::global().unwrap(), CHUNK) {
         Ok(m) => m,
         Err(e) => panic!("{e}"),
     }

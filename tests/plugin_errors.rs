@@ -15,7 +15,7 @@ use tier_example as _;
 const CHUNK: usize = 4096;
 
 fn build(text: &str) -> Result<TieringManager, ChainError> {
-    ChainConfig::parse("errors.toml", text)?.build(tiering_core::Registry::global().unwrap(), CHUNK)
+    ChainConfig::parse("errors.toml", text)?.build(tiering_core::registry::Registry::global().unwrap(), CHUNK)
 }
 
 fn build_err(text: &str) -> ChainError {

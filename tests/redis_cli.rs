@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use tier_redis::{RedisTier, RedisTierOptions};
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, ReqContext, RowGrant, SecondaryTier, TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, ReqContext, SecondaryTier, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 struct Server {

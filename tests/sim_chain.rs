@@ -10,7 +10,10 @@ use kvtier::sim::{
 use tier_cpu::{CpuTier, CpuTierOptions};
 use tiering_config::ChainConfig;
 use tiering_core::options::parse_options;
-use tiering_core::{PrimaryContext, PrimaryTier, Registry, TierError, TierRegistration};
+use tiering_core::{
+    PrimaryTier, TierError,
+    registry::{PrimaryContext, Registry, TierRegistration},
+};
 
 // The disk tier registers itself; naming the crate keeps its registration linked.
 use tier_disk as _;

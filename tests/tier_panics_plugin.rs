@@ -59,7 +59,7 @@ fn a_library_tier_that_panics_is_quarantined_and_the_disk_tier_keeps_serving() {
     );
     let mut m = ChainConfig::parse("panics.toml", &text)
         .unwrap()
-        .build(tiering_core::Registry::global().unwrap(), CHUNK)
+        .build(tiering_core::registry::Registry::global().unwrap(), CHUNK)
         .unwrap();
     let arena = m.arena().clone();
     let ctx = ReqContext::local("r");

@@ -50,7 +50,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tier_cpu::{Capacity, CpuTier, CpuTierOptions, PolicyKind};
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions, SharedSecret};
-use tiering_core::{ChunkArena, ManagerConfig, ScheduleEndContext, TieringManager};
+use tiering_core::{ManagerConfig, ScheduleEndContext, TieringManager, arena::ChunkArena};
 
 use super::BenchError;
 use crate::sim::Percentiles;

@@ -58,5 +58,5 @@ pub enum BenchError {
     },
     /// An arena grant failed.
     #[error(transparent)]
-    Arena(#[from] tiering_core::ArenaError),
+    Arena(#[from] tiering_core::arena::ArenaError),
 }

@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tiering_core::{
-    ChunkArena, ChunkId, ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, PrimaryTier,
-    ReqContext, RowGrant, SecondaryTier, TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, PrimaryTier, ReqContext, SecondaryTier,
+    TransferJob,
+    arena::{ChunkArena, ChunkId, RowGrant},
 };
 
 use super::BenchError;

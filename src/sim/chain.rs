@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use tiering_config::ChainConfig;
 use tiering_core::{
-    ChunkArena, ControlWaker, ManagerConfig, PrimaryTier, Registry, SecondaryTier, TieringManager,
+    ControlWaker, ManagerConfig, PrimaryTier, SecondaryTier, TieringManager, arena::ChunkArena,
+    registry::Registry,
 };
 
 use super::error::BoxError;

@@ -11,7 +11,10 @@ use anyhow::{Context, Result};
 use tier_cpu::{CpuTier, CpuTierOptions};
 use tiering_config::ChainConfig;
 use tiering_core::options::parse_options;
-use tiering_core::{PrimaryContext, PrimaryTier, Registry, TierError, TierRegistration};
+use tiering_core::{
+    PrimaryTier, TierError,
+    registry::{PrimaryContext, Registry, TierRegistration},
+};
 
 use super::{SimConfig, Workload, WorkloadKind, WorkloadSpec, config_chain, run_simulation};
 

@@ -10,8 +10,11 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tiering_core::manager::StoreCompletionSender;
-use tiering_core::{ChunkArena, ChunkId, OffloadKey};
+use tiering_core::StoreCompletionSender;
+use tiering_core::{
+    OffloadKey,
+    arena::{ChunkArena, ChunkId},
+};
 
 use super::device::DeviceMemory;
 use super::error::SimError;

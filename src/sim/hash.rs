@@ -1,8 +1,8 @@
 //! Chunk keys from token ids: a chained prefix hash, so a key names the whole prefix up to the
 //! end of its chunk (equal keys mean equal content), as an engine's prefix cache does.
 
+use tiering_core::KEY_HASH_BYTES;
 use tiering_core::OffloadKey;
-use tiering_core::key::KEY_HASH_BYTES;
 use twox_hash::XxHash3_128;
 
 /// The keys of every full chunk of `tokens`, for KV-cache group `group`.

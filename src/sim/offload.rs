@@ -11,10 +11,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tiering_core::manager::StoreCompletionSender;
+use tiering_core::StoreCompletionSender;
 use tiering_core::{
-    ChunkArena, ChunkId, KeyMap, LookupResult, ManagerStats, OffloadKey, OffloadPolicy, OffloadingManager,
-    PrepareStoreOutput, ReqContext, ScheduleEndContext, Step, TieringManager,
+    KeyMap, LookupResult, ManagerStats, OffloadKey, OffloadPolicy, OffloadingManager, PrepareStoreOutput,
+    ReqContext, ScheduleEndContext, Step, TieringManager,
+    arena::{ChunkArena, ChunkId},
 };
 
 use super::cpu_clock::thread_cpu_time;

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tiering_core::{ChunkArena, ManagerStats, OffloadingEvent};
+use tiering_core::{ManagerStats, OffloadingEvent, arena::ChunkArena};
 
 use super::chain::ChainFactory;
 use super::config::SimConfig;

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use parking_lot::Mutex;
 use tier_disk::format::{BLOCK, SlabLayout, SlotSeal};
-use tiering_core::{ChunkArena, OffloadKey};
+use tiering_core::{OffloadKey, arena::ChunkArena};
 
 use crate::sim::SimRng;
 

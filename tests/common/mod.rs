@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 use tiering_core::options::parse_options;
 use tiering_core::testing::MemoryPrimary;
-use tiering_core::{PrimaryContext, PrimaryTier, TierError, TieringManager};
+use tiering_core::{PrimaryTier, TierError, TieringManager, registry::PrimaryContext};
 
 /// Builds `tier-example` (its `cdylib` and the fault libraries among its examples) once per
 /// process and returns the directory holding `libtier_example.so`.

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use tiering_core::arena::ArenaView;
-use tiering_core::{RowRead, RowWrite};
+use tiering_core::arena::{RowRead, RowWrite};
 
 use crate::errors::kvtier_err;
 
@@ -101,7 +101,7 @@ impl PyArenaView {
         py.detach(|| {
             let mut row = self.view.write_row(chunk_id)?;
             row[..data.len()].copy_from_slice(data);
-            Ok::<_, tiering_core::ArenaError>(())
+            Ok::<_, tiering_core::arena::ArenaError>(())
         })
         .map_err(kvtier_err)
     }

@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 use tiering_core::{
-    JobResult, Locality, LookupResult, Medium, OffloadKey, ReqContext, SecondaryContext, SecondaryTier,
-    TierError, TierInfo, TierStats, TransferJob,
+    JobResult, Locality, LookupResult, Medium, OffloadKey, ReqContext, SecondaryTier, TierError, TierInfo,
+    TierStats, TransferJob, registry::SecondaryContext,
 };
 
 /// The methods `panic_in` may name.

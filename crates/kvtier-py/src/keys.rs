@@ -6,7 +6,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use tiering_core::OffloadKey;
-use tiering_core::key::{KEY_BYTES, KEY_HASH_BYTES};
+use tiering_core::{KEY_BYTES, KEY_HASH_BYTES};
 
 /// One key from a Python object (`bytes` of 36 or 32 bytes).
 pub(crate) fn key_from_py(ob: &Bound<'_, PyAny>) -> PyResult<OffloadKey> {

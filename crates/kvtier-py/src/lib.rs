@@ -55,6 +55,6 @@ fn _kvtier(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(chain::chain_arena_path, m)?)?;
     m.add_function(wrap_pyfunction!(keys::make_offload_key, m)?)?;
     m.add_function(wrap_pyfunction!(keys::split_offload_key, m)?)?;
-    m.add("KEY_BYTES", tiering_core::key::KEY_BYTES)?;
+    m.add("KEY_BYTES", tiering_core::KEY_BYTES)?;
     Ok(())
 }

@@ -17,7 +17,7 @@ use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 use tiering_config::ChainConfig;
-use tiering_core::{Registry, TierInfo, TieringManager};
+use tiering_core::{TierInfo, TieringManager, registry::Registry};
 
 use crate::errors::{config_err, kvtier_err};
 use crate::shared::Shared;
@@ -110,7 +110,7 @@ impl PyTieringManager {
     fn arena_info<R: Send>(
         &self,
         py: Python<'_>,
-        f: impl FnOnce(&Arc<tiering_core::ChunkArena>) -> R + Send,
+        f: impl FnOnce(&Arc<tiering_core::arena::ChunkArena>) -> R + Send,
     ) -> PyResult<R> {
         // Not through `manager`'s lock, so this works inside a step too (see the module docs).
         let arena = self

@@ -7,7 +7,7 @@ use std::thread::ThreadId;
 
 use parking_lot::{Mutex, RwLock};
 use pyo3::prelude::*;
-use tiering_core::{ChunkArena, TierInfo, TieringManager};
+use tiering_core::{TierInfo, TieringManager, arena::ChunkArena};
 
 use crate::errors::StepError;
 

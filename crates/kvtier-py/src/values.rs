@@ -6,7 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
-use tiering_core::request::TransferParams;
+use tiering_core::TransferParams;
 use tiering_core::{Locality, Medium, ReqContext, RequestId, TierFilter, TierMatcher};
 
 use crate::keys::{key_from_py, key_to_py};

@@ -19,7 +19,10 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{ArenaOptions, ChunkArena, KeyMap, OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{
+    KeyMap, OffloadKey, PrimaryTier, ReqContext,
+    arena::{ArenaOptions, ChunkArena},
+};
 
 const BATCH: usize = 16;
 

@@ -11,7 +11,10 @@
 use std::hint::black_box;
 
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{ArenaOptions, ChunkArena, LookupResult, OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{
+    LookupResult, OffloadKey, PrimaryTier, ReqContext,
+    arena::{ArenaOptions, ChunkArena},
+};
 
 fn cpu_ns() -> u64 {
     let mut ts = libc::timespec {

@@ -1,7 +1,7 @@
 //! # tier-cpu
 //!
 //! The CPU primary tier of kvtier: [`CpuTier`] implements [`tiering_core::PrimaryTier`] over a
-//! [`tiering_core::ChunkArena`] it owns. Every chunk the engine offloads lands here first; lookups,
+//! [`tiering_core::arena::ChunkArena`] it owns. Every chunk the engine offloads lands here first; lookups,
 //! pins and unpins are O(1): one probe of a compact key index whose 8-byte slots name a row, the
 //! key confirmed on that row, which also holds the ref count. Batch operations touch each key's
 //! index slot and row once per call, and nothing is allocated per key: policy links, ranks and

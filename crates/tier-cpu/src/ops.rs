@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use tiering_core::{
-    ChunkArena, ChunkId, KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent,
-    PrepareStoreOutput, PrimaryTier, ReqContext, TierError, TierInfo, TierStats,
+    KeySet, Locality, LookupResult, Medium, OffloadKey, OffloadingEvent, PrepareStoreOutput, PrimaryTier,
+    ReqContext, TierError, TierInfo, TierStats,
+    arena::{ChunkArena, ChunkId},
 };
 
 use crate::access::{NO_ROW, OfferedKey, RequestAccess};

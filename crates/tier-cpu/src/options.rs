@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 
 use serde::Deserialize;
-use tiering_core::{ArenaError, TierError};
+use tiering_core::{TierError, arena::ArenaError};
 
 use crate::policy::{PolicyKind, UnknownPolicy};
 

@@ -11,7 +11,7 @@
 //! unknown policies are configuration errors naming the key.
 
 use tiering_core::options::parse_options;
-use tiering_core::{PrimaryContext, PrimaryTier, TierError};
+use tiering_core::{PrimaryTier, TierError, registry::PrimaryContext};
 
 use crate::{CpuTier, CpuTierOptions};
 
@@ -34,7 +34,10 @@ tiering_core::register_tier!(primary "cpu" => build, validate = validate);
 #[cfg(test)]
 mod tests {
     use tiering_core::registry::{PrimaryFactory, TierFactory};
-    use tiering_core::{PrimaryContext, Registry, TierError};
+    use tiering_core::{
+        TierError,
+        registry::{PrimaryContext, Registry},
+    };
 
     fn factory() -> PrimaryFactory {
         let reg = Registry::global().unwrap().get("cpu").expect("cpu is registered");

@@ -15,7 +15,7 @@
 //! [`GHOST`] bit names a ghost, not a row. A key is resident or a ghost, never both, so it has
 //! at most one index slot, and moving between the two renames that slot in place.
 
-use tiering_core::{ChunkId, OffloadKey, TierError};
+use tiering_core::{OffloadKey, TierError, arena::ChunkId};
 
 use crate::ghost_lists::{GHOST_LISTS, GhostLists};
 use crate::index::{KeyIndex, digest_of, same_key};

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tiering_core::{
-    ArenaOptions, ChunkArena, ChunkId, Locality, Medium, OffloadKey, OffloadingEvent, TierInfo, TierStats,
+    Locality, Medium, OffloadKey, OffloadingEvent, TierInfo, TierStats,
+    arena::{ArenaOptions, ChunkArena, ChunkId},
 };
 
 use crate::options::{CpuTierError, CpuTierOptions, memory_limit_bytes};

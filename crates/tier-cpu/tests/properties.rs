@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use common::k;
 use proptest::prelude::*;
 use tier_cpu::{CpuTier, PolicyKind};
-use tiering_core::{ChunkId, OffloadKey, PrimaryTier, ReqContext};
+use tiering_core::{OffloadKey, PrimaryTier, ReqContext, arena::ChunkId};
 
 const CAP: usize = 6;
 const UNIVERSE: u8 = 14;

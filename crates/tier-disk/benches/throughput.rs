@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, IoShape, SlabLayout};
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, RowGrant,
-    SecondaryTier, TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, SecondaryTier, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 const IO_THREADS: usize = 4;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
-use tiering_core::ChunkArena;
+use tiering_core::arena::ChunkArena;
 use tiering_core::options::{ByteSize, HumanDuration};
 
 /// When the tier calls `fdatasync` on the slab file.

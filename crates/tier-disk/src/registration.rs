@@ -1,7 +1,7 @@
 //! Registration of the `disk` tier type with the static tier registry.
 
 use tiering_core::options::parse_options;
-use tiering_core::{SecondaryContext, SecondaryTier, TierError};
+use tiering_core::{SecondaryTier, TierError, registry::SecondaryContext};
 
 use crate::options::{DiskGeometry, DiskTierOptions};
 use crate::tier::DiskTier;
@@ -29,7 +29,7 @@ tiering_core::register_tier!(secondary "disk" => build, validate = validate);
 
 #[cfg(test)]
 mod tests {
-    use tiering_core::Registry;
+    use tiering_core::registry::Registry;
 
     #[test]
     fn the_validate_hook_reports_every_bad_option_without_touching_the_path() {

@@ -17,8 +17,8 @@ use common::{PATIENCE, capacity_for, wait_results};
 use tier_disk::testing::chunk_content;
 use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions};
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, OffloadKey, ReqContext, RowGrant, SecondaryTier,
-    TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, OffloadKey, ReqContext, SecondaryTier, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 const CHUNK: usize = 256 * 1024;

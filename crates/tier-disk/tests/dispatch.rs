@@ -6,7 +6,7 @@ mod common;
 use common::{PATIENCE, Rig, content, key, keys, options};
 use tier_disk::{DiskGeometry, DiskTier, FaultInjector, LOADS_PER_STORE};
 use tiering_core::{
-    JobId, JobKind, JobOutcome, OffloadKey, ReqContext, RowGrant, SecondaryTier, TransferJob,
+    JobId, JobKind, JobOutcome, OffloadKey, ReqContext, SecondaryTier, TransferJob, arena::RowGrant,
 };
 
 const CHUNK: usize = 16 * 1024;

@@ -252,7 +252,7 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
     opts.io_threads = 1;
     let faults = FaultInjector::new();
     let mut tier = DiskTier::open_with_faults(&opts, geometry(), faults.clone()).unwrap();
-    let arena = tiering_core::ChunkArena::new(8, CHUNK).unwrap();
+    let arena = tiering_core::arena::ChunkArena::new(8, CHUNK).unwrap();
     let waker = tiering_core::ControlWaker::new();
     tier.set_waker(waker.clone());
     faults.hold_io();
@@ -271,7 +271,7 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
             keys: ks,
             chunk_ids: pair.to_vec(),
             req: tiering_core::ReqContext::local("drain"),
-            rows: tiering_core::RowGrant::Read(arena.read_rows(pair).unwrap()),
+            rows: tiering_core::arena::RowGrant::Read(arena.read_rows(pair).unwrap()),
         });
     }
     assert!(
@@ -332,7 +332,7 @@ fn shutdown_with_queued_jobs_reports_them_failed() {
         keys: keys(10..12),
         chunk_ids: rows.to_vec(),
         req: tiering_core::ReqContext::local("t"),
-        rows: tiering_core::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
+        rows: tiering_core::arena::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
     };
     rig.tier.submit_store(job);
     faults.release_io_on_drain();
@@ -376,7 +376,7 @@ fn a_slot_under_read_is_never_evicted_and_a_store_with_no_room_fails() {
         keys: vec![k],
         chunk_ids: rows.to_vec(),
         req: tiering_core::ReqContext::local("t"),
-        rows: tiering_core::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
+        rows: tiering_core::arena::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
     };
     {
         let bytes = content(&key(2), CHUNK);

@@ -13,8 +13,8 @@ use tier_cpu::{CpuTier, PolicyKind};
 use tier_disk::{DiskGeometry, DiskTier};
 use tiering_core::testing::{Engine, MemoryPrimary};
 use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext,
-    TieringManager,
+    LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext, TieringManager,
+    arena::ChunkArena,
 };
 
 const CHUNK: usize = 32 * 1024;

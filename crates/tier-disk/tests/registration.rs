@@ -4,7 +4,11 @@ use std::sync::Arc;
 
 use tier_disk as _;
 use tiering_core::registry::TierFactory;
-use tiering_core::{ChunkArena, ControlWaker, Medium, Registry, SecondaryContext, TierError};
+use tiering_core::{
+    ControlWaker, Medium, TierError,
+    arena::ChunkArena,
+    registry::{Registry, SecondaryContext},
+};
 
 fn factory() -> tiering_core::registry::SecondaryFactory {
     let reg = Registry::global()

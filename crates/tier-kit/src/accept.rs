@@ -1,7 +1,10 @@
 //! Checking a submitted job before it is queued: the checks every tier makes (`submit_store` /
 //! `submit_load`), and the job taken apart with its rows typed for its direction.
 
-use tiering_core::{JobId, JobKind, OffloadKey, RowGrant, RowRead, RowWrite, TransferJob};
+use tiering_core::{
+    JobId, JobKind, OffloadKey, TransferJob,
+    arena::{RowGrant, RowRead, RowWrite},
+};
 
 /// A job the tier can run: its keys and, parallel to them, its granted rows.
 #[derive(Debug)]
@@ -97,7 +100,7 @@ pub fn accept_load(
 
 #[cfg(test)]
 mod tests {
-    use tiering_core::{ChunkArena, ReqContext};
+    use tiering_core::{ReqContext, arena::ChunkArena};
 
     use super::*;
 

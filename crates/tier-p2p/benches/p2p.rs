@@ -47,9 +47,9 @@ use tier_p2p::wire::{Message, encode_keys};
 use tier_p2p::{P2pHandle, P2pTier, P2pTierOptions};
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobResult, LookupResult, ManagerConfig, OffloadKey,
-    OffloadingManager, PrimaryTier, ReqContext, RequestId, RowGrant, ScheduleEndContext, SecondaryTier,
-    TieringManager, TransferJob,
+    ControlWaker, JobId, JobKind, JobResult, LookupResult, ManagerConfig, OffloadKey, OffloadingManager,
+    PrimaryTier, ReqContext, RequestId, ScheduleEndContext, SecondaryTier, TieringManager, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 const BIG_CHUNK: usize = 2 << 20;

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
-use tiering_core::{JobId, JobResult, KeyMap, LookupResult, OffloadKey, RowGrant, TransferJob};
+use tiering_core::{JobId, JobResult, KeyMap, LookupResult, OffloadKey, TransferJob, arena::RowGrant};
 
 use crate::core::Core;
 use crate::dataplane::dest::{AuthSlot, DestKey};

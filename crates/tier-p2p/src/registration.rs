@@ -13,7 +13,7 @@
 //! ```
 
 use tiering_core::options::parse_options;
-use tiering_core::{SecondaryContext, SecondaryTier, TierError};
+use tiering_core::{SecondaryTier, TierError, registry::SecondaryContext};
 
 use crate::options::{P2pTierOptions, split_host_port};
 use crate::tier::P2pTier;
@@ -76,7 +76,11 @@ tiering_core::register_tier!(secondary "p2p" => build, validate = validate);
 #[cfg(test)]
 mod tests {
     use tiering_core::registry::TierFactory;
-    use tiering_core::{ChunkArena, ControlWaker, Registry, SecondaryContext};
+    use tiering_core::{
+        ControlWaker,
+        arena::ChunkArena,
+        registry::{Registry, SecondaryContext},
+    };
 
     fn factory() -> tiering_core::registry::SecondaryFactory {
         let reg = Registry::global().unwrap().get("p2p").expect("p2p is registered");

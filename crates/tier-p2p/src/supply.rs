@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use tiering_core::{JobId, OffloadKey, RowRead};
+use tiering_core::{JobId, OffloadKey, arena::RowRead};
 
 /// A pinned chunk waiting for a fetch.
 pub(crate) struct Supply {

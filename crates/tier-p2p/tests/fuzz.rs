@@ -15,8 +15,8 @@ use arbitrary::{Arbitrary, Unstructured};
 use tier_p2p::auth::DataKey;
 use tier_p2p::dataplane::frame::{self, Begin, ChunkHeader, ChunkStatus, Frame, Hello};
 use tier_p2p::wire::{Bin, Connect, Message, decode_keys};
+use tiering_core::KEY_BYTES;
 use tiering_core::OffloadKey;
-use tiering_core::key::KEY_BYTES;
 use tiering_core::testing::fuzz::{Mutation, drive, inputs, mutate};
 
 /// A key: mostly valid (36 bytes), sometimes any length.

@@ -264,7 +264,7 @@ fn a_waiting_fetch_is_completed_by_several_stores_in_turn() {
 /// Producer `a` (off-step) with a store in flight, and the decoder's fetch waiting for it.
 struct Waiting {
     a: Node,
-    copier: tiering_core::manager::StoreCompletionSender,
+    copier: tiering_core::StoreCompletionSender,
     pctx: ReqContext,
     stored: Vec<OffloadKey>,
     ks: Vec<OffloadKey>,

@@ -15,8 +15,8 @@ use std::fmt;
 use std::io::Write;
 
 use std::hash::Hasher as _;
+use tiering_core::KEY_BYTES;
 use tiering_core::OffloadKey;
-use tiering_core::key::KEY_BYTES;
 
 use twox_hash::XxHash3_64;
 

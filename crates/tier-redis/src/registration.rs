@@ -1,7 +1,7 @@
 //! Registration of the `redis` tier type with the static tier registry.
 
 use tiering_core::options::parse_options;
-use tiering_core::{SecondaryContext, SecondaryTier, TierError};
+use tiering_core::{SecondaryTier, TierError, registry::SecondaryContext};
 
 use crate::options::RedisTierOptions;
 use crate::tier::RedisTier;

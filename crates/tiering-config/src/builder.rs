@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
+use tiering_core::ControlWaker;
 use tiering_core::admission::AdmissionConfig;
-use tiering_core::error::{TierError, panic_message};
-use tiering_core::manager::{ManagerConfig, TierGateConfig, TieringManager};
 use tiering_core::options::quoted_words;
 use tiering_core::registry::{PrimaryContext, Registry, SecondaryContext, TierFactory};
-use tiering_core::tier::{PrimaryTier, SecondaryTier};
-use tiering_core::waker::ControlWaker;
+use tiering_core::{ManagerConfig, TierGateConfig, TieringManager};
+use tiering_core::{PrimaryTier, SecondaryTier};
+use tiering_core::{TierError, panic_message};
 #[cfg(feature = "libraries")]
 use tiering_plugin::{LoadedLibrary, PluginError, PluginTier, load_library};
 
@@ -287,7 +287,7 @@ impl ResolvedChain<'_> {
                 }),
             };
             // The chain's `medium` / `locality` keys, whatever the tier's type.
-            let made = made.map(|t| tiering_core::tier::Redescribed::wrap(t, spec.medium, spec.locality));
+            let made = made.map(|t| tiering_core::Redescribed::wrap(t, spec.medium, spec.locality));
             let made = made.and_then(|t| {
                 let name = t.info().name;
                 if names.insert(name.clone()) {

@@ -22,10 +22,10 @@ use super::error::{ChainError, ChainErrorKind};
 use super::gates;
 use super::spanned::to_value;
 use tiering_core::admission::{AdmissionConfig, BackpressureConfig};
-use tiering_core::manager::{ManagerConfig, OnTierFailure};
 use tiering_core::options::HumanDuration;
 use tiering_core::options::quoted_words;
-use tiering_core::request::{Locality, Medium};
+use tiering_core::{Locality, Medium};
+use tiering_core::{ManagerConfig, OnTierFailure};
 
 /// Where a tier sits in the chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -155,10 +155,10 @@ impl ControlPlaneSpec {
             tier_timeout: self.tier_timeout,
             worker_deadline: self.worker_deadline,
             on_tier_failure: self.on_tier_failure,
-            promotion_backoff: tiering_core::manager::PromotionBackoffConfig {
+            promotion_backoff: tiering_core::PromotionBackoffConfig {
                 initial: self.promotion_backoff,
                 max: self.promotion_backoff_max,
-                ..tiering_core::manager::PromotionBackoffConfig::default()
+                ..tiering_core::PromotionBackoffConfig::default()
             },
             ..ManagerConfig::default()
         }
@@ -177,7 +177,7 @@ pub struct ChainConfig {
     /// The control plane.
     pub control_plane: ControlPlaneSpec,
     /// The `[cost]` section: load-versus-recompute decisions (default: none).
-    pub cost: tiering_core::manager::CostConfig,
+    pub cost: tiering_core::CostConfig,
 }
 
 /// Byte offset → 1-based line number.
@@ -287,7 +287,7 @@ impl ChainConfig {
         let mut primary = None;
         let mut secondaries = Vec::new();
         let mut control_plane = ControlPlaneSpec::default();
-        let mut cost = tiering_core::manager::CostConfig::default();
+        let mut cost = tiering_core::CostConfig::default();
         for (key, value) in &doc {
             let line = lines.of_span(&key.span());
             let err = |kind| {

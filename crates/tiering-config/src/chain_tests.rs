@@ -7,12 +7,12 @@ use parking_lot::Mutex;
 use serde::Deserialize;
 
 use super::*;
-use tiering_core::error::TierError;
+use tiering_core::TierError;
 use tiering_core::options::{ByteSize, parse_options};
 use tiering_core::registry::{PrimaryContext, Registry, SecondaryContext};
-use tiering_core::request::{Locality, Medium};
 use tiering_core::testing::{MemoryPrimary, ScriptedTier, ScriptedTierHandle};
-use tiering_core::tier::{PrimaryTier, SecondaryTier};
+use tiering_core::{Locality, Medium};
+use tiering_core::{PrimaryTier, SecondaryTier};
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -511,7 +511,7 @@ fn promotion_backoff_is_a_control_plane_setting() {
     let d = parse("[primary]\ntype = \"a\"\n").unwrap().manager_config();
     assert_eq!(
         d.promotion_backoff,
-        tiering_core::manager::PromotionBackoffConfig::default()
+        tiering_core::PromotionBackoffConfig::default()
     );
     let c = parse(
         "[primary]\ntype = \"a\"\n[control_plane]\npromotion_backoff = \"250ms\"\npromotion_backoff_max = \"5s\"\n",
@@ -590,8 +590,8 @@ fn medium_and_locality_override_a_secondary_tiers_declaration() {
 
 #[test]
 fn a_built_chain_applies_the_overrides_to_lookups_and_filters() {
-    use tiering_core::offloading::OffloadingManager;
-    use tiering_core::request::{ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
+    use tiering_core::OffloadingManager;
+    use tiering_core::{ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
     let mut m = build(
         "[primary]\ntype = \"chain-test-memory\"\nchunks = 4\n\
          [[secondary]]\ntype = \"chain-test-scripted\"\nname = \"described-a\"\nmedium = \"cpu\"\nlocality = \"remote\"\n\

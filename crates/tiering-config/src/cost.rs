@@ -20,8 +20,8 @@ use std::time::Duration;
 use toml::de::DeTable;
 
 use super::error::{ChainError, ChainErrorKind};
-use tiering_core::manager::{CostConfig, RecomputeCost};
 use tiering_core::options::HumanDuration;
+use tiering_core::{CostConfig, RecomputeCost};
 
 const KEYS: &str =
     "recompute_per_token, tokens_per_chunk, deadline_slack, deadline_floor, ema_weight, probe_interval";
@@ -144,7 +144,7 @@ mod tests {
     #[test]
     fn no_cost_section_means_no_recompute_cost() {
         let c = parse("[primary]\ntype = \"a\"\n").unwrap();
-        assert_eq!(c.cost, tiering_core::manager::CostConfig::default());
+        assert_eq!(c.cost, tiering_core::CostConfig::default());
         assert!(c.manager_config().cost.recompute.is_none());
     }
 

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use tiering_core::error::TierError;
+use tiering_core::TierError;
 use tiering_core::registry::RegistryError;
 #[cfg(feature = "libraries")]
 use tiering_plugin::PluginError;

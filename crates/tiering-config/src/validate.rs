@@ -8,7 +8,7 @@ use std::path::{Component, Path, PathBuf};
 use super::builder::{TierSource, locate};
 use super::chain::{ChainConfig, TierPosition, TierSpec};
 use super::error::{ChainError, ChainErrorKind};
-use tiering_core::error::TierError;
+use tiering_core::TierError;
 use tiering_core::options::ByteSize;
 use tiering_core::registry::Registry;
 
@@ -17,7 +17,7 @@ const CAPACITY_BOUND: u64 = 1 << 50;
 
 impl ChainConfig {
     /// Every error of the chain, in file order: an unknown or misplaced tier type, every error
-    /// the type's validate-only hook ([`TierRegistration::validate`](tiering_core::TierRegistration::validate),
+    /// the type's validate-only hook ([`TierRegistration::validate`](tiering_core::registry::TierRegistration::validate),
     /// or for a tier library its validate entry,
     /// [`LoadedLibrary::validate_options`](tiering_plugin::LoadedLibrary::validate_options), which
     /// loads the library but builds no tier) finds in its options, a `capacity` of zero or larger than the machine (physical

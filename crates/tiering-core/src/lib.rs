@@ -12,14 +12,22 @@
 //! plane — polling tiers for finished jobs and letting them serve inbound peer requests — runs on
 //! a dedicated thread between scheduler steps, so peers are answered while the model executes.
 //!
-//! Crate map (every public module; `docs/ARCHITECTURE.md`, "Map", has the crates around it):
-//! - [`key`], [`request`], [`outcome`], [`job`], [`event`], [`stats`]: the value types;
-//! - [`error`]: the tiers' and the manager's errors;
+//! Locking: every engine call runs under the manager's one lock. [`TieringManager::step`] takes it
+//! for a scheduler step and returns a [`Step`] that carries the calls; the [`OffloadingManager`]
+//! methods on the handle take it per call. Inside, the work is done by methods named `…_unlocked`
+//! on [`TieringState`] (the state behind the lock): the suffix says the caller already holds the
+//! lock, so they never take it again. A [`ParentManager`] handed to a serving tier borrows that
+//! state the same way.
+//!
+//! Paths: the value types, the traits, the manager and its errors are at the crate root; the
+//! subsystems a user reaches into are modules. Each item has one public path.
+//! - value types: [`OffloadKey`], [`KeyMap`], [`ReqContext`], [`TierInfo`], [`TierFilter`],
+//!   [`LookupResult`], [`TransferJob`], [`JobResult`], [`OffloadingEvent`], [`ManagerStats`], …;
+//! - contracts: [`PrimaryTier`], [`SecondaryTier`], [`ParentManager`], [`OffloadingManager`];
+//! - the orchestrator: [`TieringManager`], [`Step`], [`ManagerConfig`], [`ControlWaker`];
+//! - errors: [`TierError`], [`ManagerError`];
 //! - [`arena`]: the chunk memory and its row grants, in process or shared with workers (the
 //!   `tiering-arena` crate, re-exported);
-//! - [`tier`], [`offloading`]: the traits (tier contracts, the engine-facing calls);
-//! - [`manager`]: the orchestrator, its [`Step`] and its control-plane thread;
-//! - [`waker`]: the waker tiers and copy workers signal the control-plane thread with;
 //! - [`channel`]: the completion channel copy-worker processes report finished stores on;
 //! - [`admission`]: the cascade gates (admission policies, backpressure) and their registry;
 //! - [`options`]: the helpers tier factories read their options with (TOML chains themselves
@@ -29,47 +37,49 @@
 //! - [`fetch_trace`]: an opt-in ring of timestamped points that explains slow peer fetches;
 //! - `testing` (feature `test-utils`): an in-memory primary, a scriptable secondary, an engine
 //!   driver.
+//!
+//! `docs/ARCHITECTURE.md`, "Map", has the crates around this one and the manager's parts.
 
 pub mod admission;
 /// The chunk arena (the `tiering-arena` crate): the row memory every copy goes through.
 pub use tiering_arena as arena;
 pub mod channel;
-pub mod error;
-pub mod event;
+mod error;
+mod event;
 pub mod fetch_trace;
-pub mod job;
-pub mod key;
-pub mod manager;
-pub mod offloading;
-pub mod outcome;
+mod job;
+mod key;
+mod manager;
+mod offloading;
+pub mod options;
+mod outcome;
 pub mod ratelog;
-pub mod request;
-pub mod stats;
+pub mod registry;
+mod request;
+mod stats;
 mod sync;
 // The model checks of the concurrency protocols (`docs/ARCHITECTURE.md`, "Concurrency checks").
 #[cfg(all(test, loom))]
 mod loom_models;
 #[cfg(any(test, feature = "test-utils"))]
 pub mod testing;
-pub mod tier;
-pub mod waker;
+mod tier;
+mod waker;
 
-pub use arena::{ArenaError, ArenaOptions, ChunkArena, RowGrant, RowRead, RowWrite};
-pub use error::{ControlPlaneFailure, ManagerError, TierError};
+pub use error::{ControlPlaneFailure, ManagerError, TierError, panic_message};
 pub use event::OffloadingEvent;
 pub use job::{JobId, JobKind, JobOutcome, JobResult, TransferJob};
-pub use key::{KeyMap, KeySet, OffloadKey};
+pub use key::{KEY_BYTES, KEY_HASH_BYTES, KeyBuildHasher, KeyHasher, KeyMap, KeySet, OffloadKey};
 pub use manager::{
-    CostConfig, LoadSource, ManagerConfig, OnTierFailure, RecomputeCost, Step, StoreCompletionSender,
-    TierGateConfig, TieringManager,
+    CostConfig, LoadSource, ManagerConfig, OnTierFailure, PromotionBackoffConfig, RecomputeCost, Step,
+    StoreCompletionSender, TierGateConfig, TieringManager, TieringState,
 };
 pub use offloading::OffloadingManager;
-pub use outcome::{ChunkId, LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
-pub use request::{Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher};
+pub use outcome::{LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
+pub use request::{
+    Locality, Medium, ReqContext, ReqContextBuilder, RequestId, TierFilter, TierInfo, TierMatcher,
+    TransferParams,
+};
 pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
-pub use tier::{ParentManager, PrimaryTier, SecondaryTier, TierHealth};
+pub use tier::{ParentManager, PrimaryTier, Redescribed, SecondaryTier, TierHealth};
 pub use waker::{ControlWaker, FdWatch};
-pub mod options;
-pub mod registry;
-pub use arena::ArenaRawParts;
-pub use registry::{PrimaryContext, Registry, SecondaryContext, TierRegistration};

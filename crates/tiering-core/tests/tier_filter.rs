@@ -5,8 +5,8 @@
 mod common;
 
 use common::*;
+use tiering_core::Redescribed;
 use tiering_core::testing::{ScriptedTier, ScriptedTierHandle};
-use tiering_core::tier::Redescribed;
 use tiering_core::{
     Locality, LookupResult, ManagerConfig, Medium, ReqContext, RequestId, SecondaryTier, TierFilter,
     TierInfo, TierMatcher, TieringManager,

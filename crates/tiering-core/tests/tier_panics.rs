@@ -15,9 +15,11 @@ use common::*;
 use parking_lot::Mutex;
 use tiering_core::testing::{Completion, MemoryPrimary, PeerRequest, ScriptedTier, ScriptedTierHandle};
 use tiering_core::{
-    ChunkArena, ChunkId, LookupResult, ManagerConfig, ManagerError, OffloadKey, OffloadingEvent,
-    OffloadingManager, OnTierFailure, PrepareStoreOutput, PrimaryTier, ReqContext, RequestId,
-    ScheduleEndContext, SecondaryContext, SecondaryTier, TierError, TierInfo, TierStats, TieringManager,
+    LookupResult, ManagerConfig, ManagerError, OffloadKey, OffloadingEvent, OffloadingManager, OnTierFailure,
+    PrepareStoreOutput, PrimaryTier, ReqContext, RequestId, ScheduleEndContext, SecondaryTier, TierError,
+    TierInfo, TierStats, TieringManager,
+    arena::{ChunkArena, ChunkId},
+    registry::SecondaryContext,
 };
 use tiering_plugin::export::{self, descriptor};
 use tiering_plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};

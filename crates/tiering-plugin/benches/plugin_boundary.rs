@@ -10,7 +10,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use tiering_core::testing::MemoryPrimary;
 use tiering_core::{
     ControlWaker, JobId, JobKind, JobResult, KeySet, LookupResult, OffloadKey, PrimaryTier, ReqContext,
-    RowGrant, SecondaryContext, SecondaryTier, TierError, TierInfo, TransferJob,
+    SecondaryTier, TierError, TierInfo, TransferJob, arena::RowGrant, registry::SecondaryContext,
 };
 use tiering_plugin::export::{self, descriptor};
 use tiering_plugin::ffi::{ErrSink, FfiFactoryCtx, FfiStatus, FfiStr, PluginDescriptor, TierState};
@@ -72,7 +72,7 @@ extern "C" fn entry() -> *const PluginDescriptor {
 
 fn store_round_trip(
     tier: &mut dyn SecondaryTier,
-    arena: &Arc<tiering_core::ChunkArena>,
+    arena: &Arc<tiering_core::arena::ChunkArena>,
     id: u64,
     out: &mut Vec<JobResult>,
 ) {

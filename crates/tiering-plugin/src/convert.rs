@@ -10,15 +10,15 @@ use super::ffi::{
     FfiEnum, FfiEvent, FfiInfo, FfiJobResult, FfiKey, FfiMatcher, FfiReq, FfiSink, FfiStats, FfiStr,
     NO_POSITION, outcome,
 };
-use tiering_core::event::OffloadingEvent;
-use tiering_core::job::{JobId, JobOutcome, JobResult};
-use tiering_core::key::OffloadKey;
-use tiering_core::request::{
+use tiering_core::OffloadKey;
+use tiering_core::OffloadingEvent;
+use tiering_core::TierStats;
+use tiering_core::{JobId, JobOutcome, JobResult};
+use tiering_core::{
     Locality, Medium, ReqContext, RequestId, TierFilter, TierInfo, TierMatcher, TransferParams,
 };
-use tiering_core::stats::TierStats;
 
-pub(crate) use tiering_core::error::panic_message;
+pub(crate) use tiering_core::panic_message;
 
 /// A sink that hands every item to `f`. The sink borrows `f`: use it only while `f` lives.
 /// A panic inside `f` is caught here, so it never unwinds into the caller's frames.

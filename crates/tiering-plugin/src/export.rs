@@ -23,15 +23,15 @@ use super::ffi::{
     FfiParent, FfiReq, FfiSink, FfiStaticStr, FfiStats, FfiStatus, FfiStr, PluginDescriptor, TierState,
     TierVTable, job_kind, lookup, status,
 };
+use tiering_core::ControlWaker;
+use tiering_core::OffloadKey;
 use tiering_core::arena::{ChunkArena, RowGrant, RowRead, RowWrite};
-use tiering_core::error::{ControlPlaneFailure, ManagerError, TierError};
-use tiering_core::job::{JobId, JobKind, JobResult, TransferJob};
-use tiering_core::key::OffloadKey;
-use tiering_core::outcome::{LookupResult, OffloadPolicy};
 use tiering_core::registry::{OptionsValidator, SecondaryContext, SecondaryFactory};
-use tiering_core::request::{ReqContext, RequestId};
-use tiering_core::tier::{ParentManager, SecondaryTier};
-use tiering_core::waker::ControlWaker;
+use tiering_core::{ControlPlaneFailure, ManagerError, TierError};
+use tiering_core::{JobId, JobKind, JobResult, TransferJob};
+use tiering_core::{LookupResult, OffloadPolicy};
+use tiering_core::{ParentManager, SecondaryTier};
+use tiering_core::{ReqContext, RequestId};
 
 /// The `create` function an entry point puts in its vtable.
 pub type CreateFn = unsafe extern "C" fn(

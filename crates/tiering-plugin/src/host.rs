@@ -19,17 +19,17 @@ use super::ffi::{
 };
 use super::loader::LoadedLibrary;
 use super::{OptionProblem, PluginError};
+use tiering_core::ControlWaker;
+use tiering_core::OffloadKey;
+use tiering_core::OffloadingEvent;
+use tiering_core::TierStats;
 use tiering_core::arena::{ChunkArena, RowGrant, RowRead};
-use tiering_core::error::{ManagerError, TierError};
-use tiering_core::event::OffloadingEvent;
-use tiering_core::job::{JobKind, JobResult, TransferJob};
-use tiering_core::key::OffloadKey;
-use tiering_core::outcome::{LookupResult, OffloadPolicy};
 use tiering_core::registry::SecondaryContext;
-use tiering_core::request::{ReqContext, RequestId, TierInfo};
-use tiering_core::stats::TierStats;
-use tiering_core::tier::{ParentManager, SecondaryTier};
-use tiering_core::waker::ControlWaker;
+use tiering_core::{JobKind, JobResult, TransferJob};
+use tiering_core::{LookupResult, OffloadPolicy};
+use tiering_core::{ManagerError, TierError};
+use tiering_core::{ParentManager, SecondaryTier};
+use tiering_core::{ReqContext, RequestId, TierInfo};
 
 /// The waker the library's wake thread signals; boxed so its address is stable.
 struct HostWaker(Mutex<ControlWaker>);

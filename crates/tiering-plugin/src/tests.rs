@@ -12,18 +12,18 @@ use super::ffi::{
     PluginDescriptorV4, TierState,
 };
 use super::{PluginError, PluginTier, from_entry_point};
-use tiering_core::error::{ManagerError, TierError};
-use tiering_core::job::TransferJob;
-use tiering_core::key::OffloadKey;
-use tiering_core::manager::{ManagerConfig, Step, TieringManager};
-use tiering_core::offloading::OffloadingManager;
-use tiering_core::outcome::{LookupResult, ScheduleEndContext};
+use tiering_core::ControlWaker;
+use tiering_core::OffloadKey;
+use tiering_core::OffloadingManager;
+use tiering_core::TransferJob;
 use tiering_core::registry::SecondaryContext;
-use tiering_core::request::{ReqContext, RequestId};
 use tiering_core::testing::{MemoryPrimary, PeerRequest, ScriptedTier, ScriptedTierHandle};
-use tiering_core::tier::{ParentManager, PrimaryTier, SecondaryTier};
-use tiering_core::waker::ControlWaker;
 use tiering_core::{JobResult, OffloadPolicy, TierInfo};
+use tiering_core::{LookupResult, ScheduleEndContext};
+use tiering_core::{ManagerConfig, Step, TieringManager};
+use tiering_core::{ManagerError, TierError};
+use tiering_core::{ParentManager, PrimaryTier, SecondaryTier};
+use tiering_core::{ReqContext, RequestId};
 
 const CHUNK: usize = 256;
 
@@ -236,7 +236,7 @@ fn bytes_for(n: u64) -> Vec<u8> {
 }
 
 /// Stores `keys` for `ctx` through the manager, writing each chunk's bytes as the engine would.
-fn store(m: &mut Step<'_>, arena: &Arc<tiering_core::ChunkArena>, ctx: &ReqContext, keys: &[u64]) {
+fn store(m: &mut Step<'_>, arena: &Arc<tiering_core::arena::ChunkArena>, ctx: &ReqContext, keys: &[u64]) {
     let ks: Vec<OffloadKey> = keys.iter().map(|&n| OffloadKey::from_u64(n)).collect();
     let out = m.prepare_store(&ks, ctx).unwrap().unwrap();
     for (k, &c) in out.keys_to_store.iter().zip(&out.chunk_ids) {
@@ -254,7 +254,7 @@ fn step(m: &mut TieringManager) -> Result<(), ManagerError> {
 struct Fixture {
     manager: TieringManager,
     primary: MemoryPrimary,
-    arena: Arc<tiering_core::ChunkArena>,
+    arena: Arc<tiering_core::arena::ChunkArena>,
     waker: ControlWaker,
 }
 

@@ -5,8 +5,8 @@
 use serde::Deserialize;
 use tiering_core::options::parse_options;
 use tiering_core::{
-    JobResult, LookupResult, OffloadKey, ReqContext, SecondaryContext, SecondaryTier, TierError, TierInfo,
-    TransferJob,
+    JobResult, LookupResult, OffloadKey, ReqContext, SecondaryTier, TierError, TierInfo, TransferJob,
+    registry::SecondaryContext,
 };
 
 #[derive(Deserialize)]

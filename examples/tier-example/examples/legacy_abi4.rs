@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use tiering_core::options::{ByteSize, parse_options};
 use tiering_core::{
-    JobResult, LookupResult, OffloadKey, ReqContext, SecondaryContext, SecondaryTier, TierError, TierInfo,
-    TransferJob,
+    JobResult, LookupResult, OffloadKey, ReqContext, SecondaryTier, TierError, TierInfo, TransferJob,
+    registry::SecondaryContext,
 };
 use tiering_plugin::export::{create, descriptor};
 use tiering_plugin::ffi::{

@@ -15,7 +15,7 @@ use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tiering_core::key::KEY_BYTES;
+use tiering_core::KEY_BYTES;
 use tiering_core::{LookupResult, OffloadKey};
 
 const REQUEST_MAGIC: &[u8; 4] = b"KVXQ";

@@ -7,7 +7,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tiering_core::{ChunkArena, ChunkId, OffloadKey};
+use tiering_core::{
+    OffloadKey,
+    arena::{ChunkArena, ChunkId},
+};
 
 use crate::host_buffer::{DEVICE_ALIGN, HostBuffer};
 use crate::sim::fill_chunk;

@@ -7,7 +7,7 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use tiering_core::{ChunkArena, OffloadKey, StoreCompletionSender};
+use tiering_core::{OffloadKey, StoreCompletionSender, arena::ChunkArena};
 
 use super::copy::{CopyDone, CopyOrder, copy_share, device_bytes};
 use super::worker_process::WorkerProcesses;

@@ -26,7 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use tiering_core::arena::ArenaView;
 use tiering_core::channel::{WorkerReporter, arena_fingerprint};
-use tiering_core::{ChunkId, OffloadKey};
+use tiering_core::{OffloadKey, arena::ChunkId};
 
 use super::copy::{CopyDone, CopyOrder, copy_share, device_bytes};
 use crate::bench::BenchError;

@@ -14,7 +14,7 @@
 //! policy names the list each victim joins and adapts its target on ghost hits; keeping,
 //! ordering, trimming and reviving the ghosts is the tier's.
 
-use tiering_core::{ChunkId, OffloadKey, ReqContext};
+use tiering_core::{OffloadKey, ReqContext, arena::ChunkId};
 
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, PolicyKind, PolicySnapshot, Protected, SlotView};

@@ -26,8 +26,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
-use tiering_core::key::KeyBuildHasher;
-use tiering_core::{ChunkId, OffloadKey, ReqContext};
+use tiering_core::KeyBuildHasher;
+use tiering_core::{OffloadKey, ReqContext, arena::ChunkId};
 
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};

@@ -21,7 +21,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::Deserialize;
-use tiering_core::{ChunkId, OffloadKey, ReqContext};
+use tiering_core::{OffloadKey, ReqContext, arena::ChunkId};
 
 pub use crate::slots::SlotView;
 pub use arc::ArcPolicy;

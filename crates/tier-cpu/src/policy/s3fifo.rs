@@ -11,7 +11,7 @@
 //! offer of a chunk already present). Chunks that are pinned, still being written, or protected
 //! by the current store are skipped by rotating them to the back of their queue.
 
-use tiering_core::{ChunkId, OffloadKey, ReqContext};
+use tiering_core::{OffloadKey, ReqContext, arena::ChunkId};
 
 use super::ghost::Ghosts;
 use super::list::{Links, List};

@@ -15,8 +15,8 @@ use std::time::Duration;
 use tier_disk::testing::fill_chunk;
 use tier_disk::{DirectIo, DiskGeometry, DiskTier, DiskTierOptions, SyncPolicy};
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, OffloadKey, ReqContext, RowGrant, SecondaryTier,
-    TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, OffloadKey, ReqContext, SecondaryTier, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 const KEYS_PER_JOB: usize = 4;

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions};
 use tiering_core::{
-    ChunkArena, ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, RowGrant,
-    SecondaryTier, TransferJob,
+    ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, SecondaryTier, TransferJob,
+    arena::{ChunkArena, RowGrant},
 };
 
 /// How long a test waits for something that should happen promptly.

@@ -14,7 +14,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use tiering_core::{ChunkId, OffloadKey, RowWrite};
+use tiering_core::{
+    OffloadKey,
+    arena::{ChunkId, RowWrite},
+};
 
 use super::frame::{self, Begin, ChunkStatus};
 use crate::auth::{DataKey, Tag};
@@ -294,7 +297,7 @@ impl DestTable {
 
 #[cfg(test)]
 mod tests {
-    use tiering_core::{ChunkArena, ControlWaker};
+    use tiering_core::{ControlWaker, arena::ChunkArena};
 
     use super::*;
 

@@ -9,8 +9,8 @@
 use std::io::{self, Read, Write};
 use std::sync::Arc;
 
+use tiering_core::KEY_BYTES;
 use tiering_core::OffloadKey;
-use tiering_core::key::KEY_BYTES;
 
 use super::polyval::{BLOCK as POLYVAL_BLOCK, Polyval};
 use crate::auth::{DataKey, TAG_BYTES, Tag, put_str};

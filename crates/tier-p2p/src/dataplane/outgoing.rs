@@ -10,7 +10,7 @@ use std::io::{self, ErrorKind, Write};
 use std::net::TcpStream;
 use std::ops::Range;
 
-use tiering_core::key::KEY_BYTES;
+use tiering_core::KEY_BYTES;
 
 use super::frame::{self, Begin, ChunkHeader, TransferMac};
 use crate::auth::{DataKey, TAG_BYTES, Tag};

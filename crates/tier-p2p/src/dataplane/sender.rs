@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tiering_core::{OffloadKey, RowRead};
+use tiering_core::{OffloadKey, arena::RowRead};
 
 use super::counters::DataCounters;
 use super::faults::Faults;
@@ -461,7 +461,7 @@ mod tests {
     use std::io::Read;
     use std::net::TcpListener;
 
-    use tiering_core::ChunkArena;
+    use tiering_core::arena::ChunkArena;
 
     use super::*;
     use crate::dataplane::frame::Frame;

@@ -14,7 +14,7 @@ mod fetch;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use tiering_core::{KeyMap, LookupResult, OffloadKey, ParentManager, ReqContext, RequestId, RowGrant};
+use tiering_core::{KeyMap, LookupResult, OffloadKey, ParentManager, ReqContext, RequestId, arena::RowGrant};
 
 use crate::core::Core;
 use crate::stats::P2pCounters;

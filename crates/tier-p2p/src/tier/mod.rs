@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tiering_core::{
-    ChunkArena, ControlWaker, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey, OffloadPolicy,
-    ParentManager, ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob,
+    ControlWaker, JobResult, KeyMap, Locality, LookupResult, Medium, OffloadKey, OffloadPolicy,
+    ParentManager, ReqContext, SecondaryTier, TierError, TierInfo, TierStats, TransferJob, arena::ChunkArena,
 };
 
 mod events;

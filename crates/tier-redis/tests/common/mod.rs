@@ -15,8 +15,8 @@ use tier_cpu::{CpuTier, PolicyKind};
 use tier_redis::{RedisTier, RedisTierOptions};
 use tiering_core::testing::Engine;
 use tiering_core::{
-    ChunkArena, LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext,
-    TierStats, TieringManager,
+    LookupResult, ManagerConfig, OffloadKey, PrimaryTier, ReqContext, ScheduleEndContext, TierStats,
+    TieringManager, arena::ChunkArena,
 };
 
 /// How long a test waits for something that should happen promptly.
@@ -434,7 +434,7 @@ impl Rig {
     }
 
     fn job(&mut self, keys: &[OffloadKey], store: bool) -> tiering_core::TransferJob {
-        use tiering_core::{JobId, JobKind, RowGrant, TransferJob};
+        use tiering_core::{JobId, JobKind, TransferJob, arena::RowGrant};
         self.next_job += 1;
         let rows: Vec<u32> = (0..keys.len() as u32).collect();
         for (k, &r) in keys.iter().zip(&rows) {
@@ -478,7 +478,7 @@ impl Rig {
 
     /// Submits a store of `keys` from rows `first_row..` without waiting.
     pub fn submit_store_at(&mut self, keys: &[OffloadKey], first_row: u32) {
-        use tiering_core::{JobId, JobKind, RowGrant, SecondaryTier, TransferJob};
+        use tiering_core::{JobId, JobKind, SecondaryTier, TransferJob, arena::RowGrant};
         self.next_job += 1;
         let rows: Vec<u32> = (first_row..first_row + keys.len() as u32).collect();
         let job = TransferJob {
