@@ -3,17 +3,17 @@
 //! The library half of the `kvtier` package: the engine simulator behind `kvtier run` and the
 //! benchmark harness behind `kvtier bench`.
 //!
-//! - [`sim`](crate::sim): a scheduler loop that drives a [`tiering_core::TieringManager`] exactly as an
+//! - [`sim`]: a scheduler loop that drives a [`tiering_core::TieringManager`] exactly as an
 //!   inference engine's connector does, over seeded workloads, with a device KV pool in host
 //!   memory and a worker thread doing the real device↔primary copies;
-//! - [`peer`](crate::peer): one node of a multi-process P2P setup;
+//! - [`peer`]: one node of a multi-process P2P setup;
 //! - [`redis_admin`]: operator commands for a shared Redis tier
 //!   (`kvtier redis invalidate`);
-//! - [`scratch`](crate::scratch): per-run scratch space, removed on every exit path;
+//! - [`scratch`]: per-run scratch space, removed on every exit path;
 //! - [`host_buffer`]: host buffers aligned as an engine's staging memory is;
 //! - [`metrics_endpoint`]: the Prometheus endpoint of `run` and `peer`;
-//! - [`bench`](crate::bench): tier throughput next to its physical reference, measured in the same run;
-//! - [`soak`](crate::soak): the chaos soak behind `kvtier soak` (two nodes, seeded faults, checks).
+//! - [`bench`](mod@bench): tier throughput next to its physical reference, measured in the same run;
+//! - [`soak`]: the chaos soak behind `kvtier soak` (two nodes, seeded faults, checks).
 
 pub mod bench;
 pub mod check;

@@ -10,7 +10,7 @@
 //!   `pwrite`/`pread` in the same directory (buffered I/O when the filesystem refuses
 //!   `O_DIRECT`, and the report says so): for a disk tier the same calls it makes (calls in
 //!   flight × slots per call), for another storage tier one call per job (see
-//!   [`super::raw_file`]).
+//!   `raw_file`).
 //! - Redis tiers: the same cascade and promotion jobs against the `redis` crate's raw pipelined
 //!   `SET`/`GET` of the same bytes to the same server, plus lookup latency (see [`super::redis`]).
 //! - Remote tiers (peers) move data only between nodes: `kvtier bench fetch-rtt` measures them.

@@ -239,7 +239,7 @@ fn sim_config(remote: Option<String>) -> SimConfig {
     }
 }
 
-/// The workload of round `round`: one of [`VARIANTS`] seeded workloads (chat and shared
+/// The workload of round `round`: one of `VARIANTS` seeded workloads (chat and shared
 /// prefixes in turn), its requests named after the round so ids never repeat.
 #[must_use]
 pub fn round_workload(seed: u64, round: u64, requests: usize) -> Workload {

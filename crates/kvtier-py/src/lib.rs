@@ -1,12 +1,12 @@
 //! The `kvtier` Python extension (module `kvtier._kvtier`, re-exported by the `kvtier` package).
 //!
 //! What it exposes (`docs/ARCHITECTURE.md`, "Engine integration"):
-//! - [`manager::PyTieringManager`] (`kvtier.TieringManager`): a chain built from a chain file,
-//!   whose engine calls are made on a [`step::PyStep`] (`with manager.step() as s:`) with the
+//! - `manager::PyTieringManager` (`kvtier.TieringManager`): a chain built from a chain file,
+//!   whose engine calls are made on a `step::PyStep` (`with manager.step() as s:`) with the
 //!   method names and argument shapes of vLLM 0.33.0's `OffloadingManager`;
-//! - [`arena::PyArenaView`] (`kvtier.ArenaView`): a worker process's window on the shared arena,
+//! - `arena::PyArenaView` (`kvtier.ArenaView`): a worker process's window on the shared arena,
 //!   rows as zero-copy numpy arrays over held row grants;
-//! - [`reporter::PyWorkerReporter`] (`kvtier.WorkerReporter`): store completions reported over
+//! - `reporter::PyWorkerReporter` (`kvtier.WorkerReporter`): store completions reported over
 //!   the completion channel.
 //!
 //! Every call that can block (taking the step lock, reset, shutdown, socket writes, row copies)

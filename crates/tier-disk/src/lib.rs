@@ -7,7 +7,7 @@
 //!   `payload | seal block`; consecutive slots of one job are written or read with one vectored
 //!   `pwritev`/`preadv`. The seal carries magic, format version, a monotonically increasing
 //!   write sequence, the key, the payload length, an xxh3 of the first payload block and an
-//!   xxh3 checksum of seal fields + payload. See [`format`].
+//!   xxh3 checksum of seal fields + payload. See [`format`](mod@format).
 //! - **Writes never overwrite a live chunk**: a store reserves a free slot (or evicts the least
 //!   recently used chunk nobody is reading), writes it, and only then flips the index entry
 //!   (after `fdatasync` with `sync = "always"`, after the job's one `fdatasync` with
