@@ -29,19 +29,8 @@ pub fn options(dir: &Path, slots: u64, chunk_bytes: usize) -> DiskTierOptions {
     o
 }
 
-/// The deterministic content of `key` (different for every key, every byte position).
-pub fn content(key: &OffloadKey, len: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(len + 8);
-    let mut x = key.digest() | 1;
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
+/// The deterministic content of `key` (different for every key and byte position).
+pub use tiering_core::testing::chunk_content as content;
 
 pub fn key(n: u64) -> OffloadKey {
     OffloadKey::from_u64(n)

@@ -29,3 +29,20 @@ pub fn lock_is_free(manager: &TieringManager, patience: std::time::Duration) -> 
         rx.recv_timeout(patience).is_ok()
     })
 }
+
+/// The deterministic bytes of a chunk named `key`, `len` long: different for every key and every
+/// byte position, so a test that reads a chunk back can tell it from any other (a xorshift
+/// stream seeded by the key's digest).
+#[must_use]
+pub fn chunk_content(key: &crate::OffloadKey, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = key.digest() | 1;
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
