@@ -3,10 +3,16 @@
 //! is built, so install the recorder before building the manager; tier and manager counters are
 //! published from the stats at most once a second. Every name starts with `kvtier_` and carries
 //! its unit (`_total`, `_seconds`, `_bytes`, `_chunks`).
+//!
+//! Without the crate's `metrics` feature (on by default) the same code runs against the no-op
+//! handles of [`off`], so an engine that exports no metrics does not build the facade.
 
 use std::time::{Duration, Instant};
 
+#[cfg(feature = "metrics")]
 use metrics::{Counter, Histogram, counter, gauge, histogram};
+#[cfg(not(feature = "metrics"))]
+use off::{Counter, Histogram, counter, gauge, histogram};
 
 use crate::job::{JobKind, JobResult};
 use crate::outcome::LookupResult;
@@ -248,4 +254,46 @@ fn publish_decisions(decisions: &[crate::stats::PromotionDecisions]) {
             gauge!("kvtier_promotion_load_seconds_per_mib", "tier" => tier).set(v);
         }
     }
+}
+
+/// Handles that record nothing, with the facade's names, for builds without the `metrics`
+/// feature. The macros still evaluate their arguments, so the code around them reads the same in
+/// both builds.
+#[cfg(not(feature = "metrics"))]
+mod off {
+    /// A counter that counts nothing.
+    #[derive(Clone, Copy)]
+    pub(super) struct Counter;
+
+    impl Counter {
+        pub(super) fn increment(&self, _: u64) {}
+        pub(super) fn absolute(&self, _: u64) {}
+    }
+
+    /// A histogram or gauge that records nothing.
+    #[derive(Clone, Copy)]
+    pub(super) struct Histogram;
+
+    impl Histogram {
+        pub(super) fn record(&self, _: f64) {}
+        pub(super) fn set(&self, _: f64) {}
+    }
+
+    macro_rules! counter {
+        ($name:expr $(, $k:expr => $v:expr)* $(,)?) => {{
+            let _ = ($name $(, ($k, $v))*);
+            off::Counter
+        }};
+    }
+
+    macro_rules! histogram {
+        ($name:expr $(, $k:expr => $v:expr)* $(,)?) => {{
+            let _ = ($name $(, ($k, $v))*);
+            off::Histogram
+        }};
+    }
+
+    pub(super) use counter;
+    pub(super) use histogram;
+    pub(super) use histogram as gauge;
 }
