@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tier_kit::{Counter, JobFinisher, JobKeys, Part, SplitJob, Ticket, TierCounters};
+use tier_kit::{Counter, JobFinisher, JobKeys, Part, RateLimitedLog, SplitJob, Ticket, TierCounters};
 use tiering_core::{
     JobKind, Locality, Medium, OffloadKey, OffloadingEvent,
     arena::{RowRead, RowWrite},
@@ -19,7 +19,6 @@ use crate::index::Index;
 use crate::meter::DirectionCost;
 use crate::options::SyncPolicy;
 use crate::slab::Slab;
-use tiering_core::ratelog::RateLimitedLog;
 
 /// Cumulative counters, updated without the index lock: the standard ones, then the tier's own.
 #[derive(Default)]

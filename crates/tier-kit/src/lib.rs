@@ -48,6 +48,8 @@
 //! - [`accept_store`] / [`accept_load`] — the checks of a submitted job (the tier's own
 //!   refusal, `TransferJob::defect`, grants of the right direction), giving the job's keys and
 //!   typed rows ([`Accepted`]) or what reporting it failed needs ([`Rejected`]).
+//! - [`RateLimitedLog`] — at most one warning per kind per period, counting what it held back,
+//!   so a failing device or server does not log a line per chunk.
 //!
 //! ## A tier on the kit
 //!
@@ -116,6 +118,7 @@ mod counters;
 mod ledger;
 mod pool;
 mod queue;
+mod ratelog;
 mod split;
 
 pub use accept::{Accepted, Rejected, accept_load, accept_store};
@@ -123,4 +126,5 @@ pub use counters::{Counter, Counts, KitCounters, TierCounters};
 pub use ledger::{JobLedger, Ticket};
 pub use pool::{JoinReport, PoolBuilder, Worker, WorkerPool, panic_message};
 pub use queue::{LaneDepth, LaneSpec, QueueBuilder, RefusalReason, Refused, WakePolicy, Weight, WorkQueue};
+pub use ratelog::RateLimitedLog;
 pub use split::{JobFinisher, JobKeys, Part, SplitJob};

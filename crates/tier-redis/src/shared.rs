@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use redis::Value;
 use tier_kit::{
-    Counter, JobFinisher, JobKeys, JobLedger, KitCounters, LaneSpec, Part, Ticket, TierCounters, WakePolicy,
-    WorkQueue,
+    Counter, JobFinisher, JobKeys, JobLedger, KitCounters, LaneSpec, Part, RateLimitedLog, Ticket,
+    TierCounters, WakePolicy, WorkQueue,
 };
 use tiering_core::{
     JobKind, Locality, Medium, OffloadKey, OffloadingEvent,
@@ -21,7 +21,6 @@ use tiering_core::{
 use crate::conn::Endpoint;
 use crate::format::KeyScheme;
 use crate::presence::Presence;
-use tiering_core::ratelog::RateLimitedLog;
 
 /// Cumulative counters, updated without locks: the standard ones, then the tier's own.
 #[derive(Default)]

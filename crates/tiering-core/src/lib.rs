@@ -33,7 +33,6 @@
 //! - [`options`]: the helpers tier factories read their options with (TOML chains themselves
 //!   are the `tiering-config` crate's);
 //! - [`registry`]: the static tier registry ([`register_tier!`]);
-//! - [`ratelog`]: rate-limited warnings for tiers;
 //! - [`fetch_trace`]: an opt-in ring of timestamped points that explains slow peer fetches;
 //! - `testing` (feature `test-utils`): an in-memory primary, a scriptable secondary, an engine
 //!   driver.
@@ -53,7 +52,6 @@ mod manager;
 mod offloading;
 pub mod options;
 mod outcome;
-pub mod ratelog;
 pub mod registry;
 mod request;
 mod stats;
