@@ -430,6 +430,45 @@ mod tests {
     }
 
     #[test]
+    fn continuing_the_log_can_evict_newer_chunks_than_the_least_recent() {
+        // What a crash test saw: 24 slots filled by two batches of 12 keys, the first batch's
+        // run of slots 0 and 1 finishing after its other runs. The next batch of 12 starts at
+        // the least recent slot (2) and continues the log through slot 13: the bar for "old"
+        // is half the live chunks, and the batch's own reservations lower it from 12 to 6, so
+        // slots 12 and 13 (keys 12 and 13, of the second batch) go while keys 0 and 1, written
+        // before them, stay.
+        let mut ix = Index::new(24, 1);
+        for n in 0..24 {
+            let Reservation::Slot {
+                slot, evicted: None, ..
+            } = ix.reserve(k(n), ix.last_reserved())
+            else {
+                panic!("slot {n} is free");
+            };
+            assert_eq!(slot as u64, n);
+        }
+        for slot in (2..12).chain([0, 1]).chain(12..24) {
+            assert!(ix.commit(slot));
+        }
+        let mut taken = Vec::new();
+        let mut evicted = Vec::new();
+        for n in 24..36 {
+            let Reservation::Slot { slot, evicted: e, .. } = ix.reserve(k(n), ix.last_reserved()) else {
+                panic!("full");
+            };
+            taken.push(slot);
+            evicted.extend(e);
+        }
+        assert_eq!(taken, (2..14).collect::<Vec<u32>>());
+        assert_eq!(evicted, (2..14).map(k).collect::<Vec<_>>());
+        assert!(
+            ix.is_live(&k(0)) && ix.is_live(&k(1)),
+            "the least recent chunks stay"
+        );
+        assert!(!ix.is_live(&k(12)) && !ix.is_live(&k(13)), "newer chunks went");
+    }
+
+    #[test]
     fn pinned_and_writing_slots_are_never_evicted() {
         let mut ix = Index::new(2, 1);
         store(&mut ix, 0);

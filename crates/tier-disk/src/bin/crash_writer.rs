@@ -3,9 +3,11 @@
 //!
 //! Usage: `tier-disk-crash-writer DIR CAPACITY_BYTES CHUNK_BYTES FIRST_KEY DIRECT_IO [SYNC]`
 //! (DIRECT_IO is `auto` or `off`; SYNC is `never` (default), `batch` or `always`). Each job stores
-//! `KEYS_PER_JOB` consecutive keys; when a job succeeds the writer prints `acked <first key>`.
-//! Chunk contents come from [`tier_disk::testing::fill_chunk`], so the test can verify every
-//! chunk it finds after the crash, and check that acknowledged chunks survived it.
+//! `KEYS_PER_JOB` consecutive keys; when a job succeeds the writer prints
+//! `acked <first key> <slot> <slot> …`: the slot each of its keys was written to. Keys only grow,
+//! so a key written after another has a larger number. Chunk contents come from
+//! [`tier_disk::testing::fill_chunk`], so the test can verify every chunk it finds after the
+//! crash, and check that each acknowledged chunk survived it or lost its slot to a later store.
 
 use std::error::Error;
 use std::io::Write;
@@ -92,7 +94,16 @@ fn run() -> Result<(), Box<dyn Error>> {
                 finished += 1;
                 let first = first_keys.remove(&r.id).ok_or("a result for an unknown job")?;
                 if r.outcome == JobOutcome::Ok {
-                    writeln!(out, "acked {first}")?;
+                    // Only this thread submits stores, so no key of the job lost its slot yet.
+                    write!(out, "acked {first}")?;
+                    for n in first..first + KEYS_PER_JOB as u64 {
+                        let slot = tier
+                            .slot_location(&OffloadKey::from_u64(n))
+                            .ok_or("an acknowledged key is not readable")?
+                            .slot;
+                        write!(out, " {slot}")?;
+                    }
+                    writeln!(out)?;
                 }
             }
             out.flush()?;
