@@ -350,11 +350,11 @@ impl fmt::Display for FetchRttReport {
         if c.flow == Flow::Handoff {
             writeln!(
                 f,
-                "  fetches: Poisson arrivals, mean gap {:.1} ms (seed {:#x}); copy workers: {}; copy {:.3} ms per fetch at the measured memcpy rate {:.1} GiB/s",
+                "  fetches: Poisson arrivals, mean gap {:.1} ms (seed {:#x}); copy workers: {}; copy {:.3} ms per fetch at the measured memcpy rate {:.1} GiB/s; arenas pre-faulted as pinned host memory is",
                 ms(c.arrival_mean),
                 c.seed,
                 if c.workers_process {
-                    "2 worker processes on the shared arena, reporting on the completion channel (reporters = 2)"
+                    "2 worker processes on the shared arena (each populates its view, as a device registration does), reporting on the completion channel (reporters = 2)"
                 } else {
                     "1 thread of the producer"
                 },

@@ -111,6 +111,10 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     }
     let mut primary = CpuTierOptions::new(Capacity::Chunks(rows as u64)).with_eviction(PolicyKind::Lru);
     primary.shared_memory.clone_from(&arena_path);
+    // Both arenas are pre-faulted: an engine's host buffers are pinned memory (vLLM allocates
+    // them pinned; kvtier's arena is registered for DMA), resident before the first request.
+    // Left to first touch, the copies and receives of the first fetches would time page faults.
+    primary.prefault = true;
     // Traced from before the nodes exist: their threads' first wake-ups are in it too.
     let _ = tiering_core::fetch_trace::take();
     tiering_core::fetch_trace::enable(true);
@@ -119,7 +123,10 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     let mut consumer = node_with(
         cfg,
         ControlPlaneMode::Thread.manager_config(),
-        &CpuTierOptions::new(Capacity::Chunks(rows as u64)),
+        &CpuTierOptions {
+            prefault: true,
+            ..CpuTierOptions::new(Capacity::Chunks(rows as u64))
+        },
     )?;
 
     let (done_tx, done_rx) = mpsc::channel::<CopyDone>();

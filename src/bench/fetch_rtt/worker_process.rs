@@ -78,6 +78,12 @@ pub fn copy_worker(args: &CopyWorkerArgs) -> Result<()> {
     }
     let view = ArenaView::open(&args.arena)
         .with_context(|| format!("cannot map the arena {}", args.arena.display()))?;
+    // A GPU worker registers the arena for DMA (`cudaHostRegister`), which maps every page of
+    // its view before the first copy; populating the view stands in for that registration, so
+    // the copies time the bytes rather than this process's first-touch page faults.
+    view.arena()
+        .register_for_dma(&populate_for_writing)
+        .context("cannot populate the arena view")?;
     let mut reporter = match &args.channel {
         Some(path) => Some(
             WorkerReporter::connect(path, args.rank, arena_fingerprint(view.arena()))
@@ -301,5 +307,19 @@ impl Drop for WorkerProcesses {
             }
             let _ = w.child.wait();
         }
+    }
+}
+
+/// Maps every page of `len` bytes at `ptr` writable in this process (`MADV_POPULATE_WRITE`),
+/// as a device registration of pinned host memory does.
+fn populate_for_writing(ptr: *mut u8, len: usize) -> Result<(), String> {
+    // SAFETY: the arena hands over its own row region, a live shared mapping of `len` bytes
+    // that stays mapped for the call; MADV_POPULATE_WRITE only faults its pages in and changes
+    // no byte.
+    let rc = unsafe { libc::madvise(ptr.cast(), len, libc::MADV_POPULATE_WRITE) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("madvise(MADV_POPULATE_WRITE): {}", std::io::Error::last_os_error()))
     }
 }
