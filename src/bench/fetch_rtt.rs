@@ -35,9 +35,11 @@ mod copy_workers;
 mod handoff;
 mod pull;
 mod reference;
+mod stall_probe;
 mod timeline;
 mod worker_process;
 
+pub use stall_probe::{ProbeRecord, Stall};
 pub use timeline::{FetchTimeline, Segment, TailSummary};
 pub use worker_process::{CopyWorkerArgs, copy_worker};
 
@@ -238,6 +240,13 @@ pub struct ModeResult {
     pub slowest: Vec<FetchTimeline>,
     /// Hand-off flow: which segment of the round trip dominates the slowest fetches.
     pub tail: Option<TailSummary>,
+    /// Hand-off flow: the machine's stalls over the mode's run (an idle probe thread's late
+    /// wake-ups, see `stall_probe`).
+    pub machine: Option<ProbeRecord>,
+    /// Hand-off flow, per fetch: its round trip, ms, and whether a stall of the machine
+    /// overlapped it.
+    #[serde(skip)]
+    pub rtt_in_stall: Vec<(f64, bool)>,
 }
 
 impl ModeResult {
@@ -279,6 +288,11 @@ pub struct TargetCheck {
     pub p50_met: bool,
     /// `offstep_p99_ms <= p99_limit_ms`.
     pub p99_met: bool,
+    /// `thread+offstep` fetches slower than `p99_limit_ms`.
+    pub over_p99_limit: usize,
+    /// Of those, the ones in flight during a stall of the machine (its idle probe thread woke
+    /// at least a millisecond late meanwhile): held by the machine, whatever the fetch path did.
+    pub over_p99_limit_in_stall: usize,
     /// `step` p50 over `thread+offstep` p50, when `step` ran.
     pub step_over_offstep_p50: Option<f64>,
     /// `step` p99 over `thread+offstep` p99, when `step` ran.
@@ -313,13 +327,20 @@ impl FetchRttReport {
         if self.config.flow != Flow::Handoff {
             return;
         }
-        let find = |m: ControlPlaneMode| self.modes.iter().find(|r| r.mode == m).map(|r| r.fetch_ms);
-        let Some(off) = find(ControlPlaneMode::ThreadOffStep) else {
+        let find = |m: ControlPlaneMode| self.modes.iter().find(|r| r.mode == m);
+        let Some(off_mode) = find(ControlPlaneMode::ThreadOffStep) else {
             return;
         };
-        let step = find(ControlPlaneMode::Step);
+        let off = off_mode.fetch_ms;
+        let step = find(ControlPlaneMode::Step).map(|r| r.fetch_ms);
         let p50_limit_ms = self.transfer_ms.p50 + 1.0;
         let p99_limit_ms = ms(self.config.sched_time) + self.transfer_ms.p50 + 2.0;
+        let over: Vec<bool> = off_mode
+            .rtt_in_stall
+            .iter()
+            .filter(|(rtt, _)| *rtt > p99_limit_ms)
+            .map(|&(_, stalled)| stalled)
+            .collect();
         self.target = Some(TargetCheck {
             offstep_p50_ms: off.p50,
             offstep_p99_ms: off.p99,
@@ -327,6 +348,8 @@ impl FetchRttReport {
             p99_limit_ms,
             p50_met: off.p50 <= p50_limit_ms,
             p99_met: off.p99 <= p99_limit_ms,
+            over_p99_limit: over.len(),
+            over_p99_limit_in_stall: over.iter().filter(|&&s| s).count(),
             step_over_offstep_p50: step.map(|s| ratio(s.p50, off.p50)),
             step_over_offstep_p99: step.map(|s| ratio(s.p99, off.p99)),
         });
@@ -414,6 +437,9 @@ impl fmt::Display for FetchRttReport {
             if let Some(t) = &m.tail {
                 writeln!(f, "  {:<15} {t}", "")?;
             }
+            if let Some(p) = &m.machine {
+                writeln!(f, "  {:<15} {p}", "")?;
+            }
             for t in &m.slowest {
                 writeln!(f, "  {:<15} {t}", "")?;
             }
@@ -436,6 +462,11 @@ impl fmt::Display for FetchRttReport {
                 self.transfer_ms.p50,
                 t.p99_limit_ms,
                 verdict(t.p99_met)
+            )?;
+            writeln!(
+                f,
+                "  fetches over the p99 bound: {}, of which {} were in flight during a stall of the machine (its idle probe thread woke ≥ 1 ms late meanwhile)",
+                t.over_p99_limit, t.over_p99_limit_in_stall
             )?;
             if let (Some(p50), Some(p99)) = (t.step_over_offstep_p50, t.step_over_offstep_p99) {
                 writeln!(

@@ -385,6 +385,7 @@ impl ControlTransport {
         msg.encode_into(&mut self.encode_buf);
         match d.socket.send(&self.encode_buf[..], zmq::DONTWAIT) {
             Ok(()) => {
+                trace_fetch(msg, Point::FetchSent);
                 self.counters.messages_out.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }

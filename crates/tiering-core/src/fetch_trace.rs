@@ -63,10 +63,13 @@ pub enum Point {
     ControlSwept,
     /// A tier's I/O thread woke from its poll (id: the waker of the manager it serves).
     IoWoke,
+    /// The consumer handed the fetch message to its control socket (the peer's ZeroMQ I/O
+    /// thread sends it from there).
+    FetchSent,
 }
 
 impl Point {
-    const ALL: [Self; 14] = [
+    const ALL: [Self; 15] = [
         Self::FetchRead,
         Self::FetchRelayed,
         Self::FetchBound,
@@ -81,6 +84,7 @@ impl Point {
         Self::ControlLocked,
         Self::ControlSwept,
         Self::IoWoke,
+        Self::FetchSent,
     ];
 
     fn from_u8(v: u8) -> Option<Self> {

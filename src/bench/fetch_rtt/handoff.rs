@@ -36,6 +36,7 @@ use tiering_core::{LookupResult, OffloadKey, OffloadingManager, ReqContext, Requ
 
 use super::copy::{CopyDone, CopyOrder};
 use super::copy_workers::CopyWorkers;
+use super::stall_probe::StallProbe;
 use super::timeline::{self, FetchSeen, TailSummary, TimelineMarks, Trace, nanos_since};
 use super::worker_process::WorkerProcesses;
 use super::{ControlPlaneMode, FetchRttConfig, ModeResult, Node, end, mgr_err, ms, node_with, source_params};
@@ -171,6 +172,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
 
     let progress = Arc::new(Progress::new(requests));
     let origin = Instant::now();
+    let probe = StallProbe::start(origin)
+        .map_err(|e| actor_err("probe", format!("cannot start the stall probe thread: {e}")))?;
     let engine = ProducerEngine {
         mgr: producer.mgr,
         keys: keys.clone(),
@@ -205,6 +208,7 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     let joined = busy
         .join()
         .map_err(|_| actor_err("producer", "the producer thread panicked"))?;
+    let machine = probe.finish();
     let measured = consumed?;
     let (mut mgr, periods, workers) = joined?;
     workers.finish()?;
@@ -218,8 +222,12 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
     drop(scratch);
     tiering_core::fetch_trace::enable(false);
     let trace = Trace::new(&tiering_core::fetch_trace::take(), origin, producer_waker);
-    let mut split = timeline::timelines(&measured.seen, &progress.marks, &trace);
+    let mut split = timeline::timelines(&measured.seen, &progress.marks, &trace, machine.as_ref());
     let tail = TailSummary::of(&split);
+    let rtt_in_stall = split
+        .iter()
+        .map(|t| (t.rtt_ms, t.machine_stall.is_some()))
+        .collect();
     split.truncate(cfg.explain_slowest);
     Ok(ModeResult {
         mode,
@@ -232,6 +240,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode, rate: f64) -> Re
         off_step_store_completions: stats.manager.off_step_store_completions,
         slowest: split,
         tail,
+        machine,
+        rtt_in_stall,
     })
 }
 

@@ -108,6 +108,8 @@ pub(super) fn run(cfg: &FetchRttConfig, mode: ControlPlaneMode) -> Result<ModeRe
         off_step_store_completions: stats.manager.off_step_store_completions,
         slowest: Vec::new(),
         tail: None,
+        machine: None,
+        rtt_in_stall: Vec::new(),
     })
 }
 

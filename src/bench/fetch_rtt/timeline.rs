@@ -11,9 +11,9 @@
 //! was submitted and taken up by the sender thread, the consumer's receiver began it and each
 //! chunk landed. A round trip is cut into five segments that add up to it:
 //!
-//! - **control**: sent → the producer's session bound the fetch (both ZeroMQ I/O threads, the
-//!   producer's control thread waking and taking the lock — held by a producer step in its
-//!   scheduling phase);
+//! - **control**: sent → the producer's session bound the fetch (the consumer handing the
+//!   message to its socket, both ZeroMQ I/O threads, the producer's control thread waking and
+//!   taking the lock — held by a producer step in its scheduling phase);
 //! - **copy**: bound → the copy's end, when the store was still being copied;
 //! - **completion**: → the transfer's submission (the copy workers' report waking the control
 //!   thread, which completes the store and offers its chunks to the waiting fetch);
@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tiering_core::fetch_trace::{self, Point, Record};
+
+use super::stall_probe::ProbeRecord;
 
 /// Nanoseconds since `origin` (saturating), for atomics shared between the actors.
 pub(super) fn nanos_since(origin: Instant, at: Instant) -> u64 {
@@ -222,6 +224,8 @@ pub struct FetchTimeline {
     pub sent_in_sched: bool,
     /// The copy's end (negative: copied before the fetch left).
     pub copy_done_ms: Option<f64>,
+    /// The consumer handed the fetch message to its control socket.
+    pub socket_ms: Option<f64>,
     /// The producer's handler read the fetch off its control socket.
     pub read_ms: Option<f64>,
     /// The producer's I/O thread relayed it instead (the handler had not read it in time).
@@ -251,6 +255,10 @@ pub struct FetchTimeline {
     pub segments_ms: [f64; 5],
     /// The longest segment.
     pub dominant: Segment,
+    /// How late the idle probe thread woke at worst while the fetch was in flight, ms, when it
+    /// woke at least a millisecond late then (a stall of the machine, see
+    /// `stall_probe`), and this process's share of the cores meanwhile.
+    pub machine_stall: Option<(f64, f64)>,
 }
 
 #[allow(clippy::cast_precision_loss)] // nanosecond spans of a bench run
@@ -259,10 +267,11 @@ fn ns_ms(ns: i128) -> f64 {
 }
 
 /// Splits `f` with the copy ends in `marks` and the fetch trace.
-fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace) -> FetchTimeline {
+fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace, probe: Option<&ProbeRecord>) -> FetchTimeline {
     let rel = |t: u64| ns_ms(i128::from(t) - i128::from(f.sent_ns));
     let id = f.trace_id;
     let copy = marks.copy_done_ns(f.i);
+    let socket = trace.first(id, Point::FetchSent);
     let read = trace.first(id, Point::FetchRead);
     let relayed = trace.first(id, Point::FetchRelayed);
     let bound = trace.first(id, Point::FetchBound);
@@ -300,6 +309,7 @@ fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace) -> FetchTimeline {
         rtt_ms: rel(seen),
         sent_in_sched: f.sent_in_sched,
         copy_done_ms: copy.map(rel),
+        socket_ms: socket.map(rel),
         read_ms: read.map(rel),
         relayed_ms: relayed.map(rel),
         control_woke_ms: woke.map(rel),
@@ -314,12 +324,21 @@ fn split(f: &FetchSeen, marks: &TimelineMarks, trace: &Trace) -> FetchTimeline {
         poll_gap_ms: f.poll_gap.as_secs_f64() * 1e3,
         segments_ms,
         dominant,
+        machine_stall: probe
+            .and_then(|p| p.worst_between(f.sent_ns, f.landed_ns))
+            .map(|s| (s.late_ms(), s.process_share)),
     }
 }
 
-/// Every fetch of `seen` split, slowest first.
-pub(super) fn timelines(seen: &[FetchSeen], marks: &TimelineMarks, trace: &Trace) -> Vec<FetchTimeline> {
-    let mut all: Vec<FetchTimeline> = seen.iter().map(|f| split(f, marks, trace)).collect();
+/// Every fetch of `seen` split, slowest first, each with the worst stall of the machine the
+/// probe saw while it was in flight.
+pub(super) fn timelines(
+    seen: &[FetchSeen],
+    marks: &TimelineMarks,
+    trace: &Trace,
+    probe: Option<&ProbeRecord>,
+) -> Vec<FetchTimeline> {
+    let mut all: Vec<FetchTimeline> = seen.iter().map(|f| split(f, marks, trace, probe)).collect();
     all.sort_by(|a, b| b.rtt_ms.total_cmp(&a.rtt_ms));
     all
 }
@@ -345,6 +364,8 @@ pub struct TailSummary {
     pub tail_relayed: usize,
     /// Tail fetches sent while the producer held its step.
     pub tail_sent_in_sched: usize,
+    /// Tail fetches in flight during a stall of the machine (the probe woke ≥ 1 ms late).
+    pub tail_in_machine_stall: usize,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -377,6 +398,7 @@ impl TailSummary {
             all_median_ms: std::array::from_fn(|i| med(timelines, i)),
             tail_relayed: slow.iter().filter(|t| t.relayed_ms.is_some()).count(),
             tail_sent_in_sched: slow.iter().filter(|t| t.sent_in_sched).count(),
+            tail_in_machine_stall: slow.iter().filter(|t| t.machine_stall.is_some()).count(),
         })
     }
 
@@ -414,8 +436,8 @@ impl std::fmt::Display for TailSummary {
         }
         write!(
             f,
-            " ms; relayed by the I/O thread {}, sent while the producer held its step {}",
-            self.tail_relayed, self.tail_sent_in_sched
+            " ms; relayed by the I/O thread {}, sent while the producer held its step {}, in flight during a machine stall {}",
+            self.tail_relayed, self.tail_sent_in_sched, self.tail_in_machine_stall
         )
     }
 }
@@ -433,6 +455,7 @@ impl std::fmt::Display for FetchTimeline {
         }
         let points = [
             ("copy done", self.copy_done_ms),
+            ("on the consumer's socket", self.socket_ms),
             ("fetch read", self.read_ms),
             ("relayed by the I/O thread", self.relayed_ms),
             ("control thread woke", self.control_woke_ms),
@@ -450,7 +473,15 @@ impl std::fmt::Display for FetchTimeline {
                 write!(f, " {name} {at:+.2}")?;
             }
         }
-        write!(f, " (ms after sent); last poll gap {:.2} ms", self.poll_gap_ms)
+        write!(f, " (ms after sent); last poll gap {:.2} ms", self.poll_gap_ms)?;
+        if let Some((late, share)) = self.machine_stall {
+            write!(
+                f,
+                "; meanwhile the idle probe thread woke {late:.2} ms late (this process used {:.0} % of the cores then)",
+                share * 100.0
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -514,7 +545,7 @@ mod tests {
             seen(2, 20 * MS, 27 * MS),
             seen(3, 30 * MS, 30 * MS + MS / 2),
         ];
-        let split = timelines(&all, &marks, &trace);
+        let split = timelines(&all, &marks, &trace, None);
         assert_eq!(split.iter().map(|t| t.request).collect::<Vec<_>>(), [2, 1, 3]);
         let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
         for t in &split {
@@ -549,6 +580,40 @@ mod tests {
         assert_eq!(tail.dominant(), Segment::Control);
         assert_eq!(tail.dominates, [1, 0, 0, 0, 0]);
         assert!(tail.to_string().contains("control dominates"), "{tail}");
+        assert_eq!(tail.tail_in_machine_stall, 0, "no probe, no stall");
+    }
+
+    #[test]
+    fn a_fetch_in_flight_during_a_machine_stall_says_so_and_the_tail_counts_it() {
+        let marks = TimelineMarks::new(3);
+        let trace = Trace::with_base(&[], 1000 * MS, 7);
+        // The probe woke 4 ms late at 21 ms (due then): inside request 1's flight, not 2's.
+        let probe = ProbeRecord {
+            late_ms: crate::sim::Percentiles::of(&[0.1, 4.0]),
+            stalls: vec![super::super::stall_probe::Stall {
+                due_ns: 21 * MS,
+                late_ns: 4 * MS,
+                process_share: 0.1,
+            }],
+        };
+        let all = [seen(1, 20 * MS, 27 * MS), seen(2, 30 * MS, 31 * MS)];
+        let split = timelines(&all, &marks, &trace, Some(&probe));
+        let slow = &split[0];
+        assert_eq!(slow.request, 1);
+        let (late, share) = slow.machine_stall.unwrap();
+        assert!((late - 4.0).abs() < 1e-9 && (share - 0.1).abs() < 1e-9);
+        assert!(
+            slow.to_string()
+                .contains("idle probe thread woke 4.00 ms late (this process used 10 % of the cores then)"),
+            "{slow}"
+        );
+        assert!(split[1].machine_stall.is_none());
+        let tail = TailSummary::of(&split).unwrap();
+        assert_eq!(tail.tail_in_machine_stall, 1);
+        assert!(
+            tail.to_string().ends_with("in flight during a machine stall 1"),
+            "{tail}"
+        );
     }
 
     #[test]

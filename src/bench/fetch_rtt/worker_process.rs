@@ -320,6 +320,9 @@ fn populate_for_writing(ptr: *mut u8, len: usize) -> Result<(), String> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(format!("madvise(MADV_POPULATE_WRITE): {}", std::io::Error::last_os_error()))
+        Err(format!(
+            "madvise(MADV_POPULATE_WRITE): {}",
+            std::io::Error::last_os_error()
+        ))
     }
 }
