@@ -55,12 +55,12 @@ impl RequestRank {
     }
 }
 
-/// A node's rank `(hi, lo)`, and whether it is a member of request group `hi`.
+/// A node's rank `(hi, lo)`. Whether a chunk is a member of request group `hi` is kept apart,
+/// in [`LruPolicy::grouped`].
 #[derive(Clone, Copy, Default)]
 struct Rank {
     hi: u64,
     lo: i64,
-    grouped: bool,
 }
 
 /// The members of one request rank.
@@ -88,6 +88,10 @@ pub struct LruPolicy {
     order: List,
     /// Each node's rank, side by side (one cache line serves a node's whole rank).
     ranks: Vec<Rank>,
+    /// One bit per chunk: a member of its rank's request group. Apart from the ranks because
+    /// every move asks it first: a bitset of the tier stays cached where the ranks (16 bytes a
+    /// row) do not, and a move of an ungrouped chunk then only writes its rank.
+    grouped: Vec<u64>,
     next_rank: u64,
     groups: HashMap<u64, Group, KeyBuildHasher>,
     /// Group ranks in creation order, swept a little at every creation so groups of requests
@@ -110,6 +114,7 @@ impl LruPolicy {
             links: Links::with_nodes(n),
             order: List::new(),
             ranks: crate::memory::filled_vec(n, Rank::default()),
+            grouped: vec![0; n.div_ceil(64)],
             next_rank: 0,
             groups: HashMap::default(),
             sweep: VecDeque::new(),
@@ -120,6 +125,20 @@ impl LruPolicy {
 
     fn is_sentinel(&self, node: u32) -> bool {
         node >= self.capacity
+    }
+
+    /// Whether `node` is a member of a request group (never a sentinel).
+    fn is_grouped(&self, node: u32) -> bool {
+        self.grouped
+            .get(node as usize / 64)
+            .is_some_and(|w| w & (1 << (node % 64)) != 0)
+    }
+
+    fn set_grouped(&mut self, chunk: ChunkId, member: bool) {
+        if let Some(w) = self.grouped.get_mut(chunk as usize / 64) {
+            let bit = 1 << (chunk % 64);
+            if member { *w |= bit } else { *w &= !bit }
+        }
     }
 
     fn fresh_rank(&mut self) -> u64 {
@@ -144,7 +163,6 @@ impl LruPolicy {
             self.ranks[sentinel as usize] = Rank {
                 hi: rank,
                 lo: i64::MIN,
-                grouped: false,
             };
             self.order.push_back(&mut self.links, sentinel);
             self.groups.insert(
@@ -209,10 +227,9 @@ impl LruPolicy {
 
     /// Unlinks a resident chunk from the order (and from its group).
     fn detach(&mut self, chunk: ChunkId) {
-        let c = chunk as usize;
-        if self.ranks[c].grouped {
-            self.ranks[c].grouped = false;
-            let rank = self.ranks[c].hi;
+        if self.is_grouped(chunk) {
+            self.set_grouped(chunk, false);
+            let rank = self.ranks[chunk as usize].hi;
             let prev = self.links.prev(chunk);
             let mut reclaim = false;
             if let Some(g) = self.groups.get_mut(&rank) {
@@ -234,11 +251,8 @@ impl LruPolicy {
     /// Gives a detached chunk a fresh global rank (most recent).
     fn place_global(&mut self, chunk: ChunkId) {
         let rank = self.fresh_rank();
-        self.ranks[chunk as usize] = Rank {
-            hi: rank,
-            lo: 0,
-            grouped: false,
-        };
+        self.ranks[chunk as usize] = Rank { hi: rank, lo: 0 };
+        self.set_grouped(chunk, false);
         self.order.push_back(&mut self.links, chunk);
     }
 
@@ -265,11 +279,8 @@ impl LruPolicy {
             }
             at
         };
-        self.ranks[chunk as usize] = Rank {
-            hi: rank,
-            lo,
-            grouped: true,
-        };
+        self.ranks[chunk as usize] = Rank { hi: rank, lo };
+        self.set_grouped(chunk, true);
         self.order.insert_after(&mut self.links, at, chunk);
         if let Some(g) = self.groups.get_mut(&rank) {
             g.len += 1;
@@ -280,7 +291,7 @@ impl LruPolicy {
     }
 
     fn rerank_global(&mut self, chunk: ChunkId) {
-        if self.ranks[chunk as usize].grouped {
+        if self.is_grouped(chunk) {
             self.detach(chunk);
             self.place_global(chunk);
             return;
@@ -334,7 +345,7 @@ impl EvictionPolicy for LruPolicy {
         slots: SlotView<'_>,
         ctx: &ReqContext,
     ) {
-        self.ranks[chunk as usize].grouped = false;
+        self.set_grouped(chunk, false);
         match position {
             None => self.place_global(chunk),
             Some(position) => match self.request_rank(ctx) {
@@ -358,7 +369,7 @@ impl EvictionPolicy for LruPolicy {
         // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
         // through it and evict the links (measured slower without, at 10k rows).
         self.links.prefetch(chunks.iter().flatten().copied());
-        // Each move reads the chunk's rank (is it grouped?) and writes a new one.
+        // Each move writes the chunk's new rank: its line is requested ahead.
         for &chunk in chunks.iter().flatten().take(32) {
             if let Some(rank) = self.ranks.get(chunk as usize) {
                 crate::memory::prefetch(rank);
@@ -430,7 +441,7 @@ impl EvictionPolicy for LruPolicy {
         let n = self.capacity as usize;
         self.links = Links::with_nodes(n);
         self.ranks.truncate(n);
-        self.ranks.iter_mut().for_each(|r| r.grouped = false);
+        self.grouped.fill(0);
     }
 
     fn snapshot(&self, slots: SlotView<'_>) -> PolicySnapshot {
