@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use kvtier::bench::fetch_rtt::{SWEEP_STEPS_MS, sweep};
 use kvtier::bench::{ControlPlaneMode, FetchRttConfig, Flow, fetch_rtt};
 
 fn small() -> FetchRttConfig {
@@ -52,12 +53,25 @@ fn handoff_every_mode(workers_process: bool) {
             // The fetch trace saw it bound on the producer and landed on the consumer, and the
             // segments cut from it add up to the round trip.
             assert!(t.bound_ms.is_some() && t.landed_ms.is_some(), "{t:?}");
+            // The consumer handed the fetch to its socket before the producer bound it.
+            assert!(
+                t.socket_ms.is_some_and(|s| s <= t.bound_ms.unwrap_or(f64::MAX)),
+                "{t:?}"
+            );
             let sum: f64 = t.segments_ms.iter().sum();
             assert!(t.segments_ms.iter().all(|&s| s >= 0.0), "{t:?}");
             assert!((sum - t.rtt_ms).abs() < 1e-6, "{t:?}");
         }
         let tail = m.tail.as_ref().expect("every hand-off mode summarises its tail");
         assert_eq!((tail.tail, tail.of), (1, 4), "{tail:?}");
+        // The stall probe woke through the mode's run, and the verdict's counts are per fetch.
+        let machine = m
+            .machine
+            .as_ref()
+            .expect("every hand-off mode runs the stall probe");
+        assert!(machine.late_ms.count > 0, "{machine:?}");
+        assert_eq!(m.rtt_in_stall.len(), 4, "{m:?}");
+        assert!(tail.tail_in_machine_stall <= tail.tail);
         match m.mode {
             // The store completes only at a later producer step's `complete_store`: every
             // fetch landed after at least one producer step began past the one that started it.
@@ -92,6 +106,33 @@ fn handoff_every_mode_lands_every_fetch_and_only_offstep_needs_no_producer_step(
 #[test]
 fn handoff_with_worker_processes_lands_every_fetch_and_offstep_needs_no_producer_step() {
     handoff_every_mode(true);
+}
+
+#[test]
+fn a_sweep_runs_offstep_in_the_six_settings_of_its_targets_and_counts_the_runs() {
+    let cfg = FetchRttConfig {
+        worker_exe: Some(env!("CARGO_BIN_EXE_kvtier").into()),
+        ..small()
+    };
+    let mut seen = Vec::new();
+    let report = sweep(&cfg, 1, |run| seen.push((run.step_ms, run.workers_process))).unwrap();
+    println!("{report}");
+    let settings: Vec<(u64, bool)> = SWEEP_STEPS_MS
+        .iter()
+        .flat_map(|&s| [(s, false), (s, true)])
+        .collect();
+    assert_eq!(seen, settings, "each run reported as it ended, in order");
+    assert_eq!(report.runs.len(), 6);
+    for run in &report.runs {
+        assert_eq!(run.fetches, 4, "{run:?}");
+        assert!(run.over_p99_limit <= run.fetches && run.over_p99_limit_in_stall <= run.over_p99_limit);
+        assert!(run.p99_limit_ms > run.p50_limit_ms, "{run:?}");
+    }
+    assert_eq!(
+        report.p50_met(),
+        report.runs.iter().filter(|r| r.p50_met()).count()
+    );
+    assert!(report.to_string().contains("p99 target in"), "{report}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use super::fetch_rtt::sweep as fetch_rtt_sweep;
 use super::{ControlPlaneMode, FetchRttConfig, Flow, TierBenchConfig, bench_tiers, fetch_rtt};
 use crate::sim::BuiltTiers;
 use crate::sim::command::{load_chain, registry};
@@ -89,6 +90,11 @@ pub enum BenchCommand {
         /// pulls.
         #[arg(long, default_value_t = Flow::Handoff, value_parser = Flow::from_str)]
         flow: Flow,
+        /// Instead of one run: run `thread+offstep` in the six settings its targets are stated
+        /// for (`--step-ms` 20, 50, 200, each in-process and with `--workers-process`) N times
+        /// and count the runs meeting each target.
+        #[arg(long, value_name = "N", conflicts_with_all = ["step_ms", "workers_process", "modes", "flow", "explain_slowest"])]
+        sweep: Option<usize>,
         /// Also write the figures as JSON to this file.
         #[arg(long, value_name = "FILE")]
         json: Option<PathBuf>,
@@ -194,6 +200,7 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
             chunk_bytes,
             modes,
             flow,
+            sweep: rounds,
             json,
         } => {
             let millis = |name: &str, v: f64| -> Result<Duration> {
@@ -220,6 +227,11 @@ pub fn run_command(cmd: &BenchCommand, default_name: &str, default_text: &str) -
                 flow: *flow,
                 ..FetchRttConfig::default()
             };
+            if let Some(rounds) = rounds {
+                let report = fetch_rtt_sweep(&cfg, *rounds, |run| println!("{run}"))?;
+                println!("{report}");
+                return write_json(json.as_ref(), &report);
+            }
             let report = fetch_rtt(&cfg)?;
             println!("{report}");
             write_json(json.as_ref(), &report)
@@ -295,5 +307,32 @@ mod tests {
         let bad = Bench::try_parse_from(["bench", "fetch-rtt", "--control-plane", "step,sometimes"]);
         assert!(bad.is_err());
         assert!(Bench::try_parse_from(["bench", "fetch-rtt", "--flow", "push"]).is_err());
+    }
+
+    #[test]
+    fn a_sweep_sets_its_own_settings_and_refuses_the_ones_it_varies() {
+        match Bench::try_parse_from(["bench", "fetch-rtt", "--sweep", "5", "--sched-ms", "1"])
+            .unwrap()
+            .cmd
+        {
+            BenchCommand::FetchRtt { sweep, sched_ms, .. } => {
+                assert_eq!(sweep, Some(5));
+                assert!((sched_ms - 1.0).abs() < f64::EPSILON);
+            }
+            BenchCommand::Tiers { .. } => unreachable!(),
+        }
+        for varied in [
+            &["--step-ms", "20"][..],
+            &["--workers-process"],
+            &["--control-plane", "step"],
+            &["--flow", "pull"],
+            &["--explain-slowest", "3"],
+        ] {
+            let argv = [&["bench", "fetch-rtt", "--sweep", "2"][..], varied].concat();
+            let err = Bench::try_parse_from(argv)
+                .err()
+                .expect("a sweep varies these itself");
+            assert!(err.to_string().contains("cannot be used with"), "{err}");
+        }
     }
 }

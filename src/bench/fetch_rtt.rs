@@ -36,10 +36,12 @@ mod handoff;
 mod pull;
 mod reference;
 mod stall_probe;
+mod sweep;
 mod timeline;
 mod worker_process;
 
 pub use stall_probe::{ProbeRecord, Stall};
+pub use sweep::{SWEEP_STEPS_MS, SWEEP_TARGET_SHARE, SweepReport, SweepRun, sweep};
 pub use timeline::{FetchTimeline, Segment, TailSummary};
 pub use worker_process::{CopyWorkerArgs, copy_worker};
 

@@ -56,7 +56,7 @@ impl Stall {
 pub struct ProbeRecord {
     /// How late the probe woke, ms, over every wake-up.
     pub late_ms: Percentiles,
-    /// The wake-ups at least [`STALL`] late, in time order.
+    /// The wake-ups at least a millisecond late (stalls), in time order.
     pub stalls: Vec<Stall>,
 }
 
