@@ -1,6 +1,7 @@
-//! The scheduler thread's CPU time: what the simulated clock charges for the engine's own
-//! scheduling work, so time the thread spends preempted by other processes on a busy machine
-//! does not count as work (wall time would charge it, and only to the run with more threads).
+//! CPU-time clocks. The scheduler thread's CPU time is what the simulated clock charges for the
+//! engine's own scheduling work, so time the thread spends preempted by other processes on a
+//! busy machine does not count as work (wall time would charge it, and only to the run with more
+//! threads); the process's CPU time tells a bench how much of the cores it used itself.
 
 use std::time::Duration;
 
@@ -8,13 +9,24 @@ use std::time::Duration;
 /// clock cannot be read.
 #[must_use]
 pub fn thread_cpu_time() -> Duration {
+    cpu_clock(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time consumed by every thread of this process so far (`CLOCK_PROCESS_CPUTIME_ID`); zero
+/// if the clock cannot be read.
+#[must_use]
+pub fn process_cpu_time() -> Duration {
+    cpu_clock(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn cpu_clock(clock: libc::clockid_t) -> Duration {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and
-    // CLOCK_THREAD_CPUTIME_ID is a clock every supported (Linux) kernel provides.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &raw mut ts) };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call, and both CPU-time
+    // clocks this module passes are clocks every supported (Linux) kernel provides.
+    let rc = unsafe { libc::clock_gettime(clock, &raw mut ts) };
     if rc != 0 {
         return Duration::ZERO;
     }

@@ -18,7 +18,7 @@ mod chain;
 pub mod command;
 mod config;
 mod copier;
-mod cpu_clock;
+pub(crate) mod cpu_clock;
 mod device;
 mod engine;
 mod error;

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use super::timeline::nanos_since;
 use crate::sim::Percentiles;
+use crate::sim::cpu_clock::process_cpu_time;
 
 /// How often the probe wakes.
 pub const PROBE_PERIOD: Duration = Duration::from_millis(1);
@@ -136,12 +137,12 @@ fn probe(origin: Instant, stop: &AtomicBool) -> ProbeRecord {
     let mut late_ms = Vec::new();
     let mut stalls = Vec::new();
     let mut last = Instant::now();
-    let mut last_cpu = process_cpu();
+    let mut last_cpu = process_cpu_time();
     while !stop.load(Ordering::Acquire) {
         let due = last + PROBE_PERIOD;
         std::thread::sleep(due.saturating_duration_since(Instant::now()));
         let woke = Instant::now();
-        let cpu = process_cpu();
+        let cpu = process_cpu_time();
         let late = woke.saturating_duration_since(due);
         late_ms.push(late.as_secs_f64() * 1e3);
         if late >= STALL {
@@ -164,24 +165,6 @@ fn probe(origin: Instant, stop: &AtomicBool) -> ProbeRecord {
         late_ms: Percentiles::of(&late_ms),
         stalls,
     }
-}
-
-/// The CPU time every thread of this process has used.
-fn process_cpu() -> Duration {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid, writable timespec for the call; CLOCK_PROCESS_CPUTIME_ID exists
-    // on every Linux this builds for.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &raw mut ts) };
-    if rc != 0 {
-        return Duration::ZERO;
-    }
-    Duration::new(
-        u64::try_from(ts.tv_sec).unwrap_or(0),
-        u32::try_from(ts.tv_nsec).unwrap_or(0),
-    )
 }
 
 #[cfg(test)]
