@@ -55,4 +55,23 @@ mod tests {
         // A sleeping thread is not running: its CPU time grows by less than the time slept.
         assert!(slept < wall, "{slept:?} of CPU time while sleeping {wall:?}");
     }
+
+    #[test]
+    fn the_process_clock_counts_this_thread_and_another_s_work() {
+        let before = process_cpu_time();
+        let own = thread_cpu_time();
+        let other = std::thread::spawn(|| {
+            let mut x = 0u64;
+            for i in 0..5_000_000u64 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(i));
+            }
+            thread_cpu_time()
+        })
+        .join()
+        .unwrap();
+        let after = process_cpu_time();
+        // The process's clock includes the other thread's whole run and this thread's time.
+        assert!(after >= before + other, "{before:?} + {other:?} > {after:?}");
+        assert!(after >= own, "{after:?} < this thread's {own:?}");
+    }
 }
