@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::timeline::nanos_since;
 use crate::sim::Percentiles;
 use crate::sim::cpu_clock::process_cpu_time;
 
@@ -149,7 +148,7 @@ fn probe(origin: Instant, stop: &AtomicBool) -> ProbeRecord {
             let span = woke.saturating_duration_since(last).as_secs_f64();
             let used = cpu.saturating_sub(last_cpu).as_secs_f64();
             stalls.push(Stall {
-                due_ns: nanos_since(origin, due),
+                due_ns: u64::try_from(due.saturating_duration_since(origin).as_nanos()).unwrap_or(u64::MAX),
                 late_ns: u64::try_from(late.as_nanos()).unwrap_or(u64::MAX),
                 process_share: if span > 0.0 {
                     (used / (span * cores)).min(1.0)
