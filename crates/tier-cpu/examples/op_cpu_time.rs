@@ -7,8 +7,20 @@
 //! oldest ones (`ops32`, the floor of `store16_evict`: the map stays full, as the tier does), and
 //! 16 of the tier's own lookups (`lookup16`, what a batch op costs before any policy or
 //! request-record work).
+//!
+//! Three more references measure the work each batch op cannot skip under vLLM 0.33.0's
+//! semantics, each on the plainest structure that does it (see [`ExactOrder`] and
+//! [`GhostedMap`]): `exact_touch16` (16 probes, then 16 moves to the back of an exact recency
+//! order, a doubly-linked list over rows, as a touch must), `pin16` (16 probes that pin their
+//! rows, a fresh request record of the 16 keys, 16 unpins through the rows: a load), and
+//! `ops48` (ARC's store into a full tier: 16 inserts, 16 residents turned into ghosts in place,
+//! 16 oldest ghosts removed, on a map holding the tier's residents and ghosts), and
+//! `store_work16`, a store's map work (`ops32` under LRU, `ops48` under ARC) plus the request's
+//! fresh record of the 16 offered keys.
 
 use std::hint::black_box;
+
+use tiering_core::{KeyMap, KeySet};
 
 use tier_cpu::{CpuTier, PolicyKind};
 use tiering_core::{
@@ -45,6 +57,120 @@ fn best(iters: usize, mut f: impl FnMut(usize)) -> f64 {
         best = best.min((cpu_ns() - t) as f64 / iters as f64);
     }
     best
+}
+
+/// The "no row" marker of [`ExactOrder`]'s links.
+const NIL: u32 = u32::MAX;
+
+/// Starts loading `value`'s cache line (a hint; no effect elsewhere than x86_64).
+#[inline]
+fn prefetch<T>(value: &T) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        // SAFETY: a prefetch never faults and writes nothing; the address is a live reference's.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast::<i8>()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
+}
+
+/// The plainest exact recency order: a map from key to row and a doubly-linked list of rows,
+/// least recent first, its links side by side per row. A touch of a batch probes every key
+/// first (independent misses in flight together), requests the rows' links and then their
+/// neighbours' (the tier's two-stage prefetch), then moves each row to the back.
+struct ExactOrder {
+    map: KeyMap<u32>,
+    links: Vec<[u32; 2]>,
+    tail: u32,
+}
+
+impl ExactOrder {
+    fn new(keys: &[OffloadKey]) -> Self {
+        let n = keys.len() as u32;
+        Self {
+            map: keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect(),
+            links: (0..n)
+                .map(|i| {
+                    [
+                        i.checked_sub(1).unwrap_or(NIL),
+                        if i + 1 < n { i + 1 } else { NIL },
+                    ]
+                })
+                .collect(),
+            tail: n - 1,
+        }
+    }
+
+    fn touch16(&mut self, batch: &[OffloadKey]) {
+        let mut rows = [NIL; 16];
+        for (r, k) in rows.iter_mut().zip(batch) {
+            *r = self.map.get(k).copied().unwrap_or(NIL);
+        }
+        for &r in rows.iter().filter(|&&r| r != NIL) {
+            prefetch(&self.links[r as usize]);
+        }
+        for &r in rows.iter().filter(|&&r| r != NIL) {
+            for m in self.links[r as usize] {
+                if let Some(l) = self.links.get(m as usize) {
+                    prefetch(l);
+                }
+            }
+        }
+        // The first key of the call ends most recent, as the tier's touch.
+        for &r in rows.iter().rev().filter(|&&r| r != NIL) {
+            self.move_to_back(r);
+        }
+    }
+
+    fn move_to_back(&mut self, r: u32) {
+        if r == self.tail {
+            return;
+        }
+        let [prev, next] = self.links[r as usize];
+        if prev != NIL {
+            self.links[prev as usize][1] = next;
+        }
+        self.links[next as usize][0] = prev;
+        self.links[self.tail as usize][1] = r;
+        self.links[r as usize] = [self.tail, NIL];
+        self.tail = r;
+    }
+}
+
+/// A map holding a full ARC tier's keys: `n` residents and the `n` ghosts evicted before them,
+/// in insertion order in a ring. Storing a new key evicts the oldest resident, which becomes a
+/// ghost in place (its entry stays, marked), and drops the oldest ghost.
+struct GhostedMap {
+    map: KeyMap<bool>,
+    ring: Vec<OffloadKey>,
+    next: usize,
+}
+
+impl GhostedMap {
+    fn new(n: usize) -> Self {
+        let ring: Vec<OffloadKey> = (0..2 * n as u64)
+            .map(|i| OffloadKey::from_u64(i | (1 << 40)))
+            .collect();
+        Self {
+            map: ring.iter().zip(0..).map(|(k, i)| (*k, i >= n)).collect(),
+            ring,
+            next: 2 * n,
+        }
+    }
+
+    /// One new key: the oldest ghost removed, the key inserted, the oldest resident a ghost.
+    fn store(&mut self, key: OffloadKey) {
+        let len = self.ring.len();
+        let at = self.next % len;
+        black_box(self.map.remove(&self.ring[at]));
+        self.map.insert(key, true);
+        self.ring[at] = key;
+        if let Some(resident) = self.map.get_mut(&self.ring[(self.next + len / 2) % len]) {
+            *resident = false;
+        }
+        self.next += 1;
+    }
 }
 
 fn main() {
@@ -90,7 +216,7 @@ fn main() {
     }
     // References: a plain hash map (tiering-core's KeyMap, the tier's hasher) over the same keys.
     let mut map: Option<tiering_core::KeyMap<u32>> =
-        (want("hashmap_probe_hit") || want("probe16") || want("ops32"))
+        (want("hashmap_probe_hit") || want("probe16") || want("ops32") || want("store_work16"))
             .then(|| keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect());
     if let Some(map) = map.as_ref().filter(|_| want("hashmap_probe_hit")) {
         // What a lookup hit is compared with: one probe of the same key sequence.
@@ -107,7 +233,7 @@ fn main() {
         });
         println!("{policy} {n} probe16 {ns:.1} ns");
     }
-    if let Some(map) = map.as_mut().filter(|_| want("ops32")) {
+    if let Some(map) = map.as_mut().filter(|_| want("ops32") || want("store_work16")) {
         // The floor of a 16-key store into a full tier: 16 removals of the keys inserted longest
         // ago and 16 inserts of new keys (made as the store's are), kept in a ring as the
         // tier keeps its keys in its rows. The map stays at `n` keys.
@@ -124,8 +250,77 @@ fn main() {
             }
         });
         println!("{policy} {n} ops32 {ns:.1} ns");
+        if policy != PolicyKind::Arc {
+            // The same with the request's fresh record of the offered keys: all a store into a
+            // full LRU tier must do besides its policy's list.
+            let ns = best(20_000, |_| {
+                let mut offered = [OffloadKey::from_u64(0); 16];
+                for o in &mut offered {
+                    let at = (next as usize) % n;
+                    let key = OffloadKey::from_u64(next);
+                    black_box(map.remove(&ring[at]));
+                    map.insert(key, at as u32);
+                    ring[at] = key;
+                    next += 1;
+                    *o = key;
+                }
+                black_box(offered.iter().copied().collect::<KeySet>());
+            });
+            println!("{policy} {n} store_work16 {ns:.1} ns");
+        }
     }
     drop(map);
+    if want("exact_touch16") {
+        let mut order = ExactOrder::new(&keys);
+        let ns = best(20_000, |i| order.touch16(black_box(batch(i))));
+        println!("{policy} {n} exact_touch16 {ns:.1} ns");
+    }
+    if want("pin16") {
+        // A load's own work: pin each key's row (one probe each), record the 16 keys in the
+        // request's fresh record (vLLM 0.33.0 keeps the keys a request observed), unpin through
+        // the rows.
+        let map: KeyMap<u32> = keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
+        let mut refs = vec![0u32; n];
+        let ns = best(20_000, |i| {
+            let b = batch(i);
+            let mut rows = [0u32; 16];
+            for (r, k) in rows.iter_mut().zip(b) {
+                *r = map.get(k).copied().unwrap_or(0);
+                refs[*r as usize] += 1;
+            }
+            let record: KeySet = b.iter().copied().collect();
+            for &r in &rows {
+                refs[r as usize] -= 1;
+            }
+            black_box(record);
+        });
+        println!("{policy} {n} pin16 {ns:.1} ns");
+    }
+    if want("ops48") || want("store_work16") {
+        // ARC's map work alone (`ops48`), and with the request's fresh record of the offered
+        // keys (`store_work16`: all a store into a full ARC tier must do besides its policy's
+        // lists).
+        let mut ghosted = GhostedMap::new(n);
+        let mut next = 1u64 << 48;
+        for record in [false, true] {
+            let ns = best(20_000, |_| {
+                for s in &mut b {
+                    *s = OffloadKey::from_u64(next);
+                    next += 1;
+                }
+                for k in &b {
+                    ghosted.store(*k);
+                }
+                if record {
+                    black_box(b.iter().copied().collect::<KeySet>());
+                }
+            });
+            let name = if record { "store_work16" } else { "ops48" };
+            if policy == PolicyKind::Arc || !record {
+                println!("{policy} {n} {name} {ns:.1} ns");
+            }
+        }
+    }
     if want("lookup16") {
         // The tier's own floor of a 16-key batch: its index probes of the batch (one lookup per
         // key: digest, index slot, row), no policy work and no request record.
