@@ -405,7 +405,9 @@ fn section(name: &str) -> bool {
 }
 
 /// `KVTIER_P2P_BENCH=profile-p2p` or `=profile-raw`: only 5000 round trips of one side, to
-/// profile it alone (`strace -f -c`, `perf record`); prints nothing.
+/// profile it alone (`strace -f -c`, `perf record`); prints nothing. `=profile-data-p2p` or
+/// `=profile-data-raw`: only 200 transfers of 16 × 2 MiB of one data-plane side, printing their
+/// wall and process CPU time, so two profiles compare per byte.
 fn profile_one_side() -> bool {
     let Ok(which) = std::env::var("KVTIER_P2P_BENCH") else {
         return false;
@@ -425,6 +427,21 @@ fn profile_one_side() -> bool {
             for _ in 0..5000 {
                 raw_rtt(&z);
             }
+        }
+        "profile-data-p2p" => {
+            let keys: Vec<OffloadKey> = (0..BIG_COUNT as u64).map(OffloadKey::from_u64).collect();
+            let p = producer(BIG_CHUNK, &keys);
+            let mut con = consumer(BIG_CHUNK, BIG_COUNT, &p.handle);
+            tier_fetch(&mut con, &keys);
+            let (wall, cpu) = with_cpu(|| (0..200).map(|_| tier_fetch(&mut con, &keys)).sum());
+            println!("profile-data-p2p: 200 × 16 × 2 MiB in {wall:?} wall, {cpu:?} process CPU");
+            drop((con, p));
+        }
+        "profile-data-raw" => {
+            let mut raw = raw_tcp(BIG_CHUNK, BIG_COUNT);
+            raw_stream(&mut raw);
+            let (wall, cpu) = with_cpu(|| (0..200).map(|_| raw_stream(&mut raw)).sum());
+            println!("profile-data-raw: 200 × 16 × 2 MiB in {wall:?} wall, {cpu:?} process CPU");
         }
         _ => return false,
     }

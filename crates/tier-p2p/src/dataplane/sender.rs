@@ -19,7 +19,7 @@ use tiering_core::{OffloadKey, arena::RowRead};
 
 use super::counters::DataCounters;
 use super::faults::Faults;
-use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, PIECE, TransferMac};
+use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, PIECE, PayloadMac, SPAN, TransferMac};
 use super::outgoing::Outgoing;
 use crate::auth::DataKey;
 use crate::auth::Tag;
@@ -399,8 +399,11 @@ fn push(
         };
         let head = frame::chunk_head(&macs, &header);
         let mut mac = macs.payload(&header);
-        let mut pieces = payload.chunks(PIECE);
-        let first = pieces.next().unwrap_or_default();
+        // The payload leaves in spans of several pieces, each MACed after its write: one
+        // write per piece made the consumer sleep and wake once per piece while this thread
+        // MACed (2.7 times a raw stream's context switches; see `SPAN`).
+        let mut spans = payload.chunks(SPAN);
+        let first = spans.next().unwrap_or_default();
         let prev = trailer.take();
         write_all_vectored(
             w,
@@ -410,13 +413,10 @@ fn push(
                 io::IoSlice::new(first),
             ],
         )?;
-        // Each piece is MACed right after its write, while the kernel's copy left it in cache.
-        if !first.is_empty() {
-            mac.piece(first);
-        }
-        for piece in pieces {
-            w.write_all(piece)?;
-            mac.piece(piece);
+        mac_pieces(&mut mac, first);
+        for span in spans {
+            w.write_all(span)?;
+            mac_pieces(&mut mac, span);
         }
         trailer = Some(tamper(&reg.faults, &item.key, mac.finalize()?));
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
@@ -435,6 +435,13 @@ fn push(
     )?;
     w.flush()?;
     read_ack(r, job)
+}
+
+/// Feeds a span of a payload to its MAC piece by piece, as the wire's MAC is defined.
+fn mac_pieces(mac: &mut PayloadMac, span: &[u8]) {
+    for piece in span.chunks(PIECE) {
+        mac.piece(piece);
+    }
 }
 
 fn trailer_bytes(t: Option<&Tag>) -> &[u8] {
