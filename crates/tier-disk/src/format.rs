@@ -226,7 +226,15 @@ impl SlotSeal {
     /// [`SEAL_LEN`] bytes; the rest of the first block is zeroed). Returns the seal.
     pub fn encode_for(seq: u64, key: &OffloadKey, payload: &[u8], out: &mut [u8]) -> Self {
         let end = out.len().min(BLOCK);
-        out[..end].fill(0);
+        out[SEAL_LEN.min(end)..end].fill(0);
+        Self::encode_fields(seq, key, payload, out)
+    }
+
+    /// [`SlotSeal::encode_for`] into a block whose bytes past [`SEAL_LEN`] the caller knows to
+    /// be zero already (a scratch block only seals have been written into): only the seal's own
+    /// bytes are written.
+    pub(crate) fn encode_fields(seq: u64, key: &OffloadKey, payload: &[u8], out: &mut [u8]) -> Self {
+        out[..SEAL_LEN].fill(0);
         let payload_len = payload.len() as u64;
         let head_checksum = XxHash3_64::oneshot(head_of(payload));
         out[0..8].copy_from_slice(&SEAL_MAGIC);
