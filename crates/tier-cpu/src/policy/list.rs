@@ -8,34 +8,44 @@
 /// The "no node" marker.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// One node's neighbours. Kept side by side so unlinking a node reads one cache line for it
-/// (and one per neighbour), not one per array.
+/// One node's neighbours and the payload its policy keeps with them. Kept side by side so
+/// unlinking a node reads one cache line for it (and one per neighbour), not one per array, and
+/// a policy that updates a node's payload whenever it moves the node (LRU's rank) finds it on
+/// the line the move loads anyway.
 #[derive(Debug, Clone, Copy)]
-struct Link {
+struct Link<T> {
     prev: u32,
     next: u32,
+    data: T,
 }
 
-const DETACHED: Link = Link { prev: NIL, next: NIL };
-
-/// The links shared by the lists built over them, indexed by node id.
+/// The links shared by the lists built over them, indexed by node id, each with a payload of
+/// type `T` (none by default) that list operations leave as it is.
 #[derive(Debug, Default, Clone)]
-pub(crate) struct Links {
-    nodes: Vec<Link>,
+pub(crate) struct Links<T: Copy + Default = ()> {
+    nodes: Vec<Link<T>>,
 }
 
-impl Links {
-    /// Links for nodes `0..n`, all detached.
+impl<T: Copy + Default> Links<T> {
+    /// Links for nodes `0..n`, all detached, with default payloads.
     pub(crate) fn with_nodes(n: usize) -> Self {
         Self {
-            nodes: crate::memory::filled_vec(n, DETACHED),
+            nodes: crate::memory::filled_vec(n, Self::fresh()),
+        }
+    }
+
+    fn fresh() -> Link<T> {
+        Link {
+            prev: NIL,
+            next: NIL,
+            data: T::default(),
         }
     }
 
     /// Makes room for node ids below `n`.
     pub(crate) fn grow_to(&mut self, n: usize) {
         if self.nodes.len() < n {
-            self.nodes.resize(n, DETACHED);
+            self.nodes.resize(n, Self::fresh());
         }
     }
 
@@ -49,6 +59,18 @@ impl Links {
     #[inline]
     pub(crate) fn prev(&self, n: u32) -> u32 {
         self.nodes[n as usize].prev
+    }
+
+    /// Node `n`'s payload.
+    #[inline]
+    pub(crate) fn data(&self, n: u32) -> T {
+        self.nodes[n as usize].data
+    }
+
+    /// Sets node `n`'s payload.
+    #[inline]
+    pub(crate) fn set_data(&mut self, n: u32, data: T) {
+        self.nodes[n as usize].data = data;
     }
 
     /// Starts loading the links of `nodes` and then of their neighbours, so moving a batch of
@@ -70,10 +92,23 @@ impl Links {
         }
     }
 
-    /// Marks node `n`, which some list just dropped, as in no list.
+    /// Marks node `n`, which some list just dropped, as in no list (its payload stays).
     #[inline]
     pub(crate) fn detach(&mut self, n: u32) {
-        self.nodes[n as usize] = DETACHED;
+        self.set_ends(n, NIL, NIL);
+    }
+
+    #[inline]
+    fn set_ends(&mut self, n: u32, prev: u32, next: u32) {
+        let link = &mut self.nodes[n as usize];
+        link.prev = prev;
+        link.next = next;
+    }
+
+    #[inline]
+    fn ends(&self, n: u32) -> (u32, u32) {
+        let link = &self.nodes[n as usize];
+        (link.prev, link.next)
     }
 
     #[inline]
@@ -131,11 +166,8 @@ impl List {
 
     /// Appends detached node `n` at the back.
     #[inline]
-    pub(crate) fn push_back(&mut self, links: &mut Links, n: u32) {
-        links.nodes[n as usize] = Link {
-            prev: self.tail,
-            next: NIL,
-        };
+    pub(crate) fn push_back<T: Copy + Default>(&mut self, links: &mut Links<T>, n: u32) {
+        links.set_ends(n, self.tail, NIL);
         if self.tail == NIL {
             self.head = n;
         } else {
@@ -147,12 +179,9 @@ impl List {
 
     /// Inserts detached node `n` right after `at` (a member of this list).
     #[inline]
-    pub(crate) fn insert_after(&mut self, links: &mut Links, at: u32, n: u32) {
+    pub(crate) fn insert_after<T: Copy + Default>(&mut self, links: &mut Links<T>, at: u32, n: u32) {
         let after = links.next(at);
-        links.nodes[n as usize] = Link {
-            prev: at,
-            next: after,
-        };
+        links.set_ends(n, at, after);
         links.set_next(at, n);
         if after == NIL {
             self.tail = n;
@@ -164,8 +193,8 @@ impl List {
 
     /// Unlinks member `n`.
     #[inline]
-    pub(crate) fn remove(&mut self, links: &mut Links, n: u32) {
-        let Link { prev: p, next: x } = links.nodes[n as usize];
+    pub(crate) fn remove<T: Copy + Default>(&mut self, links: &mut Links<T>, n: u32) {
+        let (p, x) = links.ends(n);
         if p == NIL {
             self.head = x;
         } else {
@@ -176,14 +205,14 @@ impl List {
         } else {
             links.set_prev(x, p);
         }
-        links.nodes[n as usize] = DETACHED;
+        links.detach(n);
         self.len -= 1;
     }
 
     /// Drops the first `k` members, which `rest` follows (`rest` is [`NIL`] when they are all
     /// the members). Their own links are left as they were: the caller detaches them.
     #[inline]
-    pub(crate) fn unlink_front(&mut self, links: &mut Links, k: usize, rest: u32) {
+    pub(crate) fn unlink_front<T: Copy + Default>(&mut self, links: &mut Links<T>, k: usize, rest: u32) {
         if k == 0 {
             return;
         }
@@ -198,14 +227,14 @@ impl List {
 
     /// Moves member `n` to the back.
     #[inline]
-    pub(crate) fn move_to_back(&mut self, links: &mut Links, n: u32) {
+    pub(crate) fn move_to_back<T: Copy + Default>(&mut self, links: &mut Links<T>, n: u32) {
         let tail = self.tail;
         if tail == n {
             return;
         }
         // `n` is not the tail, so it has a successor, and the list keeps a tail after `n`
         // leaves: the unlink and the append each lose a branch of `remove` and `push_back`.
-        let Link { prev: p, next: x } = links.nodes[n as usize];
+        let (p, x) = links.ends(n);
         if p == NIL {
             self.head = x;
         } else {
@@ -213,10 +242,7 @@ impl List {
         }
         links.set_prev(x, p);
         links.set_next(tail, n);
-        links.nodes[n as usize] = Link {
-            prev: tail,
-            next: NIL,
-        };
+        links.set_ends(n, tail, NIL);
         self.tail = n;
     }
 
@@ -226,7 +252,7 @@ impl List {
     }
 
     /// The members from front to back (for tests and diagnostics).
-    pub(crate) fn iter<'a>(&self, links: &'a Links) -> ListIter<'a> {
+    pub(crate) fn iter<'a, T: Copy + Default>(&self, links: &'a Links<T>) -> ListIter<'a, T> {
         ListIter {
             links,
             cur: self.head,
@@ -235,12 +261,12 @@ impl List {
 }
 
 /// Iterator over a list's members, front to back.
-pub(crate) struct ListIter<'a> {
-    links: &'a Links,
+pub(crate) struct ListIter<'a, T: Copy + Default> {
+    links: &'a Links<T>,
     cur: u32,
 }
 
-impl Iterator for ListIter<'_> {
+impl<T: Copy + Default> Iterator for ListIter<'_, T> {
     type Item = u32;
 
     fn next(&mut self) -> Option<u32> {
@@ -257,13 +283,13 @@ impl Iterator for ListIter<'_> {
 mod tests {
     use super::*;
 
-    fn members(l: &List, links: &Links) -> Vec<u32> {
+    fn members<T: Copy + Default>(l: &List, links: &Links<T>) -> Vec<u32> {
         l.iter(links).collect()
     }
 
     #[test]
     fn push_insert_remove_keep_both_directions_consistent() {
-        let mut links = Links::with_nodes(8);
+        let mut links: Links = Links::with_nodes(8);
         let mut l = List::new();
         for n in [1, 2, 3] {
             l.push_back(&mut links, n);
@@ -287,7 +313,7 @@ mod tests {
 
     #[test]
     fn unlinking_a_prefix_keeps_the_rest_linked_both_ways() {
-        let mut links = Links::with_nodes(8);
+        let mut links: Links = Links::with_nodes(8);
         let mut l = List::new();
         for n in [4, 1, 6, 2] {
             l.push_back(&mut links, n);
@@ -309,7 +335,7 @@ mod tests {
 
     #[test]
     fn two_lists_share_links_and_a_node_moves_between_them() {
-        let mut links = Links::with_nodes(4);
+        let mut links: Links = Links::with_nodes(4);
         let (mut a, mut b) = (List::new(), List::new());
         a.push_back(&mut links, 0);
         a.push_back(&mut links, 1);
@@ -324,5 +350,26 @@ mod tests {
         a.remove(&mut links, 1);
         assert!(a.is_empty());
         assert_eq!(a.front(), NIL);
+    }
+
+    #[test]
+    fn list_operations_keep_each_nodes_payload() {
+        let mut links: Links<u64> = Links::with_nodes(4);
+        let mut l = List::new();
+        for n in 0..4 {
+            links.set_data(n, 100 + u64::from(n));
+            l.push_back(&mut links, n);
+        }
+        l.move_to_back(&mut links, 1);
+        l.remove(&mut links, 2);
+        l.insert_after(&mut links, 0, 2);
+        l.unlink_front(&mut links, 1, 2);
+        links.detach(0);
+        assert_eq!(members(&l, &links), vec![2, 3, 1]);
+        for n in 0..4 {
+            assert_eq!(links.data(n), 100 + u64::from(n), "node {n}");
+        }
+        links.grow_to(6);
+        assert_eq!(links.data(5), 0, "a new node starts with the default payload");
     }
 }

@@ -55,14 +55,6 @@ impl RequestRank {
     }
 }
 
-/// A node's rank `(hi, lo)`. Whether a chunk is a member of request group `hi` is kept apart,
-/// in [`LruPolicy::grouped`].
-#[derive(Clone, Copy, Default)]
-struct Rank {
-    hi: u64,
-    lo: i64,
-}
-
 /// The members of one request rank.
 struct Group {
     sentinel: u32,
@@ -84,13 +76,15 @@ pub struct LruPolicy {
     generation: u64,
     /// Chunk ids are `0..capacity`; sentinel ids follow.
     capacity: u32,
-    links: Links,
+    /// The order, each node's `hi` rank as its links' payload: a move rewrites the node's links
+    /// and its `hi` on the one line it loads (16 bytes a node).
+    links: Links<u64>,
     order: List,
-    /// Each node's rank, side by side (one cache line serves a node's whole rank).
-    ranks: Vec<Rank>,
+    /// Each node's `lo` rank, read only for group members and sentinels (an ungrouped chunk's
+    /// `lo` is 0), so a touch never writes it.
+    lo: Vec<i64>,
     /// One bit per chunk: a member of its rank's request group. Apart from the ranks because
-    /// every move asks it first: a bitset of the tier stays cached where the ranks (16 bytes a
-    /// row) do not, and a move of an ungrouped chunk then only writes its rank.
+    /// every move asks it first: a bitset of the tier stays cached where the links do not.
     grouped: Vec<u64>,
     next_rank: u64,
     groups: HashMap<u64, Group, KeyBuildHasher>,
@@ -113,7 +107,7 @@ impl LruPolicy {
             capacity,
             links: Links::with_nodes(n),
             order: List::new(),
-            ranks: crate::memory::filled_vec(n, Rank::default()),
+            lo: crate::memory::filled_vec(n, 0),
             grouped: vec![0; n.div_ceil(64)],
             next_rank: 0,
             groups: HashMap::default(),
@@ -132,6 +126,15 @@ impl LruPolicy {
         self.grouped
             .get(node as usize / 64)
             .is_some_and(|w| w & (1 << (node % 64)) != 0)
+    }
+
+    /// `chunk`'s `lo` rank: its recorded one in a group, 0 under a global rank.
+    fn lo_of(&self, chunk: ChunkId) -> i64 {
+        if self.is_grouped(chunk) {
+            self.lo[chunk as usize]
+        } else {
+            0
+        }
     }
 
     fn set_grouped(&mut self, chunk: ChunkId, member: bool) {
@@ -160,10 +163,8 @@ impl LruPolicy {
             let sentinel = self.alloc_sentinel()?;
             let rank = self.fresh_rank();
             let token = Arc::new(());
-            self.ranks[sentinel as usize] = Rank {
-                hi: rank,
-                lo: i64::MIN,
-            };
+            self.links.set_data(sentinel, rank);
+            self.lo[sentinel as usize] = i64::MIN;
             self.order.push_back(&mut self.links, sentinel);
             self.groups.insert(
                 rank,
@@ -212,8 +213,8 @@ impl LruPolicy {
         self.num_sentinels += 1;
         let n = id as usize + 1;
         self.links.grow_to(n);
-        if self.ranks.len() < n {
-            self.ranks.resize(n, Rank::default());
+        if self.lo.len() < n {
+            self.lo.resize(n, 0);
         }
         Some(id)
     }
@@ -229,7 +230,7 @@ impl LruPolicy {
     fn detach(&mut self, chunk: ChunkId) {
         if self.is_grouped(chunk) {
             self.set_grouped(chunk, false);
-            let rank = self.ranks[chunk as usize].hi;
+            let rank = self.links.data(chunk);
             let prev = self.links.prev(chunk);
             let mut reclaim = false;
             if let Some(g) = self.groups.get_mut(&rank) {
@@ -251,7 +252,7 @@ impl LruPolicy {
     /// Gives a detached chunk a fresh global rank (most recent).
     fn place_global(&mut self, chunk: ChunkId) {
         let rank = self.fresh_rank();
-        self.ranks[chunk as usize] = Rank { hi: rank, lo: 0 };
+        self.links.set_data(chunk, rank);
         self.set_grouped(chunk, false);
         self.order.push_back(&mut self.links, chunk);
     }
@@ -264,7 +265,7 @@ impl LruPolicy {
         };
         let (sentinel, last) = (g.sentinel, g.last);
         let key = slots.key(chunk);
-        let member_key = |n: u32| (self.ranks[n as usize].lo, slots.key(n));
+        let member_key = |n: u32| (self.lo[n as usize], slots.key(n));
         let at = if last == sentinel || member_key(last) < (lo, key) {
             // Empty group, or the largest rank of the group: append at the group's end.
             last
@@ -279,7 +280,8 @@ impl LruPolicy {
             }
             at
         };
-        self.ranks[chunk as usize] = Rank { hi: rank, lo };
+        self.links.set_data(chunk, rank);
+        self.lo[chunk as usize] = lo;
         self.set_grouped(chunk, true);
         self.order.insert_after(&mut self.links, at, chunk);
         if let Some(g) = self.groups.get_mut(&rank) {
@@ -299,8 +301,7 @@ impl LruPolicy {
         // An ungrouped chunk already ranks by a global rank, and every global rank is below a
         // fresh one: it moves to the back in one relink (a touch's usual case).
         let rank = self.fresh_rank();
-        self.ranks[chunk as usize].hi = rank;
-        self.ranks[chunk as usize].lo = 0;
+        self.links.set_data(chunk, rank);
         self.order.move_to_back(&mut self.links, chunk);
     }
 }
@@ -327,9 +328,8 @@ impl EvictionPolicy for LruPolicy {
                 continue;
             };
             let lo = position_rank(position);
-            let c = chunk as usize;
             // Only moves forward: a key already ranked at or after this request position stays.
-            if (self.ranks[c].hi, self.ranks[c].lo) >= (rank, lo) {
+            if (self.links.data(chunk), self.lo_of(chunk)) >= (rank, lo) {
                 continue;
             }
             self.detach(chunk);
@@ -369,12 +369,6 @@ impl EvictionPolicy for LruPolicy {
         // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
         // through it and evict the links (measured slower without, at 10k rows).
         self.links.prefetch(chunks.iter().flatten().copied());
-        // Each move writes the chunk's new rank: its line is requested ahead.
-        for &chunk in chunks.iter().flatten().take(32) {
-            if let Some(rank) = self.ranks.get(chunk as usize) {
-                crate::memory::prefetch(rank);
-            }
-        }
         for &chunk in chunks.iter().rev().flatten() {
             self.rerank_global(chunk);
         }
@@ -403,7 +397,7 @@ impl EvictionPolicy for LruPolicy {
         let mut cur = self.order.front();
         while cur != NIL && out.len() - start < n {
             if self.is_sentinel(cur) {
-                let rank = self.ranks[cur as usize].hi;
+                let rank = self.links.data(cur);
                 if self.groups.get(&rank).is_some_and(Group::reclaimable) {
                     dead_groups.push(rank);
                 }
@@ -440,7 +434,7 @@ impl EvictionPolicy for LruPolicy {
         self.num_sentinels = 0;
         let n = self.capacity as usize;
         self.links = Links::with_nodes(n);
-        self.ranks.truncate(n);
+        self.lo.truncate(n);
         self.grouped.fill(0);
     }
 
