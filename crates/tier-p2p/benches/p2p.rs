@@ -406,8 +406,7 @@ fn section(name: &str) -> bool {
 
 /// `KVTIER_P2P_BENCH=profile-p2p` or `=profile-raw`: only 5000 round trips of one side, to
 /// profile it alone (`strace -f -c`, `perf record`); prints nothing. `=profile-data-p2p` or
-/// `=profile-data-raw`: only 200 transfers of 16 × 2 MiB of one data-plane side, printing their
-/// wall and process CPU time, so two profiles compare per byte.
+/// `=profile-data-raw` (with `-64k` for the 64 KiB shape): see [`profile_data`].
 fn profile_one_side() -> bool {
     let Ok(which) = std::env::var("KVTIER_P2P_BENCH") else {
         return false;
@@ -428,23 +427,40 @@ fn profile_one_side() -> bool {
                 raw_rtt(&z);
             }
         }
-        "profile-data-p2p" => {
-            let keys: Vec<OffloadKey> = (0..BIG_COUNT as u64).map(OffloadKey::from_u64).collect();
-            let p = producer(BIG_CHUNK, &keys);
-            let mut con = consumer(BIG_CHUNK, BIG_COUNT, &p.handle);
-            tier_fetch(&mut con, &keys);
-            let (wall, cpu) = with_cpu(|| (0..200).map(|_| tier_fetch(&mut con, &keys)).sum());
-            println!("profile-data-p2p: 200 × 16 × 2 MiB in {wall:?} wall, {cpu:?} process CPU");
-            drop((con, p));
-        }
-        "profile-data-raw" => {
-            let mut raw = raw_tcp(BIG_CHUNK, BIG_COUNT);
-            raw_stream(&mut raw);
-            let (wall, cpu) = with_cpu(|| (0..200).map(|_| raw_stream(&mut raw)).sum());
-            println!("profile-data-raw: 200 × 16 × 2 MiB in {wall:?} wall, {cpu:?} process CPU");
-        }
+        data if data.starts_with("profile-data-") => return profile_data(data),
         _ => return false,
     }
+    true
+}
+
+/// `profile-data-p2p`, `profile-data-raw` (16 × 2 MiB) and the same with `-64k` (256 × 64 KiB):
+/// 200 transfers of one data-plane side, then their wall and process CPU time. `false` for any
+/// other name.
+fn profile_data(which: &str) -> bool {
+    let (side, (chunk, count)) = match which.strip_prefix("profile-data-") {
+        Some("p2p") => ("p2p", (BIG_CHUNK, BIG_COUNT)),
+        Some("raw") => ("raw", (BIG_CHUNK, BIG_COUNT)),
+        Some("p2p-64k") => ("p2p", (MID_CHUNK, MID_COUNT)),
+        Some("raw-64k") => ("raw", (MID_CHUNK, MID_COUNT)),
+        _ => return false,
+    };
+    let (wall, cpu) = if side == "p2p" {
+        let keys: Vec<OffloadKey> = (0..count as u64).map(OffloadKey::from_u64).collect();
+        let p = producer(chunk, &keys);
+        let mut con = consumer(chunk, count, &p.handle);
+        tier_fetch(&mut con, &keys);
+        let measured = with_cpu(|| (0..200).map(|_| tier_fetch(&mut con, &keys)).sum());
+        drop((con, p));
+        measured
+    } else {
+        let mut raw = raw_tcp(chunk, count);
+        raw_stream(&mut raw);
+        with_cpu(|| (0..200).map(|_| raw_stream(&mut raw)).sum())
+    };
+    println!(
+        "{which}: 200 × {count} × {} in {wall:?} wall, {cpu:?} process CPU",
+        human(chunk)
+    );
     true
 }
 

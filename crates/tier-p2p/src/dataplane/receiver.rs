@@ -17,6 +17,12 @@ use super::frame::{self, ChunkStatus, Frame, TransferMac};
 
 type ConnTable = Arc<Mutex<HashMap<u64, (String, TcpStream)>>>;
 
+/// Capacity of a connection's read buffer. The frames between payloads are a few dozen bytes,
+/// but a fill of the buffer also takes the payload bytes behind them, which a payload read then
+/// copies out once more; a read at least this large and with the buffer empty goes straight
+/// into the row. A 64 KiB buffer copied nearly every byte of a 64 KiB chunk twice.
+const FRAME_BUFFER: usize = 1024;
+
 /// The listener and its connection threads.
 pub(crate) struct Receiver {
     addr: SocketAddr,
@@ -144,7 +150,7 @@ fn serve_connection(
 ) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(hello_timeout))?;
-    let mut reader = BufReader::with_capacity(64 * 1024, stream.try_clone()?);
+    let mut reader = BufReader::with_capacity(FRAME_BUFFER, stream.try_clone()?);
     let hello = frame::read_hello(&mut reader)?;
     // Idle connections wait for the next transfer indefinitely; a stalled producer is cut by
     // `disconnect_peer` when its fetch times out.
