@@ -94,6 +94,12 @@ fn producer(chunk: usize, keys: &[OffloadKey]) -> Producer {
     Producer { _mgr: mgr, handle }
 }
 
+/// How long the consumer waits on the tier's waker when nothing woke it: the manager's idle wait
+/// (the tier wakes the waker when an answer or a landed fetch is there to collect).
+fn idle_wait() -> Duration {
+    ManagerConfig::default().idle_wait
+}
+
 /// A consumer driven directly (no manager), so the measurement is the tier's own path.
 struct Consumer {
     waker: ControlWaker,
@@ -107,8 +113,9 @@ struct Consumer {
 fn consumer(chunk: usize, rows: usize, from: &P2pHandle) -> Consumer {
     let arena = ChunkArena::new(rows, chunk).unwrap();
     let mut tier = P2pTier::new(opts(), &arena).unwrap();
-    // Wait like the manager's control thread does: on the tier's waker, not in a spin that
-    // would steal one of the two cores from the data-plane threads.
+    // Wait like the manager's control thread does: on the tier's waker, for at most the
+    // manager's idle wait, not in a spin (or a 1 ms poll) that would take one of the two cores
+    // from the data-plane threads.
     let waker = ControlWaker::new();
     tier.set_waker(waker.clone());
     let params = serde_json::json!({"remote_kv_source": {
@@ -141,7 +148,7 @@ impl Consumer {
             if r.iter().all(|v| *v != LookupResult::Retry) {
                 return r;
             }
-            self.waker.wait(Duration::from_millis(1));
+            self.waker.wait(idle_wait());
         }
     }
 
@@ -163,7 +170,7 @@ impl Consumer {
             if let Some(i) = self.out.iter().position(|r| r.id == id) {
                 return self.out.swap_remove(i);
             }
-            self.waker.wait(Duration::from_millis(1));
+            self.waker.wait(idle_wait());
         }
     }
 }
