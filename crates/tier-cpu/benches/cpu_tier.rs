@@ -23,7 +23,12 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+mod support {
+    pub mod key_ring;
+}
+
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use support::key_ring::KeyRing;
 use tier_cpu::{CpuTier, PolicyKind};
 use tiering_core::{KeyMap, OffloadKey, PrimaryTier, ReqContext};
 
@@ -106,19 +111,11 @@ fn bench_size(c: &mut Criterion, n: usize) {
             black_box(sum)
         });
     });
-    // The keys in the map by insertion slot, so each round removes the one inserted longest ago
-    // (as the tier keeps its keys in its rows); new keys come from a counter, as the stores'.
-    let mut ring = resident.clone();
-    let mut next = 1u64 << 48;
+    let mut ring = KeyRing::new(&resident);
     group.bench_function("floor_ops32", |b| {
         b.iter(|| {
             for _ in 0..BATCH {
-                let at = (next as usize) % n;
-                let key = OffloadKey::from_u64(next);
-                black_box(map.remove(&ring[at]));
-                map.insert(key, at as u32);
-                ring[at] = key;
-                next += 1;
+                ring.replace_oldest(&mut map);
             }
         });
     });

@@ -22,6 +22,10 @@ use std::hint::black_box;
 
 use tiering_core::{KeyMap, KeySet};
 
+#[path = "../benches/support/key_ring.rs"]
+mod key_ring;
+use key_ring::KeyRing;
+
 use tier_cpu::{CpuTier, PolicyKind};
 use tiering_core::{
     LookupResult, OffloadKey, PrimaryTier, ReqContext,
@@ -237,16 +241,10 @@ fn main() {
         // The floor of a 16-key store into a full tier: 16 removals of the keys inserted longest
         // ago and 16 inserts of new keys (made as the store's are), kept in a ring as the
         // tier keeps its keys in its rows. The map stays at `n` keys.
-        let mut ring = keys.clone();
-        let mut next = 1u64 << 48;
+        let mut ring = KeyRing::new(&keys);
         let ns = best(20_000, |_| {
             for _ in 0..16 {
-                let at = (next as usize) % n;
-                let key = OffloadKey::from_u64(next);
-                black_box(map.remove(&ring[at]));
-                map.insert(key, at as u32);
-                ring[at] = key;
-                next += 1;
+                ring.replace_oldest(map);
             }
         });
         println!("{policy} {n} ops32 {ns:.1} ns");
@@ -254,16 +252,7 @@ fn main() {
             // The same with the request's fresh record of the offered keys: all a store into a
             // full LRU tier must do besides its policy's list.
             let ns = best(20_000, |_| {
-                let mut offered = [OffloadKey::from_u64(0); 16];
-                for o in &mut offered {
-                    let at = (next as usize) % n;
-                    let key = OffloadKey::from_u64(next);
-                    black_box(map.remove(&ring[at]));
-                    map.insert(key, at as u32);
-                    ring[at] = key;
-                    next += 1;
-                    *o = key;
-                }
+                let offered: [OffloadKey; 16] = std::array::from_fn(|_| ring.replace_oldest(map));
                 black_box(offered.iter().copied().collect::<KeySet>());
             });
             println!("{policy} {n} store_work16 {ns:.1} ns");
