@@ -383,9 +383,11 @@ impl ControlTransport {
         };
         self.encode_buf.clear();
         msg.encode_into(&mut self.encode_buf);
+        // Recorded before the send: once the message is on the socket the peer may read and act
+        // on it before this thread runs again, and its trace points must not precede this one.
+        trace_fetch(msg, Point::FetchSent);
         match d.socket.send(&self.encode_buf[..], zmq::DONTWAIT) {
             Ok(()) => {
-                trace_fetch(msg, Point::FetchSent);
                 self.counters.messages_out.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }

@@ -64,7 +64,9 @@ pub enum Point {
     /// A tier's I/O thread woke from its poll (id: the waker of the manager it serves).
     IoWoke,
     /// The consumer handed the fetch message to its control socket (the peer's ZeroMQ I/O
-    /// thread sends it from there).
+    /// thread sends it from there). Recorded as the send call starts, so it precedes whatever
+    /// the producer does with the message (a send that fails leaves it for a fetch that then
+    /// fails, and is in no landed fetch's timeline).
     FetchSent,
 }
 
