@@ -74,23 +74,17 @@ fn write_run(
     if items.len() * tail_len > scratch.tails.len() {
         return Err(mismatched());
     }
+    if scratch.read_into {
+        scratch.tails.fill(0);
+        scratch.read_into = false;
+    }
     for (item, tail) in items.iter().zip(scratch.tails.chunks_mut(tail_len)) {
         let TaskOp::Store(row) = &item.op else {
             return Err(mismatched());
         };
         let key = keys.get(item.idx).ok_or_else(mismatched)?;
-        if scratch.read_into {
-            tail[..pad].fill(0);
-            SlotSeal::encode_for(item.seq, key, row, &mut tail[pad..]);
-        } else {
-            SlotSeal::encode_fields(item.seq, key, row, &mut tail[pad..]);
-        }
+        SlotSeal::encode_fields(item.seq, key, row, &mut tail[pad..]);
     }
-    if scratch.read_into && items.len() * tail_len < scratch.tails.len() {
-        // Tails past this run's may still hold read bytes: clean them for the next writes.
-        scratch.tails[items.len() * tail_len..].fill(0);
-    }
-    scratch.read_into = false;
     let mut iov = Vec::with_capacity(items.len() * 2);
     for (item, tail) in items.iter().zip(scratch.tails.chunks(tail_len)) {
         if let TaskOp::Store(row) = &item.op {

@@ -345,7 +345,6 @@ impl EvictionPolicy for LruPolicy {
         slots: SlotView<'_>,
         ctx: &ReqContext,
     ) {
-        self.set_grouped(chunk, false);
         match position {
             None => self.place_global(chunk),
             Some(position) => match self.request_rank(ctx) {

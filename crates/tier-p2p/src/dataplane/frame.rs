@@ -158,10 +158,16 @@ impl PayloadMac {
     /// # Errors
     /// The MAC cannot be computed (see [`PayloadMac::finalize`]).
     pub fn tag_of(mut self, payload: &[u8]) -> io::Result<Tag> {
-        for piece in payload.chunks(PIECE) {
+        self.pieces(payload);
+        self.finalize()
+    }
+
+    /// Absorbs the next bytes of the payload, a whole number of pieces (or the payload's end),
+    /// cut into pieces as on the wire.
+    pub fn pieces(&mut self, bytes: &[u8]) {
+        for piece in bytes.chunks(PIECE) {
             self.piece(piece);
         }
-        self.finalize()
     }
 
     /// The MAC.
@@ -409,9 +415,7 @@ pub fn read_payload(r: &mut impl Read, mut mac: PayloadMac, dst: &mut [u8]) -> i
     for span in dst.chunks_mut(SPAN) {
         r.read_exact(span)?;
         // Just written by the kernel's copy: in cache, or most of it.
-        for piece in span.chunks(PIECE) {
-            mac.piece(piece);
-        }
+        mac.pieces(span);
     }
     let sent = read_tag(r)?;
     // Tags compare in constant time; a MAC that cannot be computed verifies nothing.

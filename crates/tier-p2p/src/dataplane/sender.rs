@@ -19,7 +19,7 @@ use tiering_core::{OffloadKey, arena::RowRead};
 
 use super::counters::DataCounters;
 use super::faults::Faults;
-use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, PIECE, PayloadMac, SPAN, TransferMac};
+use super::frame::{self, Begin, ChunkHeader, ChunkStatus, Hello, SPAN, TransferMac};
 use super::outgoing::Outgoing;
 use crate::auth::DataKey;
 use crate::auth::Tag;
@@ -413,10 +413,10 @@ fn push(
                 io::IoSlice::new(first),
             ],
         )?;
-        mac_pieces(&mut mac, first);
+        mac.pieces(first);
         for span in spans {
             w.write_all(span)?;
-            mac_pieces(&mut mac, span);
+            mac.pieces(span);
         }
         trailer = Some(tamper(&reg.faults, &item.key, mac.finalize()?));
         reg.counters.chunks_sent.fetch_add(1, Ordering::Relaxed);
@@ -435,13 +435,6 @@ fn push(
     )?;
     w.flush()?;
     read_ack(r, job)
-}
-
-/// Feeds a span of a payload to its MAC piece by piece, as the wire's MAC is defined.
-fn mac_pieces(mac: &mut PayloadMac, span: &[u8]) {
-    for piece in span.chunks(PIECE) {
-        mac.piece(piece);
-    }
 }
 
 fn trailer_bytes(t: Option<&Tag>) -> &[u8] {
