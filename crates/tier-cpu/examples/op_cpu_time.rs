@@ -16,7 +16,8 @@
 //! `ops48` (ARC's store into a full tier: 16 inserts, 16 residents turned into ghosts in place,
 //! 16 oldest ghosts removed, on a map holding the tier's residents and ghosts), and
 //! `store_work16`, a store's map work (`ops32` under LRU, `ops48` under ARC) plus the request's
-//! fresh record of the 16 offered keys.
+//! fresh record of the 16 offered keys, and `exact_store16`, a whole store into a full tier on a
+//! plain map and exact recency lists (see [`ExactStore`]).
 
 use std::hint::black_box;
 
@@ -177,6 +178,144 @@ impl GhostedMap {
     }
 }
 
+/// A doubly-linked list over dense ids (`[prev, next]` per id), oldest first: what an exact
+/// recency order needs to also support removal and moves anywhere (touches), used here only at
+/// its ends.
+struct IdList {
+    links: Vec<[u32; 2]>,
+    head: u32,
+    tail: u32,
+}
+
+impl IdList {
+    /// The list `0, 1, ..., n - 1`.
+    fn new(n: u32) -> Self {
+        Self {
+            links: (0..n)
+                .map(|i| {
+                    [
+                        i.checked_sub(1).unwrap_or(NIL),
+                        if i + 1 < n { i + 1 } else { NIL },
+                    ]
+                })
+                .collect(),
+            head: 0,
+            tail: n - 1,
+        }
+    }
+
+    fn pop_front(&mut self) -> u32 {
+        let id = self.head;
+        let next = self.links[id as usize][1];
+        self.head = next;
+        if next == NIL {
+            self.tail = NIL;
+        } else {
+            self.links[next as usize][0] = NIL;
+        }
+        id
+    }
+
+    fn push_back(&mut self, id: u32) {
+        self.links[id as usize] = [self.tail, NIL];
+        if self.tail == NIL {
+            self.head = id;
+        } else {
+            self.links[self.tail as usize][1] = id;
+        }
+        self.tail = id;
+    }
+}
+
+/// Marks a map value whose row's write is in flight ([`ExactStore`]).
+const WRITING_BIT: u32 = 1 << 31;
+/// Marks a map value that names a ghost slot, not a row ([`ExactStore`]).
+const GHOST_BIT: u32 = 1 << 30;
+
+/// All a 16-key store into a full tier must do under vLLM 0.33.0's semantics and the
+/// `PrimaryTier` API, on the plainest structures: one map from key to row (or ghost slot) with
+/// a write-in-flight bit, an exact recency list of the rows (and, under ARC, one of the ghost
+/// slots). Per key: the oldest row evicted from the list and its key removed from the map (ARC:
+/// its key becomes a ghost in place, taking the oldest ghost's slot, whose key leaves the map),
+/// the new key inserted writing and its row appended; then the request's fresh record of the
+/// offered keys, the owned outputs (keys to store, their rows, the evicted keys), and the
+/// completion: one probe per key clearing its writing bit, and the stored and removed events'
+/// key lists. A store that reuses a row in place never takes more.
+struct ExactStore {
+    map: KeyMap<u32>,
+    /// The key in each row.
+    rows: Vec<OffloadKey>,
+    order: IdList,
+    /// ARC's ghosts: the key in each ghost slot and their order, oldest first.
+    ghosts: Option<(Vec<OffloadKey>, IdList)>,
+    next: u64,
+}
+
+impl ExactStore {
+    fn new(n: usize, arc: bool) -> Self {
+        let rows: Vec<OffloadKey> = (0..n as u64)
+            .map(|i| OffloadKey::from_u64(i | (1 << 41)))
+            .collect();
+        let mut map: KeyMap<u32> = rows.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
+        let ghosts = arc.then(|| {
+            let keys: Vec<OffloadKey> = (0..n as u64)
+                .map(|i| OffloadKey::from_u64(i | (1 << 42)))
+                .collect();
+            map.extend(keys.iter().zip(0..).map(|(k, i)| (*k, i | GHOST_BIT)));
+            (keys, IdList::new(n as u32))
+        });
+        Self {
+            map,
+            order: IdList::new(n as u32),
+            rows,
+            ghosts,
+            next: 1 << 48,
+        }
+    }
+
+    fn store16(&mut self) {
+        let offered: [OffloadKey; 16] = std::array::from_fn(|i| OffloadKey::from_u64(self.next + i as u64));
+        self.next += 16;
+        let record: KeySet = offered.iter().copied().collect();
+        let mut to_store = Vec::with_capacity(16);
+        let mut chunk_ids = Vec::with_capacity(16);
+        let mut evicted = Vec::with_capacity(16);
+        for key in offered {
+            let row = self.order.pop_front();
+            let old = self.rows[row as usize];
+            match self.ghosts.as_mut() {
+                Some((ghost_keys, ghost_order)) => {
+                    let g = ghost_order.pop_front();
+                    black_box(self.map.remove(&ghost_keys[g as usize]));
+                    ghost_keys[g as usize] = old;
+                    if let Some(v) = self.map.get_mut(&old) {
+                        *v = g | GHOST_BIT;
+                    }
+                    ghost_order.push_back(g);
+                }
+                None => {
+                    black_box(self.map.remove(&old));
+                }
+            }
+            self.map.insert(key, row | WRITING_BIT);
+            self.rows[row as usize] = key;
+            self.order.push_back(row);
+            to_store.push(key);
+            chunk_ids.push(row);
+            evicted.push(old);
+        }
+        let removed_event = evicted.clone();
+        black_box((&record, &chunk_ids, &evicted, &removed_event));
+        for k in &to_store {
+            if let Some(v) = self.map.get_mut(k) {
+                *v &= !WRITING_BIT;
+            }
+        }
+        let stored_event = to_store.clone();
+        black_box((to_store, stored_event));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
@@ -313,6 +452,11 @@ fn main() {
             let name = if record { "store_work16" } else { "ops48" };
             println!("{policy} {n} {name} {ns:.1} ns");
         }
+    }
+    if want("exact_store16") {
+        let mut exact = ExactStore::new(n, policy == PolicyKind::Arc);
+        let ns = best(20_000, |_| exact.store16());
+        println!("{policy} {n} exact_store16 {ns:.1} ns");
     }
     if want("lookup16") {
         // The tier's own floor of a 16-key batch: its index probes of the batch (one lookup per
