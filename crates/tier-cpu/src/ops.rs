@@ -38,7 +38,9 @@ impl CpuTier {
     /// that are ghosts to `ghosts`, in key order: one probe per key, which tells a resident key,
     /// a ghost (only a policy that keeps ghosts in the table has any) and an absent key apart.
     /// A table small enough to stay cached hashes each key inside the probe loop; a large one
-    /// digests the batch first, requesting every key's lines before the first probe waits.
+    /// digests the batch first, requesting every key's lines before the first probe waits, and
+    /// with each likely row what the policy's touch of it reads first (LRU touch16 at 100k rows,
+    /// 16 interleaved runs: 633 -> 561 ns median, 12 of 16 faster; one dependent miss less).
     fn resolve_into(&mut self, keys: &[OffloadKey], out: &mut Vec<Option<ChunkId>>, ghosts: &mut Vec<u32>) {
         out.clear();
         ghosts.clear();
@@ -52,7 +54,9 @@ impl CpuTier {
         };
         if self.table.prefetches() {
             let mut digests = std::mem::take(&mut self.buf_digests);
-            self.table.digest_batch(keys, &mut digests);
+            let policy = &self.policy;
+            self.table
+                .digest_batch_with(keys, &mut digests, |row| policy.prefetch_touch(row));
             out.extend(
                 keys.iter()
                     .zip(&digests)

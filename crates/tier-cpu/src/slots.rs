@@ -211,6 +211,17 @@ impl ChunkTable {
     /// their index slots and then the rows they probably name, so the batch's cache misses
     /// overlap instead of queueing one key at a time. The prefetches are hints only.
     pub(crate) fn digest_batch(&self, keys: &[OffloadKey], digests: &mut Vec<u64>) {
+        self.digest_batch_with(keys, digests, |_| {});
+    }
+
+    /// [`ChunkTable::digest_batch`] that also hands each row it requests to `on_row`, for the
+    /// caller to request what it will read about that row.
+    pub(crate) fn digest_batch_with(
+        &self,
+        keys: &[OffloadKey],
+        digests: &mut Vec<u64>,
+        mut on_row: impl FnMut(ChunkId),
+    ) {
         digests.clear();
         digests.extend(keys.iter().map(digest_of));
         if keys.len() < 2 || !self.prefetching {
@@ -223,7 +234,10 @@ impl ChunkTable {
         }
         for &d in window {
             match self.index.likely(d) {
-                Some(id) if id & GHOST == 0 => crate::memory::prefetch(&self.rows[id as usize]),
+                Some(id) if id & GHOST == 0 => {
+                    crate::memory::prefetch(&self.rows[id as usize]);
+                    on_row(id);
+                }
                 Some(id) => self.ghosts.prefetch(id & !GHOST),
                 None => {}
             }

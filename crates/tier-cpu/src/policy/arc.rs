@@ -189,6 +189,12 @@ impl EvictionPolicy for ArcPolicy {
         }
     }
 
+    fn prefetch_touch(&self, chunk: ChunkId) {
+        if self.capacity > LINKS_CACHED_ROWS {
+            self.links.prefetch_node(chunk);
+        }
+    }
+
     fn touch(
         &mut self,
         _keys: &[OffloadKey],

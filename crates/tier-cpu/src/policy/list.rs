@@ -73,6 +73,14 @@ impl<T: Copy + Default> Links<T> {
         self.nodes[n as usize].data = data;
     }
 
+    /// Starts loading node `n`'s links (a hint only).
+    #[inline]
+    pub(crate) fn prefetch_node(&self, n: u32) {
+        if let Some(link) = self.nodes.get(n as usize) {
+            crate::memory::prefetch(link);
+        }
+    }
+
     /// Starts loading the links of `nodes` and then of their neighbours, so moving a batch of
     /// nodes overlaps its cache misses. A hint only: no list changes.
     pub(crate) fn prefetch<'a>(&self, nodes: impl Iterator<Item = u32> + Clone + 'a) {

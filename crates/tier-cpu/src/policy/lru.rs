@@ -358,6 +358,10 @@ impl EvictionPolicy for LruPolicy {
         self.detach(chunk);
     }
 
+    fn prefetch_touch(&self, chunk: ChunkId) {
+        self.links.prefetch_node(chunk);
+    }
+
     fn touch(
         &mut self,
         _keys: &[OffloadKey],

@@ -177,6 +177,13 @@ pub trait EvictionPolicy: Send {
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
 
+    /// Starts loading what a [`EvictionPolicy::touch`] of `chunk` reads first (a hint: the tier
+    /// calls it while a batch's rows are still on their way, so the policy's misses overlap
+    /// the table's instead of following them). Does nothing by default.
+    fn prefetch_touch(&self, chunk: ChunkId) {
+        let _ = chunk;
+    }
+
     /// A recency hint, keys in call order (the first key ends most recent); `chunks[i]` is the
     /// chunk of `keys[i]` (`None` when it is not resident).
     fn touch(
