@@ -12,7 +12,7 @@ use tiering_core::OffloadKey;
 use crate::buf::AlignedBuf;
 use crate::format::{BLOCK, SlabLayout, SlotDefect, SlotSeal, verify_slot};
 use crate::options::SyncPolicy;
-use crate::shared::{KeyOutcome, Run, RunItem, Shared, TaskOp};
+use crate::shared::{KeyOutcome, Run, RunItem, Shared, TaskOp, settle_followers};
 
 /// Per-thread scratch: for each slot of the longest run, its padding and seal block.
 pub(crate) struct Scratch {
@@ -260,6 +260,8 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
                 ),
             );
         }
+        // Stores of the same keys by later jobs, waiting for these writes (settled after the lock).
+        let mut ended = Vec::new();
         let outcomes: Vec<(usize, KeyOutcome)> = if written.is_ok() && shared.sync == SyncPolicy::Batch {
             slots
                 .iter()
@@ -271,19 +273,28 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
             slots
                 .iter()
                 .map(|&(idx, slot)| {
-                    let outcome = if written.is_err() {
+                    let ok = if written.is_err() {
                         index.abort(slot);
-                        KeyOutcome::Done(false)
-                    } else if index.commit(slot) {
-                        KeyOutcome::Written
+                        false
                     } else {
-                        KeyOutcome::Done(false)
+                        index.commit(slot)
                     };
-                    (idx, outcome)
+                    ended.push((shared.followers_of(&index, slot), ok));
+                    (
+                        idx,
+                        if ok {
+                            KeyOutcome::Written
+                        } else {
+                            KeyOutcome::Done(false)
+                        },
+                    )
                 })
                 .collect()
         };
         part.settle(outcomes);
+        for (followers, ok) in ended {
+            settle_followers(followers, ok);
+        }
         written.is_ok().then_some((bytes, took))
     }
 }
@@ -324,12 +335,14 @@ pub(crate) fn cancel(shared: &Shared, run: Run) {
     let Run { part, items, .. } = run;
     let n = items.len() as u64;
     let mut idxs = Vec::with_capacity(items.len());
+    let mut followers = Vec::new();
     {
         let mut index = shared.index.lock();
         for RunItem { idx, slot, op, .. } in items {
             match op {
                 TaskOp::Store(_) => {
                     index.abort(slot);
+                    followers.extend(shared.followers_of(&index, slot));
                 }
                 TaskOp::Load(_) => index.unpin(slot, false),
             }
@@ -338,4 +351,5 @@ pub(crate) fn cancel(shared: &Shared, run: Run) {
     }
     shared.counters.cancelled.add(n);
     part.settle(idxs.into_iter().map(|idx| (idx, KeyOutcome::Done(false))));
+    settle_followers(followers, false);
 }

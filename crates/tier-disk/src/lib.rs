@@ -11,7 +11,8 @@
 //! - **Writes never overwrite a live chunk**: a store reserves a free slot (or evicts the least
 //!   recently used chunk nobody is reading), writes it, and only then flips the index entry
 //!   (after `fdatasync` with `sync = "always"`, after the job's one `fdatasync` with
-//!   `sync = "batch"`).
+//!   `sync = "batch"`). A store of a key another job is writing ends as that write does: it
+//!   reports nothing before the key is durable.
 //! - **Index**: in memory, rebuilt at open by scanning every slot's seal and first payload block;
 //!   newest sequence wins, torn or damaged slots become free, a slab of another geometry or
 //!   format is refused with a clear error (or wiped with `wipe_on_mismatch = true`). Lookups are

@@ -4,6 +4,7 @@
 //! tier's `tier_kit::JobFinisher`). Exactly one result per job, the ledger, the queue and the
 //! threads are `tier-kit`'s.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -49,6 +50,19 @@ pub(crate) enum KeyOutcome {
 
 /// A job being cut into runs; it is reported when its last run is settled.
 pub(crate) type DiskSplit = SplitJob<JobKeys, KeyOutcome>;
+
+/// The keys of a store job that another job is writing already: they end as that write ends
+/// (see [`Shared::follow`]).
+pub(crate) type Follower = Part<JobKeys, KeyOutcome>;
+
+/// Settles `followers` of a write that ended: stored (`ok`) or not. Called without the index
+/// lock, since settling a job's last part finishes the job, which may take it.
+pub(crate) fn settle_followers(followers: Vec<Follower>, ok: bool) {
+    for part in followers {
+        let idxs = part.indices().to_vec();
+        part.settle(idxs.into_iter().map(|i| (i, KeyOutcome::Done(ok))));
+    }
+}
 
 /// The row an item copies from (store) or into (load).
 pub(crate) enum TaskOp {
@@ -132,6 +146,9 @@ pub(crate) struct Shared {
     pub(crate) meters: Mutex<(DirectionCost, DirectionCost)>,
     /// Sleep before each submission's I/O (the `inject_io_delay` option; zero: none).
     pub(crate) io_delay: Duration,
+    /// Store keys waiting for the write of the same key into a slot, by slot. Locked only while
+    /// holding the index lock, under which slots start and end their writes.
+    followers: Mutex<HashMap<u32, Vec<Follower>>>,
 }
 
 impl Shared {
@@ -158,7 +175,28 @@ impl Shared {
             max_run: max_run.max(1),
             meters: Mutex::new((DirectionCost::default(), DirectionCost::default())),
             io_delay,
+            followers: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Makes `part` wait for the write in flight into `slot` (of the same key, by another job):
+    /// a store must not report a key stored before it is, least of all under `sync = "always"`
+    /// before the write is durable, nor report it stored when that write then fails. The caller
+    /// holds the index lock, under which the slot is `Writing`, and whoever commits or aborts
+    /// the write takes the followers ([`Shared::followers_of`]).
+    pub(crate) fn follow(&self, _index: &Index, slot: u32, part: Follower) {
+        self.followers.lock().entry(slot).or_default().push(part);
+    }
+
+    /// Takes the stores waiting for the write into `slot`, which the caller just committed or
+    /// aborted while holding the index lock; it settles them ([`settle_followers`]) once it let
+    /// go of the lock.
+    pub(crate) fn followers_of(&self, _index: &Index, slot: u32) -> Vec<Follower> {
+        let mut map = self.followers.lock();
+        if map.is_empty() {
+            return Vec::new();
+        }
+        map.remove(&slot).unwrap_or_default()
     }
 
     /// Records one finished submission of `bytes` whose I/O took `took` after waiting `waited`
@@ -201,16 +239,26 @@ impl Shared {
                 format_args!("disk tier: fdatasync failed, the job's chunks are dropped: {e}"),
             );
         }
-        let mut index = self.index.lock();
-        for o in outcomes.iter_mut() {
-            if let KeyOutcome::Unsynced(slot) = *o {
-                *o = if synced.is_ok() && index.commit(slot) {
-                    KeyOutcome::Written
-                } else {
-                    index.abort(slot);
-                    KeyOutcome::Done(false)
-                };
+        let mut ended = Vec::new();
+        {
+            let mut index = self.index.lock();
+            for o in outcomes.iter_mut() {
+                if let KeyOutcome::Unsynced(slot) = *o {
+                    let ok = synced.is_ok() && index.commit(slot);
+                    if !ok {
+                        index.abort(slot);
+                    }
+                    *o = if ok {
+                        KeyOutcome::Written
+                    } else {
+                        KeyOutcome::Done(false)
+                    };
+                    ended.push((self.followers_of(&index, slot), ok));
+                }
             }
+        }
+        for (followers, ok) in ended {
+            settle_followers(followers, ok);
         }
     }
 }

@@ -431,7 +431,9 @@ impl SecondaryTier for DiskTier {
         let mut first: KeyMap<usize> = KeyMap::default();
         let mut deduplicated = 0u64;
         let mut refused = 0u64;
-        {
+        // Keys another job is writing: (index in this job, the slot being written).
+        let mut follows: Vec<(usize, u32)> = Vec::new();
+        let job = {
             let mut index = self.shared.index.lock();
             // Jobs continue where the previous one stopped: the slab is then written as a log
             // while its next slots are old, and every job's slots are consecutive.
@@ -442,11 +444,20 @@ impl SecondaryTier for DiskTier {
                     continue;
                 }
                 first.insert(*key, i);
-                if index.holds(key) {
-                    // Keys name content: a copy that is stored (or being stored) is the same.
-                    outcomes[i] = KeyOutcome::Done(true);
-                    deduplicated += 1;
-                    continue;
+                // Keys name content: a copy that is stored, or being stored, is the same. One
+                // being stored is stored once that write is (see `Shared::follow`).
+                match index.slot_of(key) {
+                    Some((slot, SlotState::Writing { .. })) => {
+                        follows.push((i, slot));
+                        deduplicated += 1;
+                        continue;
+                    }
+                    Some(_) => {
+                        outcomes[i] = KeyOutcome::Done(true);
+                        deduplicated += 1;
+                        continue;
+                    }
+                    None => {}
                 }
                 match index.reserve(*key, last_slot) {
                     Reservation::Slot {
@@ -464,7 +475,13 @@ impl SecondaryTier for DiskTier {
                     }
                 }
             }
-        }
+            // Still under the lock the writes end under: none of them can end unseen.
+            let job = self.split(ticket, kind, keys, outcomes);
+            for (i, slot) in follows {
+                self.shared.follow(&index, slot, job.part(vec![i]));
+            }
+            job
+        };
         let c = &self.shared.counters;
         c.deduplicated.add(deduplicated);
         c.not_admitted.add(refused);
@@ -479,7 +496,7 @@ impl SecondaryTier for DiskTier {
             );
         }
         self.shared.event(evicted, true);
-        self.launch(self.split(ticket, kind, keys, outcomes), tasks);
+        self.launch(job, tasks);
     }
 
     fn submit_load(&mut self, job: TransferJob) {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::{PATIENCE, Rig, capacity_for, content, key, keys, options};
-use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, FaultInjector};
+use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, FaultInjector, SyncPolicy};
 use tiering_core::{JobOutcome, SecondaryTier};
 
 const CHUNK: usize = 16 * 1024;
@@ -405,4 +405,118 @@ fn a_slot_under_read_is_never_evicted_and_a_store_with_no_room_fails() {
     assert!(rig.tier.stats().resident_chunks <= 2);
     let file = std::fs::metadata(rig.tier.slab_path()).unwrap().len();
     assert!(file <= capacity_for(2, CHUNK));
+}
+
+/// A store job of `keys` whose chunks sit in arena rows `rows` (filled with the keys' contents).
+fn store_job_in_rows(
+    rig: &Rig,
+    id: u64,
+    keys: &[tiering_core::OffloadKey],
+    rows: &[u32],
+) -> tiering_core::TransferJob {
+    for (k, &r) in keys.iter().zip(rows) {
+        rig.arena
+            .write_row(r)
+            .unwrap()
+            .copy_from_slice(&content(k, CHUNK));
+    }
+    tiering_core::TransferJob {
+        id: tiering_core::JobId(id),
+        kind: tiering_core::JobKind::Store,
+        keys: keys.to_vec(),
+        chunk_ids: rows.to_vec(),
+        req: tiering_core::ReqContext::local("same key"),
+        rows: tiering_core::arena::RowGrant::Read(rig.arena.read_rows(rows).unwrap()),
+    }
+}
+
+#[test]
+fn a_store_of_a_key_another_job_is_writing_ends_as_that_write_does() {
+    for sync in [SyncPolicy::Always, SyncPolicy::Batch] {
+        for write_fails in [false, true] {
+            let case = format!("sync {sync:?}, the first write fails: {write_fails}");
+            let dir = tempfile::tempdir().unwrap();
+            let mut opts = options(dir.path(), 8, CHUNK);
+            opts.sync = sync;
+            let (mut rig, faults) = rig_with_faults(&opts, 4);
+            faults.hold_io();
+            if write_fails {
+                faults.fail_writes(Some(libc::EIO));
+            }
+            rig.tier
+                .submit_store(store_job_in_rows(&rig, 1, &keys(0..1), &[0]));
+            assert!(faults.wait_until_held(1, PATIENCE), "{case}");
+            // The same key from another job (another row, same content) while the write is held.
+            rig.tier
+                .submit_store(store_job_in_rows(&rig, 2, &keys(0..1), &[1]));
+            let mut early = Vec::new();
+            rig.tier.poll_finished(&mut early);
+            let pending = rig.tier.has_pending_work();
+            let writes_while_held = faults.write_calls();
+            // Released before asserting, so a failure does not leave the I/O thread held.
+            faults.release_io();
+            assert!(
+                early.is_empty(),
+                "{case}: neither store may report the key before its one write ended: {early:?}"
+            );
+            assert!(pending, "{case}");
+            assert_eq!(writes_while_held, 0, "{case}: nothing written while held");
+            let mut results = rig.wait(2);
+            results.sort_by_key(|r| r.id);
+            let want = if write_fails {
+                JobOutcome::Failed
+            } else {
+                JobOutcome::Ok
+            };
+            assert_eq!(results[0].outcome, want, "{case}: the writing job");
+            assert_eq!(
+                results[1].outcome, want,
+                "{case}: the job that found the key being written ends as that write did"
+            );
+            assert_eq!(faults.write_calls(), 1, "{case}: one write of the key");
+            assert_eq!(rig.hit(&key(0)), !write_fails, "{case}");
+            if !write_fails {
+                rig.assert_loads(&keys(0..1));
+            }
+            assert_eq!(rig.tier.stats().extra["deduplicated_keys"], 1.0, "{case}");
+            assert!(!rig.tier.has_pending_work(), "{case}");
+        }
+    }
+}
+
+#[test]
+fn a_store_waiting_for_a_cancelled_write_fails_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(dir.path(), 8, CHUNK);
+    opts.io_threads = 1;
+    let (mut rig, faults) = rig_with_faults(&opts, 4);
+    faults.hold_io();
+    // One I/O thread: key 0's write is held, key 1's queued behind it.
+    rig.tier
+        .submit_store(store_job_in_rows(&rig, 1, &keys(0..1), &[0]));
+    assert!(faults.wait_until_held(1, PATIENCE));
+    rig.tier
+        .submit_store(store_job_in_rows(&rig, 2, &keys(1..2), &[1]));
+    // A third job stores both keys: it follows the held write and the queued one.
+    rig.tier
+        .submit_store(store_job_in_rows(&rig, 3, &keys(0..2), &[2, 3]));
+    faults.release_io_on_drain();
+    rig.tier.drain_jobs();
+    let mut results = Vec::new();
+    rig.tier.poll_finished(&mut results);
+    results.sort_by_key(|r| r.id);
+    let outcomes: Vec<_> = results.iter().map(|r| (r.id.0, r.outcome.clone())).collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            (1, JobOutcome::Ok),
+            (2, JobOutcome::Failed),
+            (3, JobOutcome::Partial(keys(0..1))),
+        ],
+        "the follower of the cancelled write fails with it, the other key is stored"
+    );
+    assert!(rig.hit(&key(0)));
+    assert!(!rig.hit(&key(1)));
+    assert_eq!(rig.arena.granted_rows(), 0);
+    assert!(!rig.tier.has_pending_work());
 }
