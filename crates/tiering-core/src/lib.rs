@@ -75,8 +75,8 @@ pub use manager::{
 pub use offloading::OffloadingManager;
 pub use outcome::{LookupResult, OffloadPolicy, PrepareStoreOutput, ScheduleEndContext};
 pub use request::{
-    Locality, Medium, ReqContext, ReqContextBuilder, RequestId, TierFilter, TierInfo, TierMatcher,
-    TransferParams,
+    Locality, Medium, ReqContext, ReqContextBuilder, ReqLiveness, RequestId, TierFilter, TierInfo,
+    TierMatcher, TransferParams,
 };
 pub use stats::{ManagerCounters, ManagerStats, PromotionDecisions, TierGateStats, TierStats};
 pub use tier::{ParentManager, PrimaryTier, Redescribed, SecondaryTier, TierHealth};

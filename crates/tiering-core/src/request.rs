@@ -3,7 +3,7 @@
 
 use std::any::{Any, TypeId};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -329,6 +329,28 @@ impl ReqContext {
     #[must_use]
     pub fn same_as(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// Tells whether a [`ReqContext`] is still alive (any handle of it left) without keeping it
+/// alive: for state a tier keeps per request outside the context, to be let go of once the
+/// engine has let go of the request. Costs no allocation.
+#[derive(Clone, Debug, Default)]
+pub struct ReqLiveness(Weak<ReqContextInner>);
+
+impl ReqLiveness {
+    /// Whether any handle of the context is left (`false` for the default value).
+    #[must_use]
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
+    }
+}
+
+impl ReqContext {
+    /// A [`ReqLiveness`] of this context.
+    #[must_use]
+    pub fn liveness(&self) -> ReqLiveness {
+        ReqLiveness(Arc::downgrade(&self.0))
     }
 }
 

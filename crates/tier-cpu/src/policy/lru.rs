@@ -16,7 +16,7 @@
 //!   protected (normally few, since pins last one transfer).
 //!
 //! A group's sentinel is recycled once the group is empty and its request context is gone
-//! (detected through a `Weak` token). Finishing is not enough: a finished request may still store
+//! (detected through the context's [`ReqLiveness`](tiering_core::ReqLiveness)). Finishing is not enough: a finished request may still store
 //! a key it observed before (one whose earlier store failed or was evicted since), and vLLM 0.33.0
 //! then ranks it with the request's old rank, among the oldest keys. Keeping the sentinel costs
 //! one node per live context, released with the context, so nothing accumulates for finished
@@ -24,10 +24,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
 
 use tiering_core::KeyBuildHasher;
-use tiering_core::{OffloadKey, ReqContext, arena::ChunkId};
+use tiering_core::{OffloadKey, ReqContext, ReqLiveness, arena::ChunkId};
 
 use super::list::{Links, List, NIL};
 use super::{EvictionPolicy, FinishedKey, KeyRef, PolicyKind, PolicySnapshot, Protected, SlotView};
@@ -40,8 +39,6 @@ struct RequestRank {
     owner: u64,
     generation: u64,
     rank: u64,
-    /// Keeps the group's `Weak` alive while the request context lives.
-    _token: Option<Arc<()>>,
 }
 
 impl RequestRank {
@@ -50,7 +47,6 @@ impl RequestRank {
             owner: 0,
             generation: 0,
             rank: 0,
-            _token: None,
         }
     }
 }
@@ -61,12 +57,13 @@ struct Group {
     /// The last member, or the sentinel when the group is empty.
     last: u32,
     len: usize,
-    token: Weak<()>,
+    /// Whether the request's context is still alive.
+    request: ReqLiveness,
 }
 
 impl Group {
     fn reclaimable(&self) -> bool {
-        self.len == 0 && self.token.strong_count() == 0
+        self.len == 0 && !self.request.is_alive()
     }
 }
 
@@ -162,7 +159,6 @@ impl LruPolicy {
             }
             let sentinel = self.alloc_sentinel()?;
             let rank = self.fresh_rank();
-            let token = Arc::new(());
             self.links.set_data(sentinel, rank);
             self.lo[sentinel as usize] = i64::MIN;
             self.order.push_back(&mut self.links, sentinel);
@@ -172,7 +168,7 @@ impl LruPolicy {
                     sentinel,
                     last: sentinel,
                     len: 0,
-                    token: Arc::downgrade(&token),
+                    request: ctx.liveness(),
                 },
             );
             self.sweep_groups(rank);
@@ -180,7 +176,6 @@ impl LruPolicy {
                 owner,
                 generation,
                 rank,
-                _token: Some(token),
             };
             Some(rank)
         })
