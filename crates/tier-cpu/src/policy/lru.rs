@@ -16,9 +16,10 @@
 //!   protected (normally few, since pins last one transfer).
 //!
 //! A group's sentinel is recycled once the group is empty and its request context is gone
-//! (detected through the context's [`ReqLiveness`](tiering_core::ReqLiveness)). Finishing is not enough: a finished request may still store
-//! a key it observed before (one whose earlier store failed or was evicted since), and vLLM 0.33.0
-//! then ranks it with the request's old rank, among the oldest keys. Keeping the sentinel costs
+//! (detected through the context's [`ReqLiveness`](tiering_core::ReqLiveness)). Finishing is not
+//! enough: a finished request may still store a key it observed before (one whose earlier store
+//! failed or was evicted since), and vLLM 0.33.0 then ranks it with the request's old rank, among
+//! the oldest keys. Keeping the sentinel costs
 //! one node per live context, released with the context, so nothing accumulates for finished
 //! requests the engine has let go of.
 
