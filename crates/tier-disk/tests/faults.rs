@@ -8,7 +8,7 @@ use std::process::Command;
 
 use common::{PATIENCE, Rig, capacity_for, content, key, keys, options};
 use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, FaultInjector, SyncPolicy};
-use tiering_core::{JobOutcome, SecondaryTier};
+use tiering_core::{JobId, JobOutcome, SecondaryTier};
 
 const CHUNK: usize = 16 * 1024;
 
@@ -325,15 +325,8 @@ fn shutdown_with_queued_jobs_reports_them_failed() {
     rig.tier.submit_load(a);
     assert!(faults.wait_until_held(1, PATIENCE));
     // Rows 0 and 1 are granted to the load: this store reads rows 2 and 3.
-    let rows = [2u32, 3];
-    let job = tiering_core::TransferJob {
-        id: tiering_core::JobId(99),
-        kind: tiering_core::JobKind::Store,
-        keys: keys(10..12),
-        chunk_ids: rows.to_vec(),
-        req: tiering_core::ReqContext::local("t"),
-        rows: tiering_core::arena::RowGrant::Read(rig.arena.read_rows(&rows).unwrap()),
-    };
+    let job = rig.store_job_in_rows(&keys(10..12), &[2, 3]);
+    let store_id = job.id;
     rig.tier.submit_store(job);
     faults.release_io_on_drain();
     rig.tier.shutdown().unwrap();
@@ -341,7 +334,7 @@ fn shutdown_with_queued_jobs_reports_them_failed() {
     rig.tier.poll_finished(&mut results);
     results.sort_by_key(|r| r.id);
     assert_eq!(results.len(), 2, "every job is reported once, {results:?}");
-    assert_eq!(results[1].id, tiering_core::JobId(99));
+    assert_eq!(results[1].id, store_id);
     assert_eq!(
         results[1].outcome,
         JobOutcome::Failed,
@@ -407,29 +400,6 @@ fn a_slot_under_read_is_never_evicted_and_a_store_with_no_room_fails() {
     assert!(file <= capacity_for(2, CHUNK));
 }
 
-/// A store job of `keys` whose chunks sit in arena rows `rows` (filled with the keys' contents).
-fn store_job_in_rows(
-    rig: &Rig,
-    id: u64,
-    keys: &[tiering_core::OffloadKey],
-    rows: &[u32],
-) -> tiering_core::TransferJob {
-    for (k, &r) in keys.iter().zip(rows) {
-        rig.arena
-            .write_row(r)
-            .unwrap()
-            .copy_from_slice(&content(k, CHUNK));
-    }
-    tiering_core::TransferJob {
-        id: tiering_core::JobId(id),
-        kind: tiering_core::JobKind::Store,
-        keys: keys.to_vec(),
-        chunk_ids: rows.to_vec(),
-        req: tiering_core::ReqContext::local("same key"),
-        rows: tiering_core::arena::RowGrant::Read(rig.arena.read_rows(rows).unwrap()),
-    }
-}
-
 #[test]
 fn a_store_of_a_key_another_job_is_writing_ends_as_that_write_does() {
     for sync in [SyncPolicy::Always, SyncPolicy::Batch] {
@@ -443,12 +413,12 @@ fn a_store_of_a_key_another_job_is_writing_ends_as_that_write_does() {
             if write_fails {
                 faults.fail_writes(Some(libc::EIO));
             }
-            rig.tier
-                .submit_store(store_job_in_rows(&rig, 1, &keys(0..1), &[0]));
+            let first = rig.store_job_in_rows(&keys(0..1), &[0]);
+            rig.tier.submit_store(first);
             assert!(faults.wait_until_held(1, PATIENCE), "{case}");
             // The same key from another job (another row, same content) while the write is held.
-            rig.tier
-                .submit_store(store_job_in_rows(&rig, 2, &keys(0..1), &[1]));
+            let second = rig.store_job_in_rows(&keys(0..1), &[1]);
+            rig.tier.submit_store(second);
             let mut early = Vec::new();
             rig.tier.poll_finished(&mut early);
             let pending = rig.tier.has_pending_work();
@@ -492,26 +462,28 @@ fn a_store_waiting_for_a_cancelled_write_fails_with_it() {
     let (mut rig, faults) = rig_with_faults(&opts, 4);
     faults.hold_io();
     // One I/O thread: key 0's write is held, key 1's queued behind it.
-    rig.tier
-        .submit_store(store_job_in_rows(&rig, 1, &keys(0..1), &[0]));
+    let first = rig.store_job_in_rows(&keys(0..1), &[0]);
+    let ids = [first.id, JobId(first.id.0 + 1), JobId(first.id.0 + 2)];
+    rig.tier.submit_store(first);
     assert!(faults.wait_until_held(1, PATIENCE));
-    rig.tier
-        .submit_store(store_job_in_rows(&rig, 2, &keys(1..2), &[1]));
+    let second = rig.store_job_in_rows(&keys(1..2), &[1]);
+    rig.tier.submit_store(second);
     // A third job stores both keys: it follows the held write and the queued one.
-    rig.tier
-        .submit_store(store_job_in_rows(&rig, 3, &keys(0..2), &[2, 3]));
+    let third = rig.store_job_in_rows(&keys(0..2), &[2, 3]);
+    assert_eq!(third.id, ids[2], "job ids follow each other");
+    rig.tier.submit_store(third);
     faults.release_io_on_drain();
     rig.tier.drain_jobs();
     let mut results = Vec::new();
     rig.tier.poll_finished(&mut results);
     results.sort_by_key(|r| r.id);
-    let outcomes: Vec<_> = results.iter().map(|r| (r.id.0, r.outcome.clone())).collect();
+    let outcomes: Vec<_> = results.iter().map(|r| (r.id, r.outcome.clone())).collect();
     assert_eq!(
         outcomes,
         vec![
-            (1, JobOutcome::Ok),
-            (2, JobOutcome::Failed),
-            (3, JobOutcome::Partial(keys(0..1))),
+            (ids[0], JobOutcome::Ok),
+            (ids[1], JobOutcome::Failed),
+            (ids[2], JobOutcome::Partial(keys(0..1))),
         ],
         "the follower of the cancelled write fails with it, the other key is stored"
     );

@@ -84,7 +84,13 @@ impl Rig {
     /// contents.
     pub fn store_job(&mut self, keys: &[OffloadKey]) -> TransferJob {
         let rows: Vec<u32> = (0..keys.len() as u32).collect();
-        for (k, &r) in keys.iter().zip(&rows) {
+        self.store_job_in_rows(keys, &rows)
+    }
+
+    /// A store job of `keys`, key `i` in arena row `rows[i]` (filled with the key's contents): for
+    /// a job whose rows must differ from another's still in flight.
+    pub fn store_job_in_rows(&mut self, keys: &[OffloadKey], rows: &[u32]) -> TransferJob {
+        for (k, &r) in keys.iter().zip(rows) {
             let mut w = self.arena.write_row(r).unwrap();
             let bytes = content(k, w.len());
             w.copy_from_slice(&bytes);
@@ -93,9 +99,9 @@ impl Rig {
             id: self.job_id(),
             kind: JobKind::Store,
             keys: keys.to_vec(),
-            chunk_ids: rows.clone(),
+            chunk_ids: rows.to_vec(),
             req: ReqContext::local("test"),
-            rows: RowGrant::Read(self.arena.read_rows(&rows).unwrap()),
+            rows: RowGrant::Read(self.arena.read_rows(rows).unwrap()),
         }
     }
 
