@@ -245,6 +245,17 @@ fn a_read_error_fails_that_key_and_drops_it() {
     rig.assert_loads(&[key(2)]);
 }
 
+/// `drain_jobs` on a tier whose I/O `faults` hold (released once the queued jobs are cancelled);
+/// every job's outcome, by job id.
+fn drain_held(tier: &mut DiskTier, faults: &FaultInjector) -> Vec<(JobId, JobOutcome)> {
+    faults.release_io_on_drain();
+    tier.drain_jobs();
+    let mut results = Vec::new();
+    tier.poll_finished(&mut results);
+    results.sort_by_key(|r| r.id);
+    results.into_iter().map(|r| (r.id, r.outcome)).collect()
+}
+
 #[test]
 fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
     let dir = tempfile::tempdir().unwrap();
@@ -281,12 +292,7 @@ fn drain_jobs_cancels_queued_jobs_and_finishes_the_running_copy() {
     assert!(tier.has_pending_work());
     // The first job's two consecutive slots are one write, held at the gate.
     assert_eq!(tier.stats().extra["queued_chunks"], 4.0);
-    faults.release_io_on_drain();
-    tier.drain_jobs();
-    let mut results = Vec::new();
-    tier.poll_finished(&mut results);
-    results.sort_by_key(|r| r.id);
-    let outcomes: Vec<_> = results.iter().map(|r| (r.id, r.outcome.clone())).collect();
+    let outcomes = drain_held(&mut tier, &faults);
     assert_eq!(
         outcomes,
         vec![
@@ -472,12 +478,7 @@ fn a_store_waiting_for_a_cancelled_write_fails_with_it() {
     let third = rig.store_job_in_rows(&keys(0..2), &[2, 3]);
     assert_eq!(third.id, ids[2], "job ids follow each other");
     rig.tier.submit_store(third);
-    faults.release_io_on_drain();
-    rig.tier.drain_jobs();
-    let mut results = Vec::new();
-    rig.tier.poll_finished(&mut results);
-    results.sort_by_key(|r| r.id);
-    let outcomes: Vec<_> = results.iter().map(|r| (r.id, r.outcome.clone())).collect();
+    let outcomes = drain_held(&mut rig.tier, &faults);
     assert_eq!(
         outcomes,
         vec![
