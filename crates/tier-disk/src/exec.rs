@@ -11,6 +11,7 @@ use tiering_core::OffloadKey;
 
 use crate::buf::AlignedBuf;
 use crate::format::{BLOCK, SlabLayout, SlotDefect, SlotSeal, verify_slot};
+use crate::index::SlotState;
 use crate::options::SyncPolicy;
 use crate::shared::{KeyOutcome, Run, RunItem, Shared, TaskOp, settle_followers};
 
@@ -245,6 +246,18 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         let Run { part, items, .. } = run;
         // The primary rows are no longer needed; the manager's pins last until the result.
         let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
+        let mut unsettled = UnsettledWrites {
+            shared,
+            slots: slots.iter().map(|&(_, slot)| slot).collect(),
+        };
+        #[cfg(feature = "test-utils")]
+        if shared
+            .slab
+            .faults()
+            .is_some_and(crate::faults::FaultInjector::panics_settling)
+        {
+            panic!("injected fault: panic while settling a store's write");
+        }
         // The run went in slot order; its keys enter the LRU order in the job's key order.
         slots.sort_unstable_by_key(|&(idx, _)| idx);
         if let Err(e) = &written {
@@ -291,11 +304,41 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
                 })
                 .collect()
         };
+        // Committed or aborted above, or (`sync = "batch"`) the job's to flip once it is settled.
+        unsettled.slots.clear();
         part.settle(outcomes);
         for (followers, ok) in ended {
             settle_followers(followers, ok);
         }
         written.is_ok().then_some((bytes, took))
+    }
+}
+
+/// The slots of a store run whose write returned and which are not yet committed, aborted or
+/// handed to their job: if the thread panics before they are (the pool catches it and fails the
+/// job), dropping this aborts them, or they would stay `Writing` for good, and a later store of
+/// their keys would wait for a write that never ends.
+struct UnsettledWrites<'a> {
+    shared: &'a Shared,
+    slots: Vec<u32>,
+}
+
+impl Drop for UnsettledWrites<'_> {
+    fn drop(&mut self) {
+        if self.slots.is_empty() {
+            return;
+        }
+        let mut followers = Vec::new();
+        {
+            let mut index = self.shared.index.lock();
+            for &slot in &self.slots {
+                if matches!(index.state(slot), Some(SlotState::Writing { .. })) {
+                    index.abort(slot);
+                    followers.extend(self.shared.followers_of(&index, slot));
+                }
+            }
+        }
+        settle_followers(followers, false);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
@@ -19,6 +19,7 @@ struct Gate {
 struct FaultState {
     write_errno: AtomicI32,
     read_errno: AtomicI32,
+    panic_settling: AtomicBool,
     write_budget: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
@@ -54,6 +55,7 @@ impl FaultInjector {
         Self(Arc::new(FaultState {
             write_errno: AtomicI32::new(0),
             read_errno: AtomicI32::new(0),
+            panic_settling: AtomicBool::new(false),
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -66,6 +68,17 @@ impl FaultInjector {
     /// stops failing.
     pub fn fail_writes(&self, errno: Option<i32>) {
         self.0.write_errno.store(errno.unwrap_or(0), Ordering::SeqCst);
+    }
+
+    /// While `on`, an I/O thread panics after a store's write returns and before it settles the
+    /// write's slots, as a bug in that code would.
+    pub fn panic_settling_writes(&self, on: bool) {
+        self.0.panic_settling.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether settling a store's write panics ([`FaultInjector::panic_settling_writes`]).
+    pub(crate) fn panics_settling(&self) -> bool {
+        self.0.panic_settling.load(Ordering::SeqCst)
     }
 
     /// Every slot read fails with `errno`; `None` stops failing.

@@ -493,3 +493,34 @@ fn a_store_waiting_for_a_cancelled_write_fails_with_it() {
     assert_eq!(rig.arena.granted_rows(), 0);
     assert!(!rig.tier.has_pending_work());
 }
+
+#[test]
+fn a_panic_while_settling_a_write_frees_its_slots_and_later_stores_of_the_key_work() {
+    for sync in [SyncPolicy::Always, SyncPolicy::Batch] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(dir.path(), 8, CHUNK);
+        opts.sync = sync;
+        let (mut rig, faults) = rig_with_faults(&opts, 4);
+        faults.panic_settling_writes(true);
+        let r = rig.store(&keys(0..2));
+        assert_eq!(
+            r.outcome,
+            JobOutcome::Failed,
+            "{sync:?}: the panicked job fails, once"
+        );
+        faults.panic_settling_writes(false);
+        assert!(!rig.hit(&key(0)), "{sync:?}");
+        // The slots were freed, not left being written: the keys store again (no store waits
+        // for the write that never settled) and every slot is usable.
+        assert_eq!(rig.store(&keys(0..2)).outcome, JobOutcome::Ok, "{sync:?}");
+        rig.assert_loads(&keys(0..2));
+        assert_eq!(rig.store(&keys(2..4)).outcome, JobOutcome::Ok, "{sync:?}");
+        assert_eq!(rig.store(&keys(4..8)).outcome, JobOutcome::Ok, "{sync:?}");
+        assert_eq!(
+            rig.tier.stats().resident_chunks,
+            8,
+            "{sync:?}: all 8 slots hold a chunk"
+        );
+        assert!(!rig.tier.has_pending_work(), "{sync:?}");
+    }
+}
