@@ -245,11 +245,11 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         };
         let Run { part, items, .. } = run;
         // The primary rows are no longer needed; the manager's pins last until the result.
-        let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
         let mut unsettled = UnsettledWrites {
             shared,
-            slots: slots.iter().map(|&(_, slot)| slot).collect(),
+            writes: items.iter().map(|i| (i.slot, i.seq)).collect(),
         };
+        let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
         #[cfg(feature = "test-utils")]
         if shared
             .slab
@@ -286,13 +286,8 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
             slots
                 .iter()
                 .map(|&(idx, slot)| {
-                    let ok = if written.is_err() {
-                        index.abort(slot);
-                        false
-                    } else {
-                        index.commit(slot)
-                    };
-                    ended.push((shared.followers_of(&index, slot), ok));
+                    let (ok, followers) = shared.end_write(&mut index, slot, written.is_ok());
+                    ended.push((followers, ok));
                     (
                         idx,
                         if ok {
@@ -305,7 +300,7 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
                 .collect()
         };
         // Committed or aborted above, or (`sync = "batch"`) the job's to flip once it is settled.
-        unsettled.slots.clear();
+        unsettled.writes.clear();
         part.settle(outcomes);
         for (followers, ok) in ended {
             settle_followers(followers, ok);
@@ -320,21 +315,22 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
 /// their keys would wait for a write that never ends.
 struct UnsettledWrites<'a> {
     shared: &'a Shared,
-    slots: Vec<u32>,
+    /// Each write's slot and write number (a slot this run did end may carry another write by
+    /// now, which is not this guard's to abort).
+    writes: Vec<(u32, u64)>,
 }
 
 impl Drop for UnsettledWrites<'_> {
     fn drop(&mut self) {
-        if self.slots.is_empty() {
+        if self.writes.is_empty() {
             return;
         }
         let mut followers = Vec::new();
         {
             let mut index = self.shared.index.lock();
-            for &slot in &self.slots {
-                if matches!(index.state(slot), Some(SlotState::Writing { .. })) {
-                    index.abort(slot);
-                    followers.extend(self.shared.followers_of(&index, slot));
+            for &(slot, seq) in &self.writes {
+                if matches!(index.state(slot), Some(SlotState::Writing { seq: s, .. }) if s == seq) {
+                    followers.extend(self.shared.end_write(&mut index, slot, false).1);
                 }
             }
         }
@@ -383,10 +379,7 @@ pub(crate) fn cancel(shared: &Shared, run: Run) {
         let mut index = shared.index.lock();
         for RunItem { idx, slot, op, .. } in items {
             match op {
-                TaskOp::Store(_) => {
-                    index.abort(slot);
-                    followers.extend(shared.followers_of(&index, slot));
-                }
+                TaskOp::Store(_) => followers.extend(shared.end_write(&mut index, slot, false).1),
                 TaskOp::Load(_) => index.unpin(slot, false),
             }
             idxs.push(idx);

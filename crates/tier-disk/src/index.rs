@@ -240,7 +240,8 @@ impl Index {
     }
 
     /// Reserves a slot for writing `key`: a free one, else the least recently used live slot
-    /// nobody reads. The caller must have checked that the key is not [`held`](Self::holds).
+    /// nobody reads. The caller must have checked that the key has no slot
+    /// ([`slot_of`](Self::slot_of)).
     ///
     /// `after` is the slot reserved for the previous key of the same job: when no slot is free
     /// and the one after it is old (unused for as many uses of the LRU list as half the live

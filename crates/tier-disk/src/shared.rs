@@ -183,20 +183,27 @@ impl Shared {
     /// a store must not report a key stored before it is, least of all under `sync = "always"`
     /// before the write is durable, nor report it stored when that write then fails. The caller
     /// holds the index lock, under which the slot is `Writing`, and whoever commits or aborts
-    /// the write takes the followers ([`Shared::followers_of`]).
+    /// the write takes the followers ([`Shared::end_write`]).
     pub(crate) fn follow(&self, _index: &Index, slot: u32, part: Follower) {
         self.followers.lock().entry(slot).or_default().push(part);
     }
 
-    /// Takes the stores waiting for the write into `slot`, which the caller just committed or
-    /// aborted while holding the index lock; it settles them ([`settle_followers`]) once it let
-    /// go of the lock.
-    pub(crate) fn followers_of(&self, _index: &Index, slot: u32) -> Vec<Follower> {
-        let mut map = self.followers.lock();
-        if map.is_empty() {
-            return Vec::new();
+    /// Ends the write into `slot`: commits it when it `landed` (and is still being written),
+    /// aborts it otherwise. Returns whether the key is now stored, and the stores that waited
+    /// for this write, for the caller to settle ([`settle_followers`]) once it let go of the
+    /// index lock it holds.
+    pub(crate) fn end_write(&self, index: &mut Index, slot: u32, landed: bool) -> (bool, Vec<Follower>) {
+        let stored = landed && index.commit(slot);
+        if !stored {
+            index.abort(slot);
         }
-        map.remove(&slot).unwrap_or_default()
+        let mut waiting = self.followers.lock();
+        let followers = if waiting.is_empty() {
+            Vec::new()
+        } else {
+            waiting.remove(&slot).unwrap_or_default()
+        };
+        (stored, followers)
     }
 
     /// Records one finished submission of `bytes` whose I/O took `took` after waiting `waited`
@@ -244,16 +251,13 @@ impl Shared {
             let mut index = self.index.lock();
             for o in outcomes.iter_mut() {
                 if let KeyOutcome::Unsynced(slot) = *o {
-                    let ok = synced.is_ok() && index.commit(slot);
-                    if !ok {
-                        index.abort(slot);
-                    }
-                    *o = if ok {
+                    let (stored, followers) = self.end_write(&mut index, slot, synced.is_ok());
+                    *o = if stored {
                         KeyOutcome::Written
                     } else {
                         KeyOutcome::Done(false)
                     };
-                    ended.push((self.followers_of(&index, slot), ok));
+                    ended.push((followers, stored));
                 }
             }
         }
