@@ -6,11 +6,10 @@ use std::hint::black_box;
 use tiering_core::{KeyMap, OffloadKey};
 
 /// The keys of a full map by insertion slot, so each replacement removes the key inserted
-/// longest ago (as the tier keeps its keys in its rows); new keys come from a counter, as the
-/// stores' do.
+/// longest ago (as the tier keeps its keys in its rows).
 pub struct KeyRing {
     ring: Vec<OffloadKey>,
-    next: u64,
+    next: usize,
 }
 
 impl KeyRing {
@@ -18,19 +17,17 @@ impl KeyRing {
     pub fn new(keys: &[OffloadKey]) -> Self {
         Self {
             ring: keys.to_vec(),
-            next: 1 << 48,
+            next: 0,
         }
     }
 
-    /// Removes the oldest key from `map` and inserts a new one in its slot: one removal and
-    /// one insertion, the map staying at its size. Returns the new key.
-    pub fn replace_oldest(&mut self, map: &mut KeyMap<u32>) -> OffloadKey {
-        let at = (self.next as usize) % self.ring.len();
-        let key = OffloadKey::from_u64(self.next);
+    /// Removes the oldest key from `map` and inserts `key`, a new one, in its slot: one removal
+    /// and one insertion, the map staying at its size.
+    pub fn replace_oldest(&mut self, map: &mut KeyMap<u32>, key: OffloadKey) {
+        let at = self.next % self.ring.len();
         black_box(map.remove(&self.ring[at]));
         map.insert(key, at as u32);
         self.ring[at] = key;
         self.next += 1;
-        key
     }
 }

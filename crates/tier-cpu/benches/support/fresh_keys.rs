@@ -1,0 +1,42 @@
+//! New keys for the store benches, made before the loop that is timed: an engine hands the tier
+//! keys it has already hashed, so making them is not part of a store's cost (the touch and load
+//! benches take theirs from a pre-drawn sequence for the same reason). Shared by
+//! `benches/cpu_tier.rs` and the `op_cpu_time` example; vLLM's side (`pybench.py`) makes its
+//! store keys ahead of each timed round too.
+
+use tiering_core::OffloadKey;
+
+/// Keys of a store batch.
+pub const BATCH: usize = 16;
+
+/// A source of keys never offered before, from a counter.
+pub struct FreshKeys {
+    next: u64,
+}
+
+impl FreshKeys {
+    /// Keys from `start` on; `start` must lie above every key the tier was filled with.
+    pub fn new(start: u64) -> Self {
+        Self { next: start }
+    }
+
+    /// The next batch of new keys.
+    pub fn batch(&mut self) -> [OffloadKey; BATCH] {
+        std::array::from_fn(|_| self.key())
+    }
+
+    /// The next `count` batches, made now for a timed loop that only reads them.
+    #[allow(
+        dead_code,
+        reason = "used by the op_cpu_time example, not by the criterion bench"
+    )]
+    pub fn batches(&mut self, count: usize) -> Vec<[OffloadKey; BATCH]> {
+        (0..count).map(|_| self.batch()).collect()
+    }
+
+    /// The next new key.
+    fn key(&mut self) -> OffloadKey {
+        self.next += 1;
+        OffloadKey::from_u64(self.next)
+    }
+}
