@@ -7,6 +7,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crate::key::{KeyMap, OffloadKey};
 
@@ -169,10 +170,11 @@ struct ReqContextInner {
 }
 
 /// The scratch values of one request, one per type. A request holds one or two (a policy's
-/// access record, a tier's parsed parameters), so a short vector searched by `TypeId` costs
-/// less than a hash map: no hashing, and no allocation until the first value.
+/// access record, a policy's rank, a tier's parsed parameters), so a short vector searched by
+/// `TypeId` costs less than a hash map (no hashing), and its first two entries live inline: a
+/// request costs one allocation fewer per value than a heap vector would add.
 #[derive(Default)]
-struct Scratch(Vec<(TypeId, Box<dyn Any + Send>)>);
+struct Scratch(SmallVec<[(TypeId, Box<dyn Any + Send>); 2]>);
 
 impl Scratch {
     fn position(&self, id: TypeId) -> Option<usize> {
