@@ -206,21 +206,38 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
             .collect();
         // The run went in slot order; its keys become recent in the job's key order.
         items.sort_unstable_by_key(|&(idx, _, _)| idx);
+        let mut pins = HeldPins {
+            shared,
+            slots: items.iter().map(|&(_, slot, _)| Some(slot)).collect(),
+        };
+        #[cfg(feature = "test-utils")]
+        if shared
+            .slab
+            .faults()
+            .is_some_and(crate::faults::FaultInjector::panics_settling_loads)
+        {
+            panic!("injected fault: panic while settling a load's read");
+        }
         {
             // One lock for the run's good slots (the usual case: all of them).
             let mut index = shared.index.lock();
-            for (_, slot, verdict) in &items {
+            for ((_, slot, verdict), held) in items.iter().zip(&mut pins.slots) {
                 if verdict.is_ok() {
+                    *held = None;
                     index.unpin(*slot, true);
                 }
             }
         }
-        for (idx, slot, verdict) in &items {
-            let (idx, slot) = (*idx, *slot);
+        for (i, (idx, slot, verdict)) in items.iter().enumerate() {
             if let Err(e) = verdict {
-                match part.job().keys.get(idx) {
-                    Some(key) => drop_unreadable(shared, slot, key, e),
-                    None => shared.index.lock().unpin(slot, false),
+                let dropped = part
+                    .job()
+                    .keys
+                    .get(*idx)
+                    .and_then(|key| drop_unreadable(shared, *slot, key, e));
+                pins.release(i);
+                if let Some(k) = dropped {
+                    shared.event(vec![k], true);
                 }
             }
         }
@@ -338,9 +355,41 @@ impl Drop for UnsettledWrites<'_> {
     }
 }
 
-/// A slot that failed to load: drop the key (it becomes a miss), erase the seal of a slot
-/// whose content is bad so it does not come back after a restart, then release the pin.
-fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) {
+/// The pins a load run holds, by the run's position, until it releases each (`None` once
+/// released): if the thread panics before it has released them all (the pool catches it and
+/// fails the job), dropping this releases the rest, or their slots would stay pinned until the
+/// tier is reopened, never evicted nor reused.
+struct HeldPins<'a> {
+    shared: &'a Shared,
+    slots: Vec<Option<u32>>,
+}
+
+impl HeldPins<'_> {
+    /// Releases the pin at run position `i`, if still held.
+    fn release(&mut self, i: usize) {
+        if let Some(slot) = self.slots.get_mut(i).and_then(Option::take) {
+            self.shared.index.lock().unpin(slot, false);
+        }
+    }
+}
+
+impl Drop for HeldPins<'_> {
+    fn drop(&mut self) {
+        if self.slots.iter().all(Option::is_none) {
+            return;
+        }
+        let mut index = self.shared.index.lock();
+        for slot in self.slots.iter_mut().filter_map(Option::take) {
+            index.unpin(slot, false);
+        }
+    }
+}
+
+/// A slot that failed to load: drop the key (it becomes a miss) and erase the seal of a slot
+/// whose content is bad so it does not come back after a restart. The caller still holds its
+/// pin (the slot stays retired, unused, while its seal is erased) and releases it next; the key
+/// dropped, if it was still the slot's, is returned for the removal event.
+fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) -> Option<OffloadKey> {
     let dropped = shared.index.lock().retire(slot);
     let defect = matches!(e, LoadError::Defect(d) if *d != SlotDefect::ShortRead);
     if defect {
@@ -363,10 +412,7 @@ fn drop_unreadable(shared: &Shared, slot: u32, key: &OffloadKey, e: &LoadError) 
         if defect { "corrupt" } else { "load" },
         format_args!("disk tier: loading {key} failed ({e}); the chunk is dropped"),
     );
-    shared.index.lock().unpin(slot, false);
-    if let Some(k) = dropped {
-        shared.event(vec![k], true);
-    }
+    dropped
 }
 
 /// Settles a submission that never ran (cancelled by `drain_jobs` or `shutdown`) as failed.

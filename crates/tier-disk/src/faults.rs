@@ -20,6 +20,7 @@ struct FaultState {
     write_errno: AtomicI32,
     read_errno: AtomicI32,
     panic_settling: AtomicBool,
+    panic_settling_loads: AtomicBool,
     write_budget: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
@@ -56,6 +57,7 @@ impl FaultInjector {
             write_errno: AtomicI32::new(0),
             read_errno: AtomicI32::new(0),
             panic_settling: AtomicBool::new(false),
+            panic_settling_loads: AtomicBool::new(false),
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -79,6 +81,17 @@ impl FaultInjector {
     /// Whether settling a store's write panics ([`FaultInjector::panic_settling_writes`]).
     pub(crate) fn panics_settling(&self) -> bool {
         self.0.panic_settling.load(Ordering::SeqCst)
+    }
+
+    /// While `on`, an I/O thread panics after a load's read returns and before it releases the
+    /// run's pins, as a bug in that bookkeeping would.
+    pub fn panic_settling_loads(&self, on: bool) {
+        self.0.panic_settling_loads.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether settling a load's read panics ([`FaultInjector::panic_settling_loads`]).
+    pub(crate) fn panics_settling_loads(&self) -> bool {
+        self.0.panic_settling_loads.load(Ordering::SeqCst)
     }
 
     /// Every slot read fails with `errno`; `None` stops failing.

@@ -245,6 +245,24 @@ fn a_read_error_fails_that_key_and_drops_it() {
     rig.assert_loads(&[key(2)]);
 }
 
+#[test]
+fn a_panic_while_settling_a_load_releases_its_pins() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut rig, faults) = rig_with_faults(&options(dir.path(), 4, CHUNK), 4);
+    assert_eq!(rig.store(&keys(0..4)).outcome, JobOutcome::Ok);
+    faults.panic_settling_loads(true);
+    let (r, _) = rig.load(&keys(0..2));
+    assert_eq!(r.outcome, JobOutcome::Failed, "the panicked job fails, once");
+    faults.panic_settling_loads(false);
+    rig.assert_loads(&keys(0..2));
+    // A pinned slot is never evicted: four new keys fit only if no pin of the panicked run is
+    // left.
+    assert_eq!(rig.store(&keys(4..8)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(4..8));
+    assert!(!rig.hit(&key(0)) && !rig.hit(&key(1)));
+    assert!(!rig.tier.has_pending_work());
+}
+
 /// `drain_jobs` on a tier whose I/O `faults` hold (released once the queued jobs are cancelled);
 /// every job's outcome, by job id.
 fn drain_held(tier: &mut DiskTier, faults: &FaultInjector) -> Vec<(JobId, JobOutcome)> {
