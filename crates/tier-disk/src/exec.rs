@@ -162,6 +162,14 @@ fn read_run(
     Ok(Some((verdicts, took)))
 }
 
+/// Panics, as a bug at this point would, while the injected fault `armed` reports is on.
+#[cfg(feature = "test-utils")]
+fn inject_panic(shared: &Shared, armed: fn(&crate::faults::FaultInjector) -> bool, what: &str) {
+    if shared.slab.faults().is_some_and(armed) {
+        panic!("injected fault: panic while {what}");
+    }
+}
+
 /// Runs one submission to completion and settles its keys; its I/O call waits for a permit of
 /// the I/O gate in the run's epoch (a run still waiting when the gate moves on is cancelled
 /// instead). Returns the bytes moved and how long the I/O took, when it succeeded.
@@ -211,13 +219,11 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
             slots: items.iter().map(|&(_, slot, _)| Some(slot)).collect(),
         };
         #[cfg(feature = "test-utils")]
-        if shared
-            .slab
-            .faults()
-            .is_some_and(crate::faults::FaultInjector::panics_settling_loads)
-        {
-            panic!("injected fault: panic while settling a load's read");
-        }
+        inject_panic(
+            shared,
+            crate::faults::FaultInjector::panics_settling_loads,
+            "settling a load's read",
+        );
         {
             // One lock for the run's good slots (the usual case: all of them).
             let mut index = shared.index.lock();
@@ -268,13 +274,11 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         };
         let mut slots: Vec<(usize, u32)> = items.into_iter().map(|i| (i.idx, i.slot)).collect();
         #[cfg(feature = "test-utils")]
-        if shared
-            .slab
-            .faults()
-            .is_some_and(crate::faults::FaultInjector::panics_settling)
-        {
-            panic!("injected fault: panic while settling a store's write");
-        }
+        inject_panic(
+            shared,
+            crate::faults::FaultInjector::panics_settling,
+            "settling a store's write",
+        );
         // The run went in slot order; its keys enter the LRU order in the job's key order.
         slots.sort_unstable_by_key(|&(idx, _)| idx);
         if let Err(e) = &written {
