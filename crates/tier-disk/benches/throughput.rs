@@ -13,7 +13,12 @@
 //!
 //! What the ratio then prices is the tier's own work around the I/O: building seals and
 //! checksums, verifying reads, index and job bookkeeping, queue hand-offs, and any call the
-//! tier makes smaller than the reference's. That work is CPU time; on a machine whose load
+//! tier makes smaller than the reference's.
+//!
+//! A third side, the raw reference that also checksums every payload (XXH3, the slot format's
+//! hash: each payload before its write, each after its read), prices the one piece of that work
+//! no integrity-checked store can skip: its column is that side's throughput against the raw
+//! one, and the tier's against it. The three sides take turns in every order, round by round. That work is CPU time; on a machine whose load
 //! average exceeds its cores it waits for a core, so the ratio falls with the machine's load
 //! (the report prints it). A shared virtual disk moves single rounds by ±20 %; raw and tier
 //! alternate (ABBA) and the verdict is on the median of the per-round ratios, which such bursts
@@ -25,6 +30,7 @@
 //! rounds per direction, default 24).
 
 use std::fs::{File, OpenOptions};
+use std::hint::black_box;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -37,6 +43,7 @@ use tiering_core::{
     ControlWaker, JobId, JobKind, JobOutcome, JobResult, OffloadKey, ReqContext, SecondaryTier, TransferJob,
     arena::{ChunkArena, RowGrant},
 };
+use twox_hash::XxHash3_64;
 
 const IO_THREADS: usize = 4;
 const KEYS_PER_JOB: usize = 16;
@@ -142,13 +149,13 @@ impl Raw {
     /// converts it, which the tier's warm-up pays too.
     fn fill(&mut self, arena: &Arc<ChunkArena>) {
         for _ in 0..self.regions {
-            self.run(arena, true);
+            self.run(arena, true, false);
         }
     }
 
     /// One round: a write into the region written longest ago, or a read of the region written
-    /// last.
-    fn run(&mut self, arena: &Arc<ChunkArena>, write: bool) -> Duration {
+    /// last; with `checksum`, each payload is hashed before its write or after its read.
+    fn run(&mut self, arena: &Arc<ChunkArena>, write: bool, checksum: bool) -> Duration {
         if write {
             self.current = (self.current + 1) % self.regions;
         }
@@ -158,14 +165,22 @@ impl Raw {
         std::thread::scope(|s| {
             for t in 0..IO_THREADS {
                 let (next, this) = (&next, &*self);
-                s.spawn(move || this.serve(arena, t, base, next, write));
+                s.spawn(move || this.serve(arena, t, base, next, write, checksum));
             }
         });
         start.elapsed()
     }
 
     /// One thread: takes calls off the shared list until none is left.
-    fn serve(&self, arena: &Arc<ChunkArena>, thread: usize, base: u32, next: &AtomicUsize, write: bool) {
+    fn serve(
+        &self,
+        arena: &Arc<ChunkArena>,
+        thread: usize,
+        base: u32,
+        next: &AtomicUsize,
+        write: bool,
+        checksum: bool,
+    ) {
         let per_thread = self.tails.num_chunks() / IO_THREADS;
         let tail_rows: Vec<u32> = (0..per_thread)
             .map(|i| (thread * per_thread + i) as u32)
@@ -181,6 +196,10 @@ impl Raw {
             if write {
                 let rows = arena.read_rows(&ids).unwrap();
                 for (row, tail) in rows.iter().zip(tails.iter_mut()) {
+                    if checksum {
+                        // Kept in the slot's tail, as a seal keeps it.
+                        tail[..8].copy_from_slice(&XxHash3_64::oneshot(row).to_le_bytes());
+                    }
                     iov.push(libc::iovec {
                         iov_base: row.as_ptr() as *mut libc::c_void,
                         iov_len: row.len(),
@@ -204,6 +223,11 @@ impl Raw {
                     });
                 }
                 vectored(&self.file, &iov, off, false);
+                if checksum {
+                    for row in &rows {
+                        black_box(XxHash3_64::oneshot(row));
+                    }
+                }
             }
         }
     }
@@ -325,15 +349,24 @@ struct Figures {
     tier_gbps: f64,
     /// Per-round tier/raw ratios, sorted.
     ratios: Vec<f64>,
+    /// Per-round (raw + checksums)/raw ratios, sorted.
+    checksummed: Vec<f64>,
+    /// Per-round tier/(raw + checksums) ratios, sorted.
+    tier_vs_checksummed: Vec<f64>,
     raw_calls: usize,
     tier_calls: f64,
 }
 
 impl Figures {
     fn median(&self) -> f64 {
-        let n = self.ratios.len();
-        (self.ratios[(n - 1) / 2] + self.ratios[n / 2]) / 2.0
+        median_of(&self.ratios)
     }
+}
+
+/// The median of sorted `v`.
+fn median_of(v: &[f64]) -> f64 {
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
 fn load_average() -> String {
@@ -380,22 +413,36 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
     let mut out = Vec::new();
     for (direction, write) in [("store", true), ("load", false)] {
         let mut ratios = Vec::with_capacity(rounds);
+        let mut checksummed = Vec::with_capacity(rounds);
+        let mut tier_vs_checksummed = Vec::with_capacity(rounds);
         let (mut raw_total, mut tier_total) = (Duration::ZERO, Duration::ZERO);
         let before = rig.submissions(write);
         for round in 0..rounds {
-            // ABBA: each side goes first every other round.
-            let (raw_t, tier_t) = if round % 2 == 0 {
-                let r = raw.run(&arena, write);
-                (r, rig.run(&arena, write))
-            } else {
-                let t = rig.run(&arena, write);
-                (raw.run(&arena, write), t)
-            };
-            raw_total += raw_t;
-            tier_total += tier_t;
-            ratios.push(raw_t.as_secs_f64() / tier_t.as_secs_f64());
+            // The three sides (raw, raw + checksums, tier) go in each of their six orders in
+            // turn, so a burst of the shared disk lands on every side alike.
+            let mut order = [0, 1, 2];
+            order.rotate_left(round % 3);
+            if (round / 3) % 2 == 1 {
+                order.reverse();
+            }
+            let mut took = [Duration::ZERO; 3];
+            for side in order {
+                took[side] = match side {
+                    0 => raw.run(&arena, write, false),
+                    1 => raw.run(&arena, write, true),
+                    _ => rig.run(&arena, write),
+                };
+            }
+            let [raw_t, sum_t, tier_t] = took.map(|t| t.as_secs_f64());
+            raw_total += took[0];
+            tier_total += took[2];
+            ratios.push(raw_t / tier_t);
+            checksummed.push(raw_t / sum_t);
+            tier_vs_checksummed.push(sum_t / tier_t);
         }
-        ratios.sort_by(f64::total_cmp);
+        for v in [&mut ratios, &mut checksummed, &mut tier_vs_checksummed] {
+            v.sort_by(f64::total_cmp);
+        }
         let moved = (volume * rounds as u64) as f64;
         out.push(Figures {
             direction,
@@ -403,6 +450,8 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
             raw_gbps: moved / raw_total.as_secs_f64() / 1e9,
             tier_gbps: moved / tier_total.as_secs_f64() / 1e9,
             ratios,
+            checksummed,
+            tier_vs_checksummed,
             raw_calls: raw.calls.len(),
             tier_calls: (rig.submissions(write) - before) as f64 / rounds as f64,
         });
@@ -415,8 +464,18 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
         "\ndisk tier vs raw O_DIRECT doing the same calls ({IO_THREADS} in flight, same slots, new slots every store round), {rounds} paired rounds"
     );
     println!(
-        "{:<6} {:>8} {:>9} {:>10} {:>7} {:>7} {:>15} {:>12} {:>8}",
-        "dir", "chunk", "raw GB/s", "tier GB/s", "total", "median", "min-max", "calls/round", "verdict"
+        "{:<6} {:>8} {:>9} {:>10} {:>7} {:>7} {:>15} {:>12} {:>8} {:>10} {:>10}",
+        "dir",
+        "chunk",
+        "raw GB/s",
+        "tier GB/s",
+        "total",
+        "median",
+        "min-max",
+        "calls/round",
+        "verdict",
+        "+xxh3/raw",
+        "tier/+xxh3"
     );
     let mut all = true;
     for f in figures {
@@ -424,7 +483,7 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
         let pass = median >= TARGET;
         all &= pass;
         println!(
-            "{:<6} {:>5}KiB {:>9.3} {:>10.3} {:>6.1}% {:>6.1}% {:>6.1}%-{:>5.1}% {:>5}/{:<6.0} {:>8}",
+            "{:<6} {:>5}KiB {:>9.3} {:>10.3} {:>6.1}% {:>6.1}% {:>6.1}%-{:>5.1}% {:>5}/{:<6.0} {:>8} {:>9.1}% {:>9.1}%",
             f.direction,
             f.chunk >> 10,
             f.raw_gbps,
@@ -435,13 +494,17 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
             100.0 * f.ratios[f.ratios.len() - 1],
             f.raw_calls,
             f.tier_calls,
-            if pass { "PASS" } else { "FAIL" }
+            if pass { "PASS" } else { "FAIL" },
+            100.0 * median_of(&f.checksummed),
+            100.0 * median_of(&f.tier_vs_checksummed)
         );
     }
     println!(
         "verdict: {} (target: median per-round tier/raw >= {:.0}% for every row). calls/round: raw/tier; \
          the ratio prices the tier's CPU work per call (seals, checksums, bookkeeping, hand-offs) and any \
-         call it makes smaller, so it falls when the machine's load exceeds its cores.",
+         call it makes smaller, so it falls when the machine's load exceeds its cores. +xxh3/raw: median \
+         per-round throughput of the raw reference hashing every payload (the part of that work an \
+         integrity-checked store cannot skip) against the raw one; tier/+xxh3: the tier against it.",
         if all { "PASS" } else { "FAIL" },
         100.0 * TARGET
     );
