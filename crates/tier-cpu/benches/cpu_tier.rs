@@ -34,6 +34,10 @@ use support::key_ring::KeyRing;
 use tier_cpu::{CpuTier, PolicyKind};
 use tiering_core::{KeyMap, OffloadKey, PrimaryTier, ReqContext};
 
+/// Store batches made (untimed) at a time: few enough that their keys stay a small stream
+/// through the cache, as an engine's batch of keys is.
+const KEY_SLICE: u64 = 256;
+
 /// Length of the pre-shuffled key sequence the batches are cut from (as the Python reference's).
 const SEQUENCE: usize = 100_000;
 
@@ -122,7 +126,7 @@ fn bench_size(c: &mut Criterion, n: usize) {
                     ring.replace_oldest(&mut map, *key);
                 }
             },
-            BatchSize::SmallInput,
+            BatchSize::NumIterations(KEY_SLICE),
         );
     });
     drop(map);
@@ -176,7 +180,7 @@ fn bench_size(c: &mut Criterion, n: usize) {
                     tier.complete_store(&out.keys_to_store, &req, true);
                     black_box(tier.take_events());
                 },
-                BatchSize::SmallInput,
+                BatchSize::NumIterations(KEY_SLICE),
             );
         });
         drop(tier);

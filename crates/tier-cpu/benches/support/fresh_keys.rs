@@ -25,7 +25,8 @@ impl FreshKeys {
         std::array::from_fn(|_| self.key())
     }
 
-    /// The next `count` batches, made now for a timed loop that only reads them.
+    /// The next `count` batches, made now for a timed loop that only reads them (keep `count`
+    /// small: a long array of keys streams through the cache the tier's data lives in).
     #[allow(
         dead_code,
         reason = "used by the op_cpu_time example, not by the criterion bench"
@@ -36,7 +37,8 @@ impl FreshKeys {
 
     /// The next new key.
     fn key(&mut self) -> OffloadKey {
+        let key = OffloadKey::from_u64(self.next);
         self.next += 1;
-        OffloadKey::from_u64(self.next)
+        key
     }
 }
