@@ -195,6 +195,19 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
             Err(e) => Err(e),
         };
         let Run { part, items, .. } = run;
+        // From here a panic releases the run's pins (the pool catches it and fails the job).
+        // Declared after `part`, so it is dropped first: the pins are released before the job
+        // is reported.
+        let mut pins = HeldPins {
+            shared,
+            slots: items.iter().map(|i| Some(i.slot)).collect(),
+        };
+        #[cfg(feature = "test-utils")]
+        inject_panic(
+            shared,
+            crate::faults::FaultInjector::panics_settling_loads,
+            "settling a load's read",
+        );
         let sample = read.as_ref().ok().map(|(_, took)| (bytes, *took + delay));
         let verdicts: Vec<Result<(), LoadError>> = match read {
             Ok((v, _)) => v.into_iter().map(|r| r.map_err(LoadError::Defect)).collect(),
@@ -206,42 +219,33 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
                     .collect()
             }
         };
-        // The rows are filled; release them before the bookkeeping.
-        let mut items: Vec<(usize, u32, Result<(), LoadError>)> = items
+        // The rows are filled; release them before the bookkeeping. Each item keeps its place
+        // in the run, where `pins` holds its pin.
+        let mut items: Vec<(usize, u32, Result<(), LoadError>, usize)> = items
             .into_iter()
             .zip(verdicts)
-            .map(|(i, v)| (i.idx, i.slot, v))
+            .enumerate()
+            .map(|(at, (i, v))| (i.idx, i.slot, v, at))
             .collect();
         // The run went in slot order; its keys become recent in the job's key order.
-        items.sort_unstable_by_key(|&(idx, _, _)| idx);
-        let mut pins = HeldPins {
-            shared,
-            slots: items.iter().map(|&(_, slot, _)| Some(slot)).collect(),
-        };
-        #[cfg(feature = "test-utils")]
-        inject_panic(
-            shared,
-            crate::faults::FaultInjector::panics_settling_loads,
-            "settling a load's read",
-        );
+        items.sort_unstable_by_key(|&(idx, ..)| idx);
         {
             // One lock for the run's good slots (the usual case: all of them).
             let mut index = shared.index.lock();
-            for ((_, slot, verdict), held) in items.iter().zip(&mut pins.slots) {
-                if verdict.is_ok() {
-                    *held = None;
+            for (_, slot, verdict, at) in &items {
+                if verdict.is_ok() && pins.forget(*at) {
                     index.unpin(*slot, true);
                 }
             }
         }
-        for (i, (idx, slot, verdict)) in items.iter().enumerate() {
+        for (idx, slot, verdict, at) in &items {
             if let Err(e) = verdict {
                 let dropped = part
                     .job()
                     .keys
                     .get(*idx)
                     .and_then(|key| drop_unreadable(shared, *slot, key, e));
-                pins.release(i);
+                pins.release(*at);
                 if let Some(k) = dropped {
                     shared.event(vec![k], true);
                 }
@@ -250,7 +254,7 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         part.settle(
             items
                 .iter()
-                .map(|(idx, _, v)| (*idx, KeyOutcome::Done(v.is_ok()))),
+                .map(|(idx, _, v, _)| (*idx, KeyOutcome::Done(v.is_ok()))),
         );
         sample
     } else {
@@ -276,7 +280,7 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         #[cfg(feature = "test-utils")]
         inject_panic(
             shared,
-            crate::faults::FaultInjector::panics_settling,
+            crate::faults::FaultInjector::panics_settling_writes,
             "settling a store's write",
         );
         // The run went in slot order; its keys enter the LRU order in the job's key order.
@@ -369,9 +373,15 @@ struct HeldPins<'a> {
 }
 
 impl HeldPins<'_> {
-    /// Releases the pin at run position `i`, if still held.
-    fn release(&mut self, i: usize) {
-        if let Some(slot) = self.slots.get_mut(i).and_then(Option::take) {
+    /// Hands the pin at run position `at` to the caller, which releases it; `false` when it is
+    /// no longer held.
+    fn forget(&mut self, at: usize) -> bool {
+        self.slots.get_mut(at).and_then(Option::take).is_some()
+    }
+
+    /// Releases the pin at run position `at`, if still held.
+    fn release(&mut self, at: usize) {
+        if let Some(slot) = self.slots.get_mut(at).and_then(Option::take) {
             self.shared.index.lock().unpin(slot, false);
         }
     }

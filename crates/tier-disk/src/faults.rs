@@ -1,6 +1,7 @@
 //! Fault injection for tests (feature `test-utils`): make slot reads or writes fail with an
-//! errno, give writes a byte budget that ends in `ENOSPC` (a full filesystem), and hold slot I/O
-//! at a gate so a test can observe queued jobs deterministically.
+//! errno, give writes a byte budget that ends in `ENOSPC` (a full filesystem), make an I/O
+//! thread panic while it settles a store's write or a load's read (as a bug there would), and
+//! hold slot I/O at a gate so a test can observe queued jobs deterministically.
 
 use std::io;
 use std::sync::Arc;
@@ -19,7 +20,7 @@ struct Gate {
 struct FaultState {
     write_errno: AtomicI32,
     read_errno: AtomicI32,
-    panic_settling: AtomicBool,
+    panic_settling_writes: AtomicBool,
     panic_settling_loads: AtomicBool,
     write_budget: AtomicU64,
     writes: AtomicU64,
@@ -56,7 +57,7 @@ impl FaultInjector {
         Self(Arc::new(FaultState {
             write_errno: AtomicI32::new(0),
             read_errno: AtomicI32::new(0),
-            panic_settling: AtomicBool::new(false),
+            panic_settling_writes: AtomicBool::new(false),
             panic_settling_loads: AtomicBool::new(false),
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
@@ -75,12 +76,12 @@ impl FaultInjector {
     /// While `on`, an I/O thread panics after a store's write returns and before it settles the
     /// write's slots, as a bug in that code would.
     pub fn panic_settling_writes(&self, on: bool) {
-        self.0.panic_settling.store(on, Ordering::SeqCst);
+        self.0.panic_settling_writes.store(on, Ordering::SeqCst);
     }
 
     /// Whether settling a store's write panics ([`FaultInjector::panic_settling_writes`]).
-    pub(crate) fn panics_settling(&self) -> bool {
-        self.0.panic_settling.load(Ordering::SeqCst)
+    pub(crate) fn panics_settling_writes(&self) -> bool {
+        self.0.panic_settling_writes.load(Ordering::SeqCst)
     }
 
     /// While `on`, an I/O thread panics after a load's read returns and before it releases the
