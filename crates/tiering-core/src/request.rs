@@ -169,10 +169,10 @@ struct ReqContextInner {
     scratch: Mutex<Scratch>,
 }
 
-/// The scratch values of one request, one per type. A request holds one or two (a policy's
-/// access record, a policy's rank, a tier's parsed parameters), so a short vector searched by
-/// `TypeId` costs less than a hash map (no hashing), and its first two entries live inline: a
-/// request costs one allocation fewer per value than a heap vector would add.
+/// The scratch values of one request, one per type. A request holds a few (a tier's access
+/// record, its policy's rank, another tier's parsed parameters), so a short vector searched by
+/// `TypeId` costs less than a hash map (no hashing). Its first two entries live inline: a
+/// request holding at most two values makes no allocation for the vector itself.
 #[derive(Default)]
 struct Scratch(SmallVec<[(TypeId, Box<dyn Any + Send>); 2]>);
 
