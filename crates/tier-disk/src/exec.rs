@@ -240,6 +240,12 @@ pub(crate) fn run(shared: &Shared, scratch: &mut Scratch, mut run: Run) -> Optio
         }
         for (idx, slot, verdict, at) in &items {
             if let Err(e) = verdict {
+                #[cfg(feature = "test-utils")]
+                inject_panic(
+                    shared,
+                    crate::faults::FaultInjector::panics_dropping_unreadable,
+                    "dropping an unreadable key",
+                );
                 let dropped = part
                     .job()
                     .keys

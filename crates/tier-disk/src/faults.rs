@@ -22,6 +22,7 @@ struct FaultState {
     read_errno: AtomicI32,
     panic_settling_writes: AtomicBool,
     panic_settling_loads: AtomicBool,
+    panic_dropping_unreadable: AtomicBool,
     write_budget: AtomicU64,
     writes: AtomicU64,
     reads: AtomicU64,
@@ -59,6 +60,7 @@ impl FaultInjector {
             read_errno: AtomicI32::new(0),
             panic_settling_writes: AtomicBool::new(false),
             panic_settling_loads: AtomicBool::new(false),
+            panic_dropping_unreadable: AtomicBool::new(false),
             write_budget: AtomicU64::new(u64::MAX),
             writes: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -93,6 +95,17 @@ impl FaultInjector {
     /// Whether settling a load's read panics ([`FaultInjector::panic_settling_loads`]).
     pub(crate) fn panics_settling_loads(&self) -> bool {
         self.0.panic_settling_loads.load(Ordering::SeqCst)
+    }
+
+    /// While `on`, an I/O thread panics when it comes to drop a key its load found unreadable,
+    /// after it released the pins of the run's good slots and before that key's own.
+    pub fn panic_dropping_unreadable(&self, on: bool) {
+        self.0.panic_dropping_unreadable.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether dropping an unreadable key panics ([`FaultInjector::panic_dropping_unreadable`]).
+    pub(crate) fn panics_dropping_unreadable(&self) -> bool {
+        self.0.panic_dropping_unreadable.load(Ordering::SeqCst)
     }
 
     /// Every slot read fails with `errno`; `None` stops failing.

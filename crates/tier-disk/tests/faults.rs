@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{PATIENCE, Rig, capacity_for, content, key, keys, options};
+use common::{PATIENCE, Rig, capacity_for, content, flip, key, keys, options};
 use tier_disk::{DiskGeometry, DiskTier, DiskTierOptions, FaultInjector, SyncPolicy};
 use tiering_core::{JobId, JobOutcome, SecondaryTier};
 
@@ -260,6 +260,31 @@ fn a_panic_while_settling_a_load_releases_its_pins() {
     assert_eq!(rig.store(&keys(4..8)).outcome, JobOutcome::Ok);
     rig.assert_loads(&keys(4..8));
     assert!(!rig.hit(&key(0)) && !rig.hit(&key(1)));
+    assert!(!rig.tier.has_pending_work());
+}
+
+#[test]
+fn a_panic_while_dropping_an_unreadable_key_releases_the_pins_still_held() {
+    let dir = tempfile::tempdir().unwrap();
+    // One I/O thread: a job's consecutive slots go in one run, so the run holds a good slot
+    // (released before the panic) and the bad one (left to the guard).
+    let mut opts = options(dir.path(), 4, CHUNK);
+    opts.io_threads = 1;
+    let (mut rig, faults) = rig_with_faults(&opts, 4);
+    assert_eq!(rig.store(&keys(0..4)).outcome, JobOutcome::Ok);
+    let loc = rig.tier.slot_location(&key(1)).unwrap();
+    flip(&loc.file, loc.payload_offset + 777, 0x10);
+    faults.panic_dropping_unreadable(true);
+    let (r, _) = rig.load(&keys(0..2));
+    assert_eq!(r.outcome, JobOutcome::Failed, "the panicked job fails, once");
+    faults.panic_dropping_unreadable(false);
+    rig.assert_loads(&[key(0)]);
+    // The bad key was not dropped before the panic: its next load finds it bad again.
+    assert_eq!(rig.load(&[key(1)]).0.outcome, JobOutcome::Failed);
+    assert!(!rig.hit(&key(1)));
+    // No pin of the panicked run is left: four new keys take the four slots.
+    assert_eq!(rig.store(&keys(4..8)).outcome, JobOutcome::Ok);
+    rig.assert_loads(&keys(4..8));
     assert!(!rig.tier.has_pending_work());
 }
 
