@@ -22,6 +22,11 @@
 //! the slot format's hash, before its write and after its read. The report gives its throughput
 //! against the raw side's, and the tier's against it.
 //!
+//! Each side's round is also charged the CPU time and the context switches of the whole process
+//! while it ran (its threads and, for the tier, the bench thread submitting and collecting
+//! jobs, as a control thread would): on a machine with few cores that CPU is what the sides
+//! compete with other work for, so the columns say where a low ratio under load comes from.
+//!
 //! A shared virtual disk moves single rounds by ±20 %: the three sides run in each of their six
 //! orders in turn (the round count is rounded up to a multiple of six), and the verdict is on the
 //! median of the per-round ratios, which such bursts hit on every side alike.
@@ -357,6 +362,10 @@ struct Figures {
     tier_vs_checksummed: Vec<f64>,
     raw_calls: usize,
     tier_calls: f64,
+    /// Median CPU time of the whole process per round, in ms: raw, raw + checksums, tier.
+    cpu_ms: [f64; 3],
+    /// Median context switches of the whole process per round: raw, raw + checksums, tier.
+    switches: [f64; 3],
 }
 
 impl Figures {
@@ -369,6 +378,21 @@ impl Figures {
 fn median_of(v: &[f64]) -> f64 {
     let n = v.len();
     (v[(n - 1) / 2] + v[n / 2]) / 2.0
+}
+
+/// CPU time used so far by every thread of this process (the bench's own and the tier's), and
+/// their context switches (voluntary and not).
+fn process_usage() -> (Duration, u64) {
+    // SAFETY: `rusage` is plain old data: all zeroes is a valid value.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the call's duration.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &raw mut ru) };
+    assert_eq!(rc, 0, "getrusage failed");
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (
+        tv(ru.ru_utime) + tv(ru.ru_stime),
+        (ru.ru_nvcsw + ru.ru_nivcsw) as u64,
+    )
 }
 
 fn load_average() -> String {
@@ -421,6 +445,8 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
         let mut tier_vs_checksummed = Vec::with_capacity(rounds);
         let (mut raw_total, mut tier_total) = (Duration::ZERO, Duration::ZERO);
         let before = rig.submissions(write);
+        let mut cpu: [Vec<f64>; 3] = Default::default();
+        let mut switches: [Vec<f64>; 3] = Default::default();
         for round in 0..rounds {
             // The three sides (raw, raw + checksums, tier) go in each of their six orders in
             // turn, so a burst of the shared disk lands on every side alike.
@@ -431,11 +457,15 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
             }
             let mut took = [Duration::ZERO; 3];
             for side in order {
+                let (cpu_before, switches_before) = process_usage();
                 took[side] = match side {
                     0 => raw.run(&arena, write, false),
                     1 => summed.run(&arena, write, true),
                     _ => rig.run(&arena, write),
                 };
+                let (cpu_after, switches_after) = process_usage();
+                cpu[side].push((cpu_after - cpu_before).as_secs_f64());
+                switches[side].push((switches_after - switches_before) as f64);
             }
             let [raw_t, sum_t, tier_t] = took.map(|t| t.as_secs_f64());
             raw_total += took[0];
@@ -444,7 +474,11 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
             checksummed.push(raw_t / sum_t);
             tier_vs_checksummed.push(sum_t / tier_t);
         }
-        for v in [&mut ratios, &mut checksummed, &mut tier_vs_checksummed] {
+        for v in [&mut ratios, &mut checksummed, &mut tier_vs_checksummed]
+            .into_iter()
+            .chain(cpu.iter_mut())
+            .chain(switches.iter_mut())
+        {
             v.sort_by(f64::total_cmp);
         }
         let moved = (volume * rounds as u64) as f64;
@@ -458,6 +492,8 @@ fn bench_chunk(root: &Path, volume: u64, chunk: usize, rounds: usize) -> Vec<Fig
             tier_vs_checksummed,
             raw_calls: raw.calls.len(),
             tier_calls: (rig.submissions(write) - before) as f64 / rounds as f64,
+            cpu_ms: cpu.map(|v| 1e3 * median_of(&v)),
+            switches: switches.map(|v| median_of(&v)),
         });
     }
     out
@@ -468,7 +504,7 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
         "\ndisk tier vs raw O_DIRECT doing the same calls ({IO_THREADS} in flight, same slots, new slots every store round), {rounds} rounds of the three sides"
     );
     println!(
-        "{:<6} {:>8} {:>9} {:>10} {:>7} {:>7} {:>15} {:>12} {:>8} {:>10} {:>10}",
+        "{:<6} {:>8} {:>9} {:>10} {:>7} {:>7} {:>15} {:>12} {:>8} {:>10} {:>10} {:>20} {:>18}",
         "dir",
         "chunk",
         "raw GB/s",
@@ -479,7 +515,9 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
         "calls/round",
         "verdict",
         "+xxh3/raw",
-        "tier/+xxh3"
+        "tier/+xxh3",
+        "CPU ms raw/+x/tier",
+        "switches r/+x/tier"
     );
     let mut all = true;
     for f in figures {
@@ -487,7 +525,7 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
         let pass = median >= TARGET;
         all &= pass;
         println!(
-            "{:<6} {:>5}KiB {:>9.3} {:>10.3} {:>6.1}% {:>6.1}% {:>6.1}%-{:>5.1}% {:>5}/{:<6.0} {:>8} {:>9.1}% {:>9.1}%",
+            "{:<6} {:>5}KiB {:>9.3} {:>10.3} {:>6.1}% {:>6.1}% {:>6.1}%-{:>5.1}% {:>5}/{:<6.0} {:>8} {:>9.1}% {:>9.1}% {:>6.1}/{:>5.1}/{:>5.1} {:>6.0}/{:>5.0}/{:>5.0}",
             f.direction,
             f.chunk >> 10,
             f.raw_gbps,
@@ -500,7 +538,13 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
             f.tier_calls,
             if pass { "PASS" } else { "FAIL" },
             100.0 * median_of(&f.checksummed),
-            100.0 * median_of(&f.tier_vs_checksummed)
+            100.0 * median_of(&f.tier_vs_checksummed),
+            f.cpu_ms[0],
+            f.cpu_ms[1],
+            f.cpu_ms[2],
+            f.switches[0],
+            f.switches[1],
+            f.switches[2]
         );
     }
     println!(
