@@ -1,11 +1,12 @@
-//! The bound on slot I/O calls in flight: `io_threads` permits, while more threads than that
-//! serve the queues.
+//! The bound on slot I/O calls in flight: `io_threads` permits, while for large chunks more
+//! threads than that serve the queues (see [`crate::pool::thread_count`]).
 //!
 //! A thread holds a permit only for its `preadv`/`pwritev` (and the `fdatasync` of
 //! `sync = "always"`), so the device sees at most `io_threads` calls at once, while the seal
 //! checksums of the next stores and the verification of finished loads run on the other
 //! threads. Without the spare threads, every checksum a thread computes is time in which its
-//! share of the queue depth sits idle.
+//! share of the queue depth sits idle; with them, every call costs a spare thread's sleep and
+//! wake-up at the gate, which only large chunks' checksums repay.
 //!
 //! A thread that took a run and waits for a permit has not started it: `drain_jobs` moves the
 //! gate to a new epoch, and every waiter of an older epoch gives its run back to be cancelled.

@@ -18,9 +18,9 @@
 //!   format is refused with a clear error (or wiped with `wipe_on_mismatch = true`). Lookups are
 //!   answered synchronously (`Hit`/`Miss`, never `Retry`).
 //! - **I/O**: at most `io_threads` `pwritev`/`preadv` calls in flight, straight between the arena
-//!   rows and the file, with `O_DIRECT` when the filesystem accepts it (probed at open); with
-//!   several, twice as many threads serve them, so seal checksums and load verification run
-//!   while other calls keep the device busy. Loads and stores
+//!   rows and the file, with `O_DIRECT` when the filesystem accepts it (probed at open); for
+//!   chunks of 128 KiB and more, twice as many threads serve them, so seal checksums and load
+//!   verification run while other calls keep the device busy. Loads and stores
 //!   have separate queues; loads go first, with a bound ([`LOADS_PER_STORE`]) so stores still
 //!   progress. [`DiskTier::io_cost`] reports queue depths and measured cost per MiB.
 //! - **Integrity**: every load verifies the seal and the payload checksum before it is
