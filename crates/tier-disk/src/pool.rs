@@ -54,8 +54,8 @@ pub(crate) const SPARE_THREADS_FROM_CHUNK: usize = 128 << 10;
 /// stores lost 2–10 % of their throughput without them). Below, exactly `io_threads`: hashing a
 /// small call takes a few microseconds, less than the two context switches every call then
 /// costs at the gate, a spare thread going to sleep for a permit and being woken for it (16 KiB
-/// chunks: 2.6 switches per call and 1.9× the raw reference's CPU per round with spares, 1.3
-/// and 1.4× without, throughput no lower).
+/// chunks: 2.6 switches per call and 2.0× the raw reference's CPU per round with spares, 1.3
+/// and 1.6× without, throughput no lower).
 pub(crate) fn thread_count(io_threads: usize, chunk_bytes: usize) -> usize {
     match io_threads {
         0 | 1 => 1,
