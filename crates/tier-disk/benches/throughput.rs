@@ -23,9 +23,10 @@
 //! against the raw side's, and the tier's against it.
 //!
 //! Each side's round is also charged the CPU time and the context switches of the whole process
-//! while it ran (its threads and, for the tier, the bench thread submitting and collecting
-//! jobs, as a control thread would): on a machine with few cores that CPU is what the sides
-//! compete with other work for, so the columns say where a low ratio under load comes from.
+//! while it ran (its threads and, for the tier, the bench thread building, submitting and
+//! collecting the round's jobs, as a control thread would, the building untimed on the wall
+//! clock): on a machine with few cores that CPU is what the sides compete with other work for,
+//! so the columns say where a low ratio under load comes from.
 //!
 //! A shared virtual disk moves single rounds by ±20 %: the three sides run in each of their six
 //! orders in turn (the round count is rounded up to a multiple of six), and the verdict is on the
@@ -552,7 +553,10 @@ fn report(figures: &[Figures], rounds: usize) -> bool {
          the ratio prices the tier's CPU work per call (seals, checksums, bookkeeping, hand-offs) and any \
          call it makes smaller, so it falls when the machine's load exceeds its cores. +xxh3/raw: median \
          per-round throughput of the raw reference hashing every payload (the part of that work an \
-         integrity-checked store cannot skip) against the raw one; tier/+xxh3: the tier against it.",
+         integrity-checked store cannot skip) against the raw one; tier/+xxh3: the tier against it. \
+         CPU ms and switches: each side's median CPU time and context switches of the whole \
+         process per round (the tier's include the bench thread building, submitting and \
+         collecting its jobs).",
         if all { "PASS" } else { "FAIL" },
         100.0 * TARGET
     );
