@@ -56,7 +56,7 @@ impl CpuTier {
             let mut digests = std::mem::take(&mut self.buf_digests);
             let policy = &self.policy;
             self.table
-                .digest_batch_with(keys, &mut digests, |row| policy.prefetch_touch(row));
+                .digest_batch_with(keys, &mut digests, |rows| policy.prefetch_touch(rows));
             out.extend(
                 keys.iter()
                     .zip(&digests)

@@ -65,7 +65,7 @@ const PREFETCH_WINDOW: usize = 32;
 /// Tables that track at most this many keys (rows, plus the ghosts a policy may keep weighed
 /// by [`GHOST_WEIGHT`]) skip prefetching: their metadata mostly stays cached, where a prefetch
 /// finds its line already there and only costs its instructions.
-const PREFETCH_MIN_KEYS: u64 = 16_384;
+pub(crate) const PREFETCH_MIN_KEYS: u64 = 16_384;
 
 /// How many ghosts of a policy's bound count as one key against [`PREFETCH_MIN_KEYS`]. A ghost
 /// has an index slot, a record and a log element but no row, rank or links, and ARC, whose bound
@@ -214,13 +214,13 @@ impl ChunkTable {
         self.digest_batch_with(keys, digests, |_| {});
     }
 
-    /// [`ChunkTable::digest_batch`] that also hands each row it requests to `on_row`, for the
-    /// caller to request what it will read about that row.
+    /// [`ChunkTable::digest_batch`] that also hands the rows it requests to `on_rows` (once, when
+    /// it requests any), for the caller to request what it will read about those rows.
     pub(crate) fn digest_batch_with(
         &self,
         keys: &[OffloadKey],
         digests: &mut Vec<u64>,
-        mut on_row: impl FnMut(ChunkId),
+        on_rows: impl FnOnce(&[ChunkId]),
     ) {
         digests.clear();
         digests.extend(keys.iter().map(digest_of));
@@ -232,16 +232,20 @@ impl ChunkTable {
         for &d in window {
             self.index.prefetch(d);
         }
+        let mut rows = [0; PREFETCH_WINDOW];
+        let mut found = 0;
         for &d in window {
             match self.index.likely(d) {
                 Some(id) if id & GHOST == 0 => {
                     crate::memory::prefetch(&self.rows[id as usize]);
-                    on_row(id);
+                    rows[found] = id;
+                    found += 1;
                 }
                 Some(id) => self.ghosts.prefetch(id & !GHOST),
                 None => {}
             }
         }
+        on_rows(&rows[..found]);
     }
 
     /// The digest of the key held in `row`.

@@ -189,9 +189,11 @@ impl EvictionPolicy for ArcPolicy {
         }
     }
 
-    fn prefetch_touch(&self, chunk: ChunkId) {
+    fn prefetch_touch(&self, chunks: &[ChunkId]) {
         if self.capacity > LINKS_CACHED_ROWS {
-            self.links.prefetch_node(chunk);
+            for &chunk in chunks {
+                self.links.prefetch_node(chunk);
+            }
         }
     }
 
@@ -203,9 +205,11 @@ impl EvictionPolicy for ArcPolicy {
         _ctx: &ReqContext,
     ) {
         // Links of a tier this small (8 bytes a row) stay cached between touches: requesting
-        // them and their neighbours ahead would only cost its instructions.
+        // them and their neighbours ahead would only cost its instructions. A larger tier
+        // requested the chunks' own links with their rows (`prefetch_touch`, the table
+        // prefetches at every size this one does): only their neighbours are left.
         if self.capacity > LINKS_CACHED_ROWS {
-            self.links.prefetch(chunks.iter().flatten().copied());
+            self.links.prefetch_neighbours(chunks.iter().flatten().copied());
         }
         // Keys that are not resident may be ghosts: the tier reports those hits through
         // `on_ghost_hit`.

@@ -89,6 +89,12 @@ impl<T: Copy + Default> Links<T> {
                 crate::memory::prefetch(link);
             }
         }
+        self.prefetch_neighbours(nodes);
+    }
+
+    /// Starts loading the links of the neighbours of `nodes`, whose own links were requested
+    /// earlier (see [`Links::prefetch`]). A hint only.
+    pub(crate) fn prefetch_neighbours(&self, nodes: impl Iterator<Item = u32>) {
         for n in nodes.take(32) {
             if let Some(link) = self.nodes.get(n as usize) {
                 for m in [link.prev, link.next] {

@@ -354,8 +354,10 @@ impl EvictionPolicy for LruPolicy {
         self.detach(chunk);
     }
 
-    fn prefetch_touch(&self, chunk: ChunkId) {
-        self.links.prefetch_node(chunk);
+    fn prefetch_touch(&self, chunks: &[ChunkId]) {
+        for &chunk in chunks {
+            self.links.prefetch_node(chunk);
+        }
     }
 
     fn touch(
@@ -366,8 +368,15 @@ impl EvictionPolicy for LruPolicy {
         _ctx: &ReqContext,
     ) {
         // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
-        // through it and evict the links (measured slower without, at 10k rows).
-        self.links.prefetch(chunks.iter().flatten().copied());
+        // through it and evict the links (measured slower without, at 10k rows). A tier whose
+        // table requests a batch's rows ahead requested the chunks' own links with them
+        // (`prefetch_touch`): only their neighbours are left.
+        let chunks_requested = u64::from(self.capacity) > crate::slots::PREFETCH_MIN_KEYS;
+        if chunks_requested {
+            self.links.prefetch_neighbours(chunks.iter().flatten().copied());
+        } else {
+            self.links.prefetch(chunks.iter().flatten().copied());
+        }
         for &chunk in chunks.iter().rev().flatten() {
             self.rerank_global(chunk);
         }

@@ -177,11 +177,12 @@ pub trait EvictionPolicy: Send {
     /// A reserved chunk whose write failed is dropped (no ghost entry).
     fn remove(&mut self, chunk: ChunkId, slots: SlotView<'_>);
 
-    /// Starts loading what a [`EvictionPolicy::touch`] of `chunk` reads first (a hint: the tier
-    /// calls it while a batch's rows are still on their way, so the policy's misses overlap
-    /// the table's instead of following them). Does nothing by default.
-    fn prefetch_touch(&self, chunk: ChunkId) {
-        let _ = chunk;
+    /// Starts loading what a [`EvictionPolicy::touch`] of `chunks` reads first (a hint: a tier
+    /// large enough to request a batch's lines ahead calls it, once per batch, with the rows it
+    /// expects the batch's keys in while those rows are still on their way, so the policy's
+    /// misses overlap the table's instead of following them). Does nothing by default.
+    fn prefetch_touch(&self, chunks: &[ChunkId]) {
+        let _ = chunks;
     }
 
     /// A recency hint, keys in call order (the first key ends most recent); `chunks[i]` is the
