@@ -1,7 +1,7 @@
 //! New keys for the store benches, made before the loop that is timed: an engine hands the tier
 //! keys it has already hashed, so making them is not part of a store's cost (the touch and load
 //! benches take theirs from a pre-drawn sequence for the same reason). Shared by
-//! `benches/cpu_tier.rs` and the `op_cpu_time` example; vLLM's side (`pybench.py`) makes its
+//! `benches/cpu_tier.rs`, `benches/scaling.rs` and the `op_cpu_time` example; vLLM's side (`pybench.py`) makes its
 //! store keys ahead of each timed round too.
 
 use tiering_core::OffloadKey;
@@ -29,7 +29,7 @@ impl FreshKeys {
     /// small: a long array of keys streams through the cache the tier's data lives in).
     #[allow(
         dead_code,
-        reason = "used by the op_cpu_time example, not by the criterion bench"
+        reason = "used by the op_cpu_time example, not by the criterion benches"
     )]
     pub fn batches(&mut self, count: usize) -> Vec<[OffloadKey; BATCH]> {
         (0..count).map(|_| self.batch()).collect()
