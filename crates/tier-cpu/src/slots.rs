@@ -214,8 +214,9 @@ impl ChunkTable {
         self.digest_batch_with(keys, digests, |_| {});
     }
 
-    /// [`ChunkTable::digest_batch`] that also hands the rows it requests to `on_rows` (once, when
-    /// it requests any), for the caller to request what it will read about those rows.
+    /// [`ChunkTable::digest_batch`] that also hands the rows it requests to `on_rows`, once per
+    /// batch whose lines it requests ahead (not at all when the table is small enough to stay
+    /// cached, or for a single key), for the caller to request what it will read about them.
     pub(crate) fn digest_batch_with(
         &self,
         keys: &[OffloadKey],
