@@ -18,6 +18,11 @@
 //! `store_work16`, a store's map work (`ops32` under LRU, `ops48` under ARC) plus the request's
 //! fresh record of the 16 offered keys, and `exact_store16`, a whole store into a full tier on a
 //! plain map and exact recency lists (see [`ExactStore`]).
+//!
+//! Two diagnostics run only when named as the third argument: `interleaved_touch16` and
+//! `interleaved_load16` alternate slices of the op with slices of `probe16` (see
+//! [`interleaved`]), so neither finds the cache as its own previous call left it. They show how
+//! much of the isolated ratio to the floor comes from which data each keeps cached.
 
 use std::hint::black_box;
 
@@ -65,6 +70,40 @@ fn best(iters: usize, mut f: impl FnMut(usize)) -> f64 {
         best = best.min((cpu_ns() - t) as f64 / iters as f64);
     }
     best
+}
+
+/// Calls per slice of [`interleaved`].
+const SLICE_CALLS: usize = 2_000;
+
+/// Slices of [`SLICE_CALLS`] calls of `op` alternating with as many of `floor`, `slices` of
+/// each, so that each slice starts with the caches the other one left (run alone, an op finds
+/// its own data where its previous call left it). Returns the medians of the op's and the
+/// floor's time per call and of the ratio within each pair of slices.
+fn interleaved(slices: usize, mut floor: impl FnMut(usize), mut op: impl FnMut(usize)) -> [f64; 3] {
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    let (mut floors, mut ops, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    for _ in 0..slices {
+        let t = cpu_ns();
+        for _ in 0..SLICE_CALLS {
+            floor(j);
+            j += 1;
+        }
+        let f = (cpu_ns() - t) as f64 / SLICE_CALLS as f64;
+        let t = cpu_ns();
+        for _ in 0..SLICE_CALLS {
+            op(i);
+            i += 1;
+        }
+        let o = (cpu_ns() - t) as f64 / SLICE_CALLS as f64;
+        floors.push(f);
+        ops.push(o);
+        ratios.push(o / f);
+    }
+    [median(ops), median(floors), median(ratios)]
 }
 
 /// [`best`] for a store: new keys are made a slice of batches at a time with the clock stopped,
@@ -505,6 +544,32 @@ fn main() {
             black_box(rows);
         });
         println!("{policy} {n} load16 {ns:.1} ns");
+    }
+    // Diagnostics, run only when named: touch16 or load16 in slices alternating with slices of
+    // their floor (16 probes of a plain map), each slice starting with the caches the other left.
+    for name in ["interleaved_touch16", "interleaved_load16"] {
+        if only.as_deref() != Some(name) {
+            continue;
+        }
+        let map: KeyMap<u32> = keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
+        let probe16 = |j: usize| {
+            let sum: u32 = batch(j).iter().filter_map(|k| map.get(k)).sum();
+            black_box(sum);
+        };
+        let [op, floor, ratio] = if name == "interleaved_touch16" {
+            interleaved(150, probe16, |i| tier.touch(black_box(batch(i)), &ctx))
+        } else {
+            interleaved(150, probe16, |i| {
+                let b = batch(i);
+                let req = ReqContext::local("load");
+                let rows = tier.prepare_load(b, &req).unwrap();
+                tier.complete_load(b, &req).unwrap();
+                black_box(rows);
+            })
+        };
+        println!(
+            "{policy} {n} {name} {op:.1} ns, probe16 {floor:.1} ns, ratio {ratio:.2} (medians of 150 slice pairs)"
+        );
     }
     if want("store16_evict") {
         let ns = best_store(20_000, &mut fresh, |b| {
