@@ -65,7 +65,7 @@ const PREFETCH_WINDOW: usize = 32;
 /// Tables that track at most this many keys (rows, plus the ghosts a policy may keep weighed
 /// by [`GHOST_WEIGHT`]) skip prefetching: their metadata mostly stays cached, where a prefetch
 /// finds its line already there and only costs its instructions.
-pub(crate) const PREFETCH_MIN_KEYS: u64 = 16_384;
+const PREFETCH_MIN_KEYS: u64 = 16_384;
 
 /// How many ghosts of a policy's bound count as one key against [`PREFETCH_MIN_KEYS`]. A ghost
 /// has an index slot, a record and a log element but no row, rank or links, and ARC, whose bound

@@ -368,15 +368,8 @@ impl EvictionPolicy for LruPolicy {
         _ctx: &ReqContext,
     ) {
         // Requested ahead even on a tier that would fit in cache: a touched batch's keys stream
-        // through it and evict the links (measured slower without, at 10k rows). A tier whose
-        // table requests a batch's rows ahead requested the chunks' own links with them
-        // (`prefetch_touch`): only their neighbours are left.
-        let chunks_requested = u64::from(self.capacity) > crate::slots::PREFETCH_MIN_KEYS;
-        if chunks_requested {
-            self.links.prefetch_neighbours(chunks.iter().flatten().copied());
-        } else {
-            self.links.prefetch(chunks.iter().flatten().copied());
-        }
+        // through it and evict the links (measured slower without, at 10k rows).
+        self.links.prefetch(chunks.iter().flatten().copied());
         for &chunk in chunks.iter().rev().flatten() {
             self.rerank_global(chunk);
         }
