@@ -10,11 +10,12 @@
 //! Keys are computed on the fly from a scrambled counter (no 360 MB key array at 10M): inside
 //! the timed loop for the single lookups, on both sides of their comparison alike, and outside
 //! it for the batch ops (an engine hands the tier keys it has already hashed; 16 keys take
-//! about 190 ns to make, a tenth of a store). The arena is a sparse file in a temporary directory (removed at the end) that is never touched:
-//! 10M rows of one page would be 40 GiB of anonymous memory, more than an overcommit heuristic
-//! grants, while the tier's own metadata is what is measured. `KVTIER_SCALING_SIZES=10000,100000`
-//! limits the sizes and `KVTIER_BENCH_POLICIES` the policies (default `lru,arc`). 1M and 10M use
-//! fewer samples (filling a 10M tier takes a while and about 3 GB of memory).
+//! about 190 ns to make, a tenth of a store). The arena is a sparse file in a temporary
+//! directory (removed at the end) that is never touched: 10M rows of one page would be 40 GiB
+//! of anonymous memory, more than an overcommit heuristic grants, while the tier's own metadata
+//! is what is measured. `KVTIER_SCALING_SIZES=10000,100000` limits the sizes and
+//! `KVTIER_BENCH_POLICIES` the policies (default `lru,arc`). 1M and 10M use fewer samples
+//! (filling a 10M tier takes a while and about 3 GB of memory).
 
 use std::hint::black_box;
 use std::time::Duration;

@@ -72,6 +72,25 @@ fn best(iters: usize, mut f: impl FnMut(usize)) -> f64 {
     best
 }
 
+/// A plain map from each of `keys` to its index: the tier's rows, as the references keep them.
+fn row_map(keys: &[OffloadKey]) -> KeyMap<u32> {
+    keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect()
+}
+
+/// The floor of a 16-key batch: one plain hash-map probe per key, nothing else.
+fn probe16(map: &KeyMap<u32>, batch: &[OffloadKey]) {
+    let sum: u32 = batch.iter().filter_map(|k| map.get(k)).sum();
+    black_box(sum);
+}
+
+/// A load of `batch` as a fresh request: pins, then unpins.
+fn load16(tier: &mut CpuTier, batch: &[OffloadKey]) {
+    let req = ReqContext::local("load");
+    let rows = tier.prepare_load(batch, &req).unwrap();
+    tier.complete_load(batch, &req).unwrap();
+    black_box(rows);
+}
+
 /// Calls per slice of [`interleaved`].
 const SLICE_CALLS: usize = 2_000;
 
@@ -159,7 +178,7 @@ impl ExactOrder {
     fn new(keys: &[OffloadKey]) -> Self {
         let n = keys.len() as u32;
         Self {
-            map: keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect(),
+            map: row_map(keys),
             links: (0..n)
                 .map(|i| {
                     [
@@ -422,7 +441,7 @@ fn main() {
     // References: a plain hash map (tiering-core's KeyMap, the tier's hasher) over the same keys.
     let mut map: Option<tiering_core::KeyMap<u32>> =
         (want("hashmap_probe_hit") || want("probe16") || want("ops32") || want("store_work16"))
-            .then(|| keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect());
+            .then(|| row_map(&keys));
     if let Some(map) = map.as_ref().filter(|_| want("hashmap_probe_hit")) {
         // What a lookup hit is compared with: one probe of the same key sequence.
         let ns = best(200_000, |i| {
@@ -432,10 +451,7 @@ fn main() {
     }
     if let Some(map) = map.as_ref().filter(|_| want("probe16")) {
         // The floor of a 16-key batch: one plain hash-map probe per key, nothing else.
-        let ns = best(20_000, |i| {
-            let sum: u32 = batch(i).iter().filter_map(|k| map.get(k)).sum();
-            black_box(sum);
-        });
+        let ns = best(20_000, |i| probe16(map, batch(i)));
         println!("{policy} {n} probe16 {ns:.1} ns");
     }
     if let Some(map) = map.as_mut().filter(|_| want("ops32") || want("store_work16")) {
@@ -471,7 +487,7 @@ fn main() {
         // A load's own work: pin each key's row (one probe each), record the 16 keys in the
         // request's fresh record (vLLM 0.33.0 keeps the keys a request observed), unpin through
         // the rows.
-        let map: KeyMap<u32> = keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
+        let map = row_map(&keys);
         let mut refs = vec![0u32; n];
         let ns = best(20_000, |i| {
             let b = batch(i);
@@ -536,13 +552,7 @@ fn main() {
         println!("{policy} {n} touch16 {ns:.1} ns");
     }
     if want("load16") {
-        let ns = best(20_000, |i| {
-            let b = batch(i);
-            let req = ReqContext::local("load");
-            let rows = tier.prepare_load(b, &req).unwrap();
-            tier.complete_load(b, &req).unwrap();
-            black_box(rows);
-        });
+        let ns = best(20_000, |i| load16(&mut tier, batch(i)));
         println!("{policy} {n} load16 {ns:.1} ns");
     }
     // Diagnostics, run only when named: touch16 or load16 in slices alternating with slices of
@@ -551,21 +561,12 @@ fn main() {
         if only.as_deref() != Some(name) {
             continue;
         }
-        let map: KeyMap<u32> = keys.iter().zip(0..).map(|(k, i)| (*k, i)).collect();
-        let probe16 = |j: usize| {
-            let sum: u32 = batch(j).iter().filter_map(|k| map.get(k)).sum();
-            black_box(sum);
-        };
+        let map = row_map(&keys);
+        let floor = |j: usize| probe16(&map, batch(j));
         let [op, floor, ratio] = if name == "interleaved_touch16" {
-            interleaved(150, probe16, |i| tier.touch(black_box(batch(i)), &ctx))
+            interleaved(150, floor, |i| tier.touch(black_box(batch(i)), &ctx))
         } else {
-            interleaved(150, probe16, |i| {
-                let b = batch(i);
-                let req = ReqContext::local("load");
-                let rows = tier.prepare_load(b, &req).unwrap();
-                tier.complete_load(b, &req).unwrap();
-                black_box(rows);
-            })
+            interleaved(150, floor, |i| load16(&mut tier, batch(i)))
         };
         println!(
             "{policy} {n} {name} {op:.1} ns, probe16 {floor:.1} ns, ratio {ratio:.2} (medians of 150 slice pairs)"

@@ -1,8 +1,8 @@
 //! New keys for the store benches, made before the loop that is timed: an engine hands the tier
 //! keys it has already hashed, so making them is not part of a store's cost (the touch and load
 //! benches take theirs from a pre-drawn sequence for the same reason). Shared by
-//! `benches/cpu_tier.rs`, `benches/scaling.rs` and the `op_cpu_time` example; vLLM's side (`pybench.py`) makes its
-//! store keys ahead of each timed round too.
+//! `benches/cpu_tier.rs`, `benches/scaling.rs` and the `op_cpu_time` example; vLLM's side
+//! (`pybench.py`) makes its store keys ahead of each timed round too.
 
 use tiering_core::OffloadKey;
 
